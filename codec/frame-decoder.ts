@@ -1,0 +1,143 @@
+import { ErrorCode, RpcError } from './errors.js'
+
+/**
+ * How a protocol finds frame boundaries. KRPC frames start with a 4-byte
+ * big-endian length; a memcached binary frame has a 24-byte header that
+ * carries its body length. The decoder needs nothing else.
+ */
+export interface Framing {
+  /** Bytes that must be present before `frameBytes` can tell the frame's size. */
+  readonly prefixBytes: number
+  /**
+   * The whole frame's size in bytes (prefix included) for the frame that
+   * starts at `buf[offset]`, where at least `prefixBytes` bytes are present;
+   * or an error when the prefix itself is malformed. Must not throw.
+   */
+  frameBytes: (buf: Buffer, offset: number) => number | RpcError
+}
+
+/** Called with each complete frame; return `false` to stop decoding (the connection is going away). */
+export type FrameSink = (frame: Buffer) => boolean | undefined | void
+
+/** The default largest frame a receiver accepts: 50 MiB, as Kudu's `rpc_max_message_size`. */
+export const DEFAULT_MAX_MESSAGE_BYTES = 50 * 1024 * 1024
+
+/**
+ * Splits a byte stream into frames.
+ *
+ * Chunks may end anywhere, even inside a length prefix. A frame that lies
+ * within one chunk is handed on as a view of that chunk, not a copy, so the
+ * sink must not write to it. A frame that spans chunks is assembled into one
+ * buffer allocated once, when its prefix has arrived and its size is known to
+ * be within `maxFrameBytes`; so memory per decoder is bounded by that limit.
+ * Bad input is reported as a returned error, never thrown; after an error the
+ * decoder refuses further input.
+ */
+export class FrameDecoder {
+  readonly #framing: Framing
+  readonly #maxFrameBytes: number
+  // A frame (or, while #inPrefix, a prefix) that spans chunks.
+  #partial: Buffer | null = null
+  #filled = 0
+  #inPrefix = false
+  #error: RpcError | null = null
+  #stopped = false
+
+  constructor (framing: Framing, maxFrameBytes = DEFAULT_MAX_MESSAGE_BYTES) {
+    this.#framing = framing
+    this.#maxFrameBytes = maxFrameBytes
+  }
+
+  /** True while part of a frame is buffered. */
+  get hasPartialFrame (): boolean {
+    return this.#partial !== null
+  }
+
+  /** Bytes buffered for a frame that has not completed. */
+  get bufferedBytes (): number {
+    return this.#filled
+  }
+
+  /** Stops decoding: further chunks are ignored and the partial frame is released. */
+  stop (): void {
+    this.#stopped = true
+    this.#partial = null
+    this.#filled = 0
+  }
+
+  /** Feeds one chunk; every complete frame goes to `sink` in order. */
+  push (chunk: Buffer, sink: FrameSink): RpcError | null {
+    if (this.#error !== null) return this.#error
+    if (this.#stopped) return null
+    let offset = 0
+    const length = chunk.length
+
+    while (this.#partial !== null) {
+      const partial = this.#partial
+      const take = Math.min(partial.length - this.#filled, length - offset)
+      chunk.copy(partial, this.#filled, offset, offset + take)
+      this.#filled += take
+      offset += take
+      if (this.#filled < partial.length) return null
+      if (this.#inPrefix) {
+        const frameBytes = this.#checkedSize(partial, 0)
+        if (typeof frameBytes !== 'number') return frameBytes
+        const frame = Buffer.allocUnsafe(frameBytes)
+        partial.copy(frame, 0)
+        this.#partial = frame
+        this.#inPrefix = false
+        // #filled stays at prefixBytes.
+        if (frameBytes > partial.length) continue
+      }
+      const frame = this.#partial
+      this.#partial = null
+      this.#filled = 0
+      if (sink(frame) === false || this.#stopped) return null
+    }
+
+    const prefixBytes = this.#framing.prefixBytes
+    while (offset < length) {
+      const remaining = length - offset
+      if (remaining < prefixBytes) {
+        this.#partial = Buffer.allocUnsafe(prefixBytes)
+        chunk.copy(this.#partial, 0, offset)
+        this.#filled = remaining
+        this.#inPrefix = true
+        return null
+      }
+      const frameBytes = this.#checkedSize(chunk, offset)
+      if (typeof frameBytes !== 'number') return frameBytes
+      if (remaining < frameBytes) {
+        this.#partial = Buffer.allocUnsafe(frameBytes)
+        chunk.copy(this.#partial, 0, offset)
+        this.#filled = remaining
+        this.#inPrefix = false
+        return null
+      }
+      const frame = chunk.subarray(offset, offset + frameBytes)
+      offset += frameBytes
+      if (sink(frame) === false || this.#stopped) return null
+    }
+    return null
+  }
+
+  #checkedSize (buf: Buffer, offset: number): number | RpcError {
+    const size = this.#framing.frameBytes(buf, offset)
+    if (typeof size !== 'number') return this.#fail(size)
+    if (size > this.#maxFrameBytes) {
+      return this.#fail(new RpcError(ErrorCode.FRAME_TOO_LARGE,
+        `RPC frame had a length of ${size}, but we only support messages up to ${this.#maxFrameBytes} bytes long`))
+    }
+    if (size < this.#framing.prefixBytes) {
+      return this.#fail(new RpcError(ErrorCode.MALFORMED_FRAME, `RPC frame had invalid length of ${size}`))
+    }
+    return size
+  }
+
+  #fail (error: RpcError): RpcError {
+    this.#error = error
+    this.#partial = null
+    this.#filled = 0
+    return error
+  }
+}

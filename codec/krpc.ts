@@ -1,0 +1,301 @@
+import { ErrorCode, RpcError } from './errors.js'
+import type { Framing } from './frame-decoder.js'
+import { ProtoSchema, assetPath } from './schema.js'
+import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from './varint.js'
+
+/**
+ * KRPC frames (wire-contract §2):
+ *
+ *   uint32 BE total_len | varint32 header_len | header PB | varint32 body_len | body PB | sidecar 0 | sidecar 1 ...
+ *
+ * body_len counts the body PB and every sidecar; sidecar_offsets in the
+ * header are measured from the first byte of the body PB.
+ */
+
+/** The client's 7-byte connection preamble: `hrpc`, version 9, two zero bytes. */
+export const KRPC_PREAMBLE = Buffer.from([0x68, 0x72, 0x70, 0x63, 0x09, 0x00, 0x00])
+export const KRPC_VERSION = 9
+/** Call id of every NegotiatePB frame. */
+export const NEGOTIATE_CALL_ID = -33
+/** Call id of the ConnectionContextPB frame. */
+export const CONNECTION_CONTEXT_CALL_ID = -3
+/** At most this many sidecars in one frame (Kudu's kMaxSidecars). */
+export const MAX_SIDECARS = 10_000
+/** Sidecars up to this many bytes in all are copied into the frame's head buffer; bigger ones are written as their own slices. */
+const INLINE_SIDECAR_BYTES = 16 * 1024
+
+/** The header protos of `rpc_header.proto`, parsed once. */
+export const headerSchema = ProtoSchema.load(assetPath(import.meta.url, 'rpc_header.proto'))
+
+/** KRPC framing: a 4-byte big-endian length of what follows. */
+export const krpcFraming: Framing = {
+  prefixBytes: 4,
+  frameBytes: (buf, offset) => buf.readUInt32BE(offset) + 4
+}
+
+/** A frame split into its header PB and body (body PB plus sidecars), both views of the frame. */
+export interface FrameParts { header: Buffer, body: Buffer }
+
+const scratch: VarintRead = { value: 0, next: 0 }
+
+function malformed (message: string, cause?: unknown): RpcError {
+  return new RpcError(ErrorCode.MALFORMED_FRAME, message, cause === undefined ? undefined : { cause })
+}
+
+/** Splits a whole frame (length prefix included); a frame whose parts do not add up exactly is an error. */
+export function splitFrame (frame: Buffer): FrameParts | RpcError {
+  const end = frame.length
+  if (end < 4 || frame.readUInt32BE(0) !== end - 4) return malformed('frame length does not match its prefix')
+  const header = readVarint32(frame, 4, end, scratch)
+  if (header.next < 0) return malformed('bad header length varint')
+  const headerStart = header.next
+  const headerEnd = headerStart + header.value
+  if (headerEnd > end) return malformed('truncated header')
+  const body = readVarint32(frame, headerEnd, end, scratch)
+  if (body.next < 0) return malformed('bad body length varint')
+  const bodyStart = body.next
+  const bodyEnd = bodyStart + body.value
+  if (bodyEnd > end) return malformed('data too short: truncated body')
+  if (bodyEnd < end) return malformed(`${end - bodyEnd} extra bytes at end of packet`)
+  return { header: frame.subarray(headerStart, headerEnd), body: frame.subarray(bodyStart, bodyEnd) }
+}
+
+/** The main message and sidecars of a body, given the header's sidecar offsets. */
+export interface Payload { message: Buffer, sidecars: Buffer[] }
+
+const NO_SIDECARS: Buffer[] = []
+
+/** Cuts `body` at `offsets` (wire-contract §2); offsets must not decrease or pass the body's end. */
+export function splitSidecars (body: Buffer, offsets: readonly number[] | undefined): Payload | RpcError {
+  if (offsets === undefined || offsets.length === 0) return { message: body, sidecars: NO_SIDECARS }
+  if (offsets.length > MAX_SIDECARS) return malformed(`${offsets.length} sidecars, more than the ${MAX_SIDECARS} allowed`)
+  const end = body.length
+  const sidecars = new Array<Buffer>(offsets.length)
+  for (let i = 0; i < offsets.length; i++) {
+    const start = offsets[i]!
+    const stop = i + 1 < offsets.length ? offsets[i + 1]! : end
+    if (stop < start || stop > end) return malformed(`bad sidecar offsets at index ${i}`)
+    sidecars[i] = body.subarray(start, stop)
+  }
+  return { message: body.subarray(0, offsets[0]!), sidecars }
+}
+
+// ---------------------------------------------------------------------------
+// Header messages.
+
+/** A decoded RequestHeader. */
+export interface RequestHeader {
+  call_id: number
+  remote_method?: { service_name: string, method_name: string }
+  timeout_millis?: number
+  required_feature_flags?: number[]
+  request_id?: { client_id: string, seq_no: number, first_incomplete_seq_no: number, attempt_no: number }
+  sidecar_offsets?: number[]
+}
+
+/** A decoded ResponseHeader. */
+export interface ResponseHeader {
+  call_id: number
+  is_error?: boolean
+  sidecar_offsets?: number[]
+}
+
+/** A decoded ErrorStatusPB. */
+export interface ErrorStatus {
+  message: string
+  code?: number
+  unsupported_feature_flags?: number[]
+}
+
+export const RequestHeaderType = headerSchema.type<RequestHeader>('kudu.rpc.RequestHeader')
+export const ResponseHeaderType = headerSchema.type<ResponseHeader>('kudu.rpc.ResponseHeader')
+export const ErrorStatusType = headerSchema.type<ErrorStatus>('kudu.rpc.ErrorStatusPB')
+
+/**
+ * The encoded `remote_method` field (tag included) of a RequestHeader. A
+ * client builds it once per method and reuses it for every call.
+ */
+export function encodeRemoteMethod (serviceName: string, methodName: string): Buffer {
+  const service = Buffer.from(serviceName, 'utf8')
+  const method = Buffer.from(methodName, 'utf8')
+  const inner = 1 + varintBytes(service.length) + service.length + 1 + varintBytes(method.length) + method.length
+  const out = Buffer.allocUnsafe(1 + varintBytes(inner) + inner)
+  let at = 0
+  out[at++] = 0x32 // field 6, length-delimited
+  at = writeVarint(out, at, inner)
+  out[at++] = 0x0a
+  at = writeVarint(out, at, service.length)
+  at += service.copy(out, at)
+  out[at++] = 0x12
+  at = writeVarint(out, at, method.length)
+  method.copy(out, at)
+  return out
+}
+
+function sidecarBytesOf (sidecars: readonly Uint8Array[] | undefined): number {
+  let total = 0
+  if (sidecars !== undefined) for (const s of sidecars) total += s.length
+  return total
+}
+
+function offsetsBytes (tagBytes: number, firstOffset: number, sidecars: readonly Uint8Array[] | undefined): number {
+  if (sidecars === undefined) return 0
+  let bytes = 0
+  let offset = firstOffset
+  for (const s of sidecars) {
+    bytes += tagBytes + varintBytes(offset)
+    offset += s.length
+  }
+  return bytes
+}
+
+function writeOffsets (out: Buffer, at: number, tag: readonly number[], firstOffset: number, sidecars: readonly Uint8Array[] | undefined): number {
+  if (sidecars === undefined) return at
+  let offset = firstOffset
+  for (const s of sidecars) {
+    for (const byte of tag) out[at++] = byte
+    at = writeVarint(out, at, offset)
+    offset += s.length
+  }
+  return at
+}
+
+const REQUEST_OFFSET_TAG = [0x80, 0x01] // field 16, varint
+const RESPONSE_OFFSET_TAG = [0x18] // field 3, varint
+
+/**
+ * Lays out one frame: `[prefix][header varint][header][body varint][body PB]`
+ * in one buffer, then the sidecars. Small sidecars are copied into that
+ * buffer so a small frame is one slice; large ones stay separate slices so a
+ * multi-MiB payload is never copied.
+ */
+function assemble (headerBytes: number, writeHeader: (out: Buffer, at: number) => number,
+  body: Uint8Array, sidecars: readonly Uint8Array[] | undefined): Buffer[] {
+  const sidecarBytes = sidecarBytesOf(sidecars)
+  const bodyBytes = body.length + sidecarBytes
+  const total = varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes
+  const inline = sidecarBytes <= INLINE_SIDECAR_BYTES
+  const headBytes = 4 + total - (inline ? 0 : sidecarBytes)
+  const head = Buffer.allocUnsafe(headBytes)
+  head.writeUInt32BE(total, 0)
+  let at = writeVarint(head, 4, headerBytes)
+  const headerEnd = writeHeader(head, at)
+  if (headerEnd - at !== headerBytes) throw new Error('header size mismatch')
+  at = writeVarint(head, headerEnd, bodyBytes)
+  head.set(body, at)
+  at += body.length
+  if (sidecars === undefined || sidecars.length === 0) return [head]
+  if (inline) {
+    for (const s of sidecars) { head.set(s, at); at += s.length }
+    return [head]
+  }
+  const out: Buffer[] = [head]
+  for (const s of sidecars) out.push(Buffer.isBuffer(s) ? s : Buffer.from(s.buffer, s.byteOffset, s.length))
+  return out
+}
+
+/** Fields of a request frame that a client sets. */
+export interface RequestFrameFields {
+  callId: number
+  /** From `encodeRemoteMethod`, or undefined for negotiation frames. */
+  remoteMethod?: Buffer | undefined
+  /** Relative timeout in ms; 0 or undefined means none. */
+  timeoutMs?: number | undefined
+  requiredFeatureFlags?: readonly number[] | undefined
+  sidecars?: readonly Uint8Array[] | undefined
+}
+
+/** Encodes a client→server frame: RequestHeader, body PB, sidecars. Returns the slices to write, in order. */
+export function encodeRequestFrame (fields: RequestFrameFields, body: Uint8Array): Buffer[] {
+  const { callId, remoteMethod, timeoutMs, requiredFeatureFlags, sidecars } = fields
+  if (sidecars !== undefined && sidecars.length > MAX_SIDECARS) {
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, `at most ${MAX_SIDECARS} sidecars may be sent`)
+  }
+  let headerBytes = 1 + int32Bytes(callId)
+  if (remoteMethod !== undefined) headerBytes += remoteMethod.length
+  const timeout = timeoutMs ?? 0
+  if (timeout > 0) headerBytes += 1 + varintBytes(timeout)
+  if (requiredFeatureFlags !== undefined) for (const f of requiredFeatureFlags) headerBytes += 1 + varintBytes(f)
+  headerBytes += offsetsBytes(2, body.length, sidecars)
+  return assemble(headerBytes, (out, at) => {
+    out[at++] = 0x18 // field 3, call_id
+    at = writeInt32(out, at, callId)
+    if (remoteMethod !== undefined) at += remoteMethod.copy(out, at)
+    if (timeout > 0) {
+      out[at++] = 0x50 // field 10, timeout_millis
+      at = writeVarint(out, at, timeout)
+    }
+    if (requiredFeatureFlags !== undefined) {
+      for (const f of requiredFeatureFlags) {
+        out[at++] = 0x58 // field 11, unpacked
+        at = writeVarint(out, at, f)
+      }
+    }
+    return writeOffsets(out, at, REQUEST_OFFSET_TAG, body.length, sidecars)
+  }, body, sidecars)
+}
+
+/**
+ * Encodes a server→client frame. `isError` undefined leaves the field out, as
+ * Kudu does for negotiation responses; regular responses set it, false
+ * included.
+ */
+export function encodeResponseFrame (callId: number, isError: boolean | undefined, body: Uint8Array,
+  sidecars?: readonly Uint8Array[]): Buffer[] {
+  if (sidecars !== undefined && sidecars.length > MAX_SIDECARS) {
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, `at most ${MAX_SIDECARS} sidecars may be sent`)
+  }
+  const headerBytes = 1 + int32Bytes(callId) + (isError === undefined ? 0 : 2) + offsetsBytes(1, body.length, sidecars)
+  return assemble(headerBytes, (out, at) => {
+    out[at++] = 0x08 // field 1, call_id
+    at = writeInt32(out, at, callId)
+    if (isError !== undefined) {
+      out[at++] = 0x10 // field 2, is_error
+      out[at++] = isError ? 1 : 0
+    }
+    return writeOffsets(out, at, RESPONSE_OFFSET_TAG, body.length, sidecars)
+  }, body, sidecars)
+}
+
+/** Encodes an error response (`is_error` set, ErrorStatusPB body). */
+export function encodeErrorFrame (callId: number, code: number, message: string, unsupportedFeatureFlags?: readonly number[]): Buffer[] {
+  const status: ErrorStatus = { message, code }
+  if (unsupportedFeatureFlags !== undefined && unsupportedFeatureFlags.length > 0) status.unsupported_feature_flags = [...unsupportedFeatureFlags]
+  return encodeResponseFrame(callId, true, ErrorStatusType.encode(status))
+}
+
+/** A request as the server reads it off one frame. Buffers are views of the frame. */
+export interface RequestFrame {
+  header: RequestHeader
+  message: Buffer
+  sidecars: Buffer[]
+}
+
+/** Parses a client→server frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
+export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
+  const parts = splitFrame(frame)
+  if (parts instanceof RpcError) return parts
+  const header = RequestHeaderType.decode(parts.header)
+  if (header instanceof RpcError) return malformed(`bad RequestHeader: ${header.message}`, header)
+  const payload = splitSidecars(parts.body, header.sidecar_offsets)
+  if (payload instanceof RpcError) return payload
+  return { header, message: payload.message, sidecars: payload.sidecars }
+}
+
+/** A response as the client reads it off one frame. */
+export interface ResponseFrame {
+  header: ResponseHeader
+  message: Buffer
+  sidecars: Buffer[]
+}
+
+/** Parses a server→client frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
+export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
+  const parts = splitFrame(frame)
+  if (parts instanceof RpcError) return parts
+  const header = ResponseHeaderType.decode(parts.header)
+  if (header instanceof RpcError) return malformed(`bad ResponseHeader: ${header.message}`, header)
+  const payload = splitSidecars(parts.body, header.sidecar_offsets)
+  if (payload instanceof RpcError) return payload
+  return { header, message: payload.message, sidecars: payload.sidecars }
+}

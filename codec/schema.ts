@@ -1,0 +1,187 @@
+import { existsSync, readFileSync } from 'node:fs'
+import { fileURLToPath } from 'node:url'
+import protobuf from 'protobufjs'
+import { ErrorCode, RpcError } from './errors.js'
+
+/** A decoded message: a plain object keyed by the .proto field names. */
+export type Message = Record<string, unknown>
+
+/**
+ * One protobuf message type, wrapped so that nothing outside `codec/` needs
+ * protobufjs. `decode` reports bad bytes as a returned error.
+ */
+export interface MessageType<T = Message> {
+  /** Full name, e.g. `nyala.demo.AddRequestPB`. */
+  readonly fullName: string
+  /** Encodes a message; throws RPC_ERR_INVALID_ARGUMENT when it lacks a required field or has a wrong type. */
+  encode: (message: T) => Uint8Array
+  /** Decodes bytes; a parse failure or a missing required field is returned as an error naming the fields. */
+  decode: (bytes: Uint8Array) => T | RpcError
+  /** Converts plain JSON (as typed on a command line) into a message. */
+  fromJSON: (json: unknown) => T
+  /** Converts a message into JSON-friendly plain data. */
+  toJSON: (message: T) => Record<string, unknown>
+  /** The problem with `message` that would stop it encoding, or null. */
+  verify: (message: T) => string | null
+}
+
+/** Request and response types of each method: what a typed stub is built from. */
+export type MethodMap = Record<string, { request: unknown, response: unknown }>
+
+/** One RPC method of a service. */
+export interface MethodDef<Req = Message, Res = Message> {
+  readonly name: string
+  readonly requestType: MessageType<Req>
+  readonly responseType: MessageType<Res>
+}
+
+/** A service from a .proto file; `M` types its methods for stubs and handlers. */
+export interface ServiceDef<M extends MethodMap = MethodMap> {
+  /** The name on the wire: `package.Service`. */
+  readonly fullName: string
+  readonly methods: { readonly [K in keyof M & string]: MethodDef<M[K]['request'], M[K]['response']> }
+}
+
+type PbType = protobuf.Type
+
+function requiredFieldsMissing (type: PbType, instance: unknown): string[] {
+  const missing: string[] = []
+  if (instance === null || typeof instance !== 'object') return missing
+  for (const field of type.fieldsArray) {
+    if (field.required && !Object.prototype.hasOwnProperty.call(instance, field.name)) missing.push(field.name)
+  }
+  return missing
+}
+
+function wrapType<T> (type: PbType): MessageType<T> {
+  const fullName = type.fullName.replace(/^\./, '')
+  return {
+    fullName,
+    encode (message: T): Uint8Array {
+      const problem = type.verify(message as Record<string, unknown>)
+      if (problem !== null) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)
+      }
+      return type.encode(message as Record<string, unknown>).finish()
+    },
+    decode (bytes: Uint8Array): T | RpcError {
+      try {
+        return type.decode(bytes) as unknown as T
+      } catch (err) {
+        const instance = (err as { instance?: unknown }).instance
+        const missing = requiredFieldsMissing(type, instance)
+        const detail = missing.length > 0 ? `missing fields: ${missing.join(', ')}` : (err as Error).message
+        return new RpcError(ErrorCode.INVALID_ARGUMENT, detail, { cause: err })
+      }
+    },
+    fromJSON (json: unknown): T {
+      if (json === null || typeof json !== 'object') {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${fullName} must be a JSON object`)
+      }
+      try {
+        return type.fromObject(json as Record<string, unknown>) as unknown as T
+      } catch (err) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${(err as Error).message}`, { cause: err })
+      }
+    },
+    toJSON (message: T): Record<string, unknown> {
+      return type.toObject(message as unknown as protobuf.Message, { longs: String, enums: String, bytes: String, defaults: false, arrays: false })
+    },
+    verify (message: T): string | null {
+      return type.verify(message as Record<string, unknown>)
+    }
+  }
+}
+
+/**
+ * A parsed set of .proto definitions. Field names keep the .proto's case
+ * (`sleep_micros`), as on the wire and in KRPC's text formats.
+ */
+export class ProtoSchema {
+  readonly #root: protobuf.Root
+  readonly #types = new Map<string, MessageType<unknown>>()
+
+  private constructor (root: protobuf.Root) {
+    this.#root = root
+    root.resolveAll()
+  }
+
+  /** Parses .proto source text. Throws RPC_ERR_INVALID_ARGUMENT on a syntax error. */
+  static parse (source: string): ProtoSchema {
+    try {
+      return new ProtoSchema(protobuf.parse(source, { keepCase: true }).root)
+    } catch (err) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot parse .proto: ${(err as Error).message}`, { cause: err })
+    }
+  }
+
+  /** Reads and parses a .proto file (its imports are resolved relative to it). */
+  static load (path: string | URL): ProtoSchema {
+    const file = typeof path === 'string' ? path : fileURLToPath(path)
+    try {
+      return new ProtoSchema(new protobuf.Root().loadSync(file, { keepCase: true }))
+    } catch (err) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot load ${file}: ${(err as Error).message}`, { cause: err })
+    }
+  }
+
+  /** A message type by full name; throws when there is none. */
+  type<T = Message> (fullName: string): MessageType<T> {
+    let wrapped = this.#types.get(fullName)
+    if (wrapped === undefined) {
+      const found = this.#root.lookup(fullName)
+      if (!(found instanceof protobuf.Type)) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no message type ${fullName}`)
+      }
+      wrapped = wrapType<unknown>(found)
+      this.#types.set(fullName, wrapped)
+    }
+    return wrapped as MessageType<T>
+  }
+
+  /** A service by full name (`nyala.demo.CalculatorService`); throws when there is none. */
+  service<M extends MethodMap = MethodMap> (fullName: string): ServiceDef<M> {
+    const found = this.#root.lookup(fullName)
+    if (!(found instanceof protobuf.Service)) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no service ${fullName}`)
+    }
+    const methods: Record<string, MethodDef<unknown, unknown>> = {}
+    for (const method of found.methodsArray) {
+      method.resolve()
+      if (method.resolvedRequestType === null || method.resolvedResponseType === null) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot resolve types of ${fullName}.${method.name}`)
+      }
+      methods[method.name] = {
+        name: method.name,
+        requestType: this.type(method.resolvedRequestType.fullName.replace(/^\./, '')),
+        responseType: this.type(method.resolvedResponseType.fullName.replace(/^\./, ''))
+      }
+    }
+    return { fullName: found.fullName.replace(/^\./, ''), methods } as unknown as ServiceDef<M>
+  }
+
+  /** Full names of every service defined. */
+  serviceNames (): string[] {
+    const names: string[] = []
+    const walk = (ns: protobuf.NamespaceBase): void => {
+      for (const nested of ns.nestedArray) {
+        if (nested instanceof protobuf.Service) names.push(nested.fullName.replace(/^\./, ''))
+        else if (nested instanceof protobuf.Namespace) walk(nested)
+      }
+    }
+    walk(this.#root)
+    return names
+  }
+}
+
+/**
+ * Finds a file shipped beside the sources: `here` when running the
+ * TypeScript directly, `../../<dir>/<name>` when running the compiled copy in
+ * `dist/` (tsc does not copy .proto files).
+ */
+export function assetPath (moduleUrl: string, name: string): string {
+  const beside = fileURLToPath(new URL(name, moduleUrl))
+  if (existsSync(beside)) return beside
+  const dir = fileURLToPath(new URL('.', moduleUrl)).replace(/\/$/, '').split('/').pop() ?? ''
+  return fileURLToPath(new URL(`../../${dir}/${name}`, moduleUrl))
+}
