@@ -48,7 +48,7 @@ function requiredFieldsMissing (type: PbType, instance: unknown): string[] {
   const missing: string[] = []
   if (instance === null || typeof instance !== 'object') return missing
   for (const field of type.fieldsArray) {
-    if (field.required && !Object.prototype.hasOwnProperty.call(instance, field.name)) missing.push(field.name)
+    if (field.required && (instance as Record<string, unknown>)[field.name] == null) missing.push(field.name)
   }
   return missing
 }
@@ -58,6 +58,10 @@ function wrapType<T> (type: PbType): MessageType<T> {
   return {
     fullName,
     encode (message: T): Uint8Array {
+      const missing = requiredFieldsMissing(type, message)
+      if (missing.length > 0) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: missing fields: ${missing.join(', ')}`)
+      }
       const problem = type.verify(message as Record<string, unknown>)
       if (problem !== null) {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)

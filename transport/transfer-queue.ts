@@ -17,10 +17,11 @@ export interface OutboundTransfer {
   slices: Buffer[]
   bytes: number
   /**
-   * Asked just before the first byte is handed to the socket: a transfer
-   * whose call was cancelled or timed out meanwhile is dropped unsent.
+   * Asked just before the first byte is handed to the socket; false drops
+   * the transfer unsent (its call was cancelled or timed out meanwhile).
+   * From true on, the transfer is started and will be finished.
    */
-  isCancelled?: (() => boolean) | undefined
+  beforeWrite?: (() => boolean) | undefined
   /**
    * Called exactly once: with no error when the transfer's bytes no longer
    * refer to the caller's buffers (copied, or written by the kernel), or
@@ -116,6 +117,7 @@ export class TransferQueue {
     }
     // Nothing queued and not backed up: write now, and batch whatever else
     // this turn produces.
+    if (this.#dropIfCancelled(transfer)) return true
     this.#stats.immediateWrites++
     this.#writeTransfer(transfer)
     if (!this.#waitingDrain) {
@@ -185,7 +187,7 @@ export class TransferQueue {
   }
 
   #dropIfCancelled (transfer: OutboundTransfer): boolean {
-    if (transfer.isCancelled === undefined || !transfer.isCancelled()) return false
+    if (transfer.beforeWrite === undefined || transfer.beforeWrite()) return false
     this.#stats.dropped++
     transfer.onSent?.(new RpcError(ErrorCode.CANCELLED, 'dropped before sending: the call was cancelled or timed out'))
     return true

@@ -1,0 +1,401 @@
+import { connect as netConnect } from 'node:net'
+import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
+import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseFrame } from '../codec/krpc.js'
+import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
+import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
+import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { Connection } from '../transport/connection.js'
+
+/** Per-call options. */
+export interface CallOptions {
+  /** Time allowed for the whole call, from now: connect, negotiation, send and response. Default: the client's `defaultTimeoutMs`. */
+  timeoutMs?: number
+  /** Cancels the call. */
+  signal?: AbortSignal
+  /** Request sidecars, sent after the message without copying. */
+  sidecars?: readonly Uint8Array[]
+  /** Application feature flags the server must support. */
+  requiredFeatureFlags?: readonly number[]
+}
+
+/** A response with its sidecars. */
+export interface CallResult<Res> {
+  response: Res
+  /** Response sidecars (views of the received frame). */
+  sidecars: Buffer[]
+}
+
+/** `host:port`, or its parts. */
+export type Endpoint = string | { host: string, port: number }
+
+export interface ClientOptions {
+  /** The endpoint stubs use when none is named. */
+  endpoint?: Endpoint
+  /** SASL PLAIN user and password sent in negotiation. */
+  user?: string
+  password?: string
+  /** Largest inbound frame, checked at its length prefix; default 50 MiB (independent of the server's). */
+  maxMessageBytes?: number
+  /** Deadline of a connection's negotiation; default 3000 ms. A short call timeout does not shorten it. */
+  negotiationTimeoutMs?: number
+  /** Timeout of calls that name none; default 30000 ms; 0 means no deadline. */
+  defaultTimeoutMs?: number
+  /** Bound on a connection's queued request bytes; a call over it fails with RPC_ERR_QUEUE_FULL. */
+  maxOutboundBytes?: number
+  clock?: Clock
+}
+
+/** A typed stub: one async function per method of the service. */
+export type Stub<M extends MethodMap> = {
+  [K in keyof M & string]: (request: M[K]['request'], options?: CallOptions) => Promise<M[K]['response']>
+}
+
+const CallState = {
+  QUEUED: 0, // waiting on the connection: connect, negotiation, or the transfer queue
+  SENDING: 1, // bytes handed to the socket, some of the caller's buffers still referenced
+  SENT: 2,
+  FINISHED: 3
+} as const
+type CallState = typeof CallState[keyof typeof CallState]
+
+/**
+ * One call from the client's side. It settles exactly once, through
+ * `finish`, whatever happens first: response, timeout, cancellation or
+ * connection failure.
+ */
+class OutboundCall {
+  state: CallState = CallState.QUEUED
+  callId = -1
+  conn: ClientConnection | null = null
+  timer: TimerHandle | null = null
+  cancelPending: RpcError | null = null
+  readonly deadline: number
+  readonly methodDef: MethodDef<Message, Message>
+  readonly label: string
+  readonly resolve: (result: CallResult<Message>) => void
+  readonly reject: (error: RpcError) => void
+  signal: AbortSignal | undefined
+  onAbort: (() => void) | undefined
+
+  constructor (methodDef: MethodDef<Message, Message>, label: string, deadline: number,
+    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError) => void) {
+    this.methodDef = methodDef
+    this.label = label
+    this.deadline = deadline
+    this.resolve = resolve
+    this.reject = reject
+  }
+
+  get isFinished (): boolean {
+    return this.state === CallState.FINISHED
+  }
+}
+
+/** One connection to one endpoint, shared by every call to it. */
+class ClientConnection {
+  readonly key: string
+  readonly connection: Connection
+  readonly outstanding = new Map<number, OutboundCall>()
+  negotiated: Negotiated | null = null
+  nextCallId = 0
+  closed = false
+
+  constructor (key: string, connection: Connection) {
+    this.key = key
+    this.connection = connection
+  }
+
+  takeCallId (): number {
+    const id = this.nextCallId
+    this.nextCallId = id === 0x7fffffff ? 0 : id + 1
+    return id
+  }
+}
+
+function parseEndpoint (endpoint: Endpoint): { host: string, port: number } {
+  if (typeof endpoint !== 'string') return endpoint
+  const at = endpoint.lastIndexOf(':')
+  const port = Number(endpoint.slice(at + 1))
+  if (at <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) {
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, `bad endpoint ${endpoint}: expected HOST:PORT`)
+  }
+  return { host: endpoint.slice(0, at).replace(/^\[|\]$/g, ''), port }
+}
+
+const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
+const DEFAULT_CALL_TIMEOUT_MS = 30_000
+
+/**
+ * A KRPC client. One connection per endpoint, reused by every call; call
+ * ids from 0 per connection; each call's timer is armed when the call is
+ * made, so it covers connect and negotiation; late responses are ignored.
+ * A peer that closes or sends garbage fails every pending call on that
+ * connection with a connection error, never crashing the process.
+ */
+export class Client {
+  readonly #options: ClientOptions
+  readonly #clock: Clock
+  readonly #connections = new Map<string, ClientConnection>()
+  readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
+  #closed = false
+
+  constructor (options: ClientOptions = {}) {
+    this.#options = options
+    this.#clock = options.clock ?? realClock
+  }
+
+  /** A typed stub for `def` at `endpoint` (default: the client's endpoint). */
+  service<M extends MethodMap> (def: ServiceDef<M>, endpoint?: Endpoint): Stub<M> {
+    const target = endpoint ?? this.#options.endpoint
+    if (target === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: pass one to service() or to the Client')
+    const stub: Record<string, (request: unknown, options?: CallOptions) => Promise<unknown>> = {}
+    for (const name of Object.keys(def.methods)) {
+      stub[name] = async (request, options) => (await this.call(target, def, name, request as Message, options)).response
+    }
+    return stub as Stub<M>
+  }
+
+  /** Calls `service.method` at `endpoint`; resolves with the response and its sidecars. */
+  call<Res = Message> (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
+    return new Promise<CallResult<Message>>((resolve, reject) => {
+      this.#start(endpoint, def, method, request, options, resolve, reject)
+    }) as Promise<CallResult<Res>>
+  }
+
+  /** Open connections (for tests and metrics). */
+  get connectionCount (): number {
+    return this.#connections.size
+  }
+
+  /** Calls waiting for a response on any connection. */
+  get pendingCalls (): number {
+    let n = 0
+    for (const cc of this.#connections.values()) n += cc.outstanding.size
+    return n
+  }
+
+  /** Fails every pending call with RPC_ERR_CLIENT_CLOSED and closes every connection. Later calls fail at once. */
+  close (): void {
+    if (this.#closed) return
+    this.#closed = true
+    const error = new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed with the call pending')
+    for (const cc of [...this.#connections.values()]) this.#failConnection(cc, error)
+  }
+
+  #start (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions,
+    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError) => void): void {
+    if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'))
+    const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[method]
+    if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`))
+    let target: { host: string, port: number }
+    let body: Uint8Array
+    try {
+      target = parseEndpoint(endpoint)
+      body = methodDef.requestType.encode(request)
+    } catch (err) {
+      return reject(err as RpcError)
+    }
+    const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    const now = this.#clock.now()
+    const deadline = timeoutMs > 0 ? now + timeoutMs : Number.POSITIVE_INFINITY
+    const label = `${def.fullName}.${method} RPC to ${target.host}:${target.port}`
+    const call = new OutboundCall(methodDef, label, deadline, resolve, reject)
+    if (options.signal !== undefined) {
+      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${label} was cancelled before it started`))
+      call.signal = options.signal
+      call.onAbort = () => this.#cancel(call)
+      options.signal.addEventListener('abort', call.onAbort, { once: true })
+    }
+    if (timeoutMs > 0) call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
+
+    const cc = this.#connectionFor(target)
+    call.conn = cc
+    if (cc.closed) return this.#finishError(call, cc.connection.closeError ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
+    const callId = cc.takeCallId()
+    call.callId = callId
+    cc.outstanding.set(callId, call)
+    if (options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0 &&
+      cc.negotiated !== null && !cc.negotiated.features.has(RpcFeature.APPLICATION_FEATURE_FLAGS)) {
+      return this.#finishError(call, new RpcError(ErrorCode.NOT_SUPPORTED, 'server does not support the required RPC features'))
+    }
+    let slices: Buffer[]
+    try {
+      slices = encodeRequestFrame({
+        callId,
+        remoteMethod: this.#remoteMethod(def.fullName, methodDef),
+        timeoutMs: Number.isFinite(deadline) ? Math.max(1, Math.floor(deadline - now)) : 0,
+        requiredFeatureFlags: options.requiredFeatureFlags,
+        sidecars: options.sidecars
+      }, body)
+    } catch (err) {
+      return this.#finishError(call, err as RpcError)
+    }
+    let bytes = 0
+    for (const s of slices) bytes += s.length
+    const accepted = cc.connection.send({
+      slices,
+      bytes,
+      beforeWrite: () => {
+        if (call.isFinished) return false
+        call.state = CallState.SENDING
+        return true
+      },
+      onSent: (error) => this.#onSent(call, error)
+    })
+    if (!accepted) this.#finishError(call, new RpcError(ErrorCode.QUEUE_FULL, `${label}: the connection's outbound queue is full`))
+  }
+
+  #remoteMethod (service: string, methodDef: MethodDef<Message, Message>): Buffer {
+    let byService = this.#remoteMethods.get(methodDef)
+    if (byService === undefined) {
+      byService = new Map()
+      this.#remoteMethods.set(methodDef, byService)
+    }
+    let encoded = byService.get(service)
+    if (encoded === undefined) {
+      encoded = encodeRemoteMethod(service, methodDef.name)
+      byService.set(service, encoded)
+    }
+    return encoded
+  }
+
+  #connectionFor (target: { host: string, port: number }): ClientConnection {
+    const key = `${target.host}:${target.port}`
+    const existing = this.#connections.get(key)
+    if (existing !== undefined) return existing
+    const socket = netConnect({ host: target.host, port: target.port, noDelay: true })
+    const connection = new Connection(socket, {
+      framing: krpcFraming,
+      maxFrameBytes: this.#options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
+      maxOutboundBytes: this.#options.maxOutboundBytes
+    })
+    const cc = new ClientConnection(key, connection)
+    this.#connections.set(key, cc)
+    let connected = false
+    socket.once('connect', () => { connected = true })
+    connection.attach({
+      onFrame: (frame) => this.#onFrame(cc, frame),
+      onClose: (error) => {
+        const reason = !connected && error !== undefined && error.code === ErrorCode.CONNECTION_CLOSED
+          ? new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
+          : error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${key} closed`)
+        this.#failConnection(cc, reason)
+      }
+    })
+    const negotiationMs = this.#options.negotiationTimeoutMs ?? DEFAULT_NEGOTIATION_TIMEOUT_MS
+    const timer = this.#clock.setTimer(() => {
+      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `connection negotiation to ${key} timed out after ${negotiationMs} ms`))
+    }, negotiationMs)
+    const negotiation = new ClientNegotiation({ user: this.#options.user, password: this.#options.password })
+    connection.handshake<Negotiated>({
+      start: () => negotiation.start(),
+      onFrame: (frame) => {
+        const step = negotiation.onFrame(frame)
+        if (step.done !== undefined) cc.negotiated = step.done
+        return step
+      }
+    }).then((negotiated) => {
+      this.#clock.clearTimer(timer)
+      cc.negotiated = negotiated
+    }, () => {
+      this.#clock.clearTimer(timer)
+    })
+    return cc
+  }
+
+  #onFrame (cc: ClientConnection, frame: Buffer): boolean {
+    const parsed = parseResponseFrame(frame)
+    if (parsed instanceof RpcError) {
+      cc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, `malformed response from ${cc.key}: ${parsed.message}`))
+      return false
+    }
+    const call = cc.outstanding.get(parsed.header.call_id)
+    // Unknown, timed out or cancelled: ignore (wire-contract §6).
+    if (call === undefined) return true
+    if (parsed.header.is_error === true) {
+      const status = ErrorStatusType.decode(parsed.message)
+      if (status instanceof RpcError) {
+        this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: was an RPC error but could not parse error response`))
+      } else {
+        this.#finishError(call, remoteError(status.code ?? KrpcCode.FATAL_UNKNOWN, status.message, status.unsupported_feature_flags))
+      }
+      return true
+    }
+    const response = call.methodDef.responseType.decode(parsed.message)
+    if (response instanceof RpcError) {
+      this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: invalid RPC response, ${response.message}`))
+      return true
+    }
+    this.#finish(call)
+    call.resolve({ response, sidecars: parsed.sidecars })
+    return true
+  }
+
+  #onSent (call: OutboundCall, error: RpcError | undefined): void {
+    if (call.state === CallState.SENDING) call.state = CallState.SENT
+    if (call.cancelPending !== null && !call.isFinished) {
+      // A cancel that arrived mid-send takes effect now that the frame is whole.
+      this.#finishError(call, call.cancelPending)
+      return
+    }
+    if (error !== undefined && !call.isFinished && error.code !== ErrorCode.CANCELLED) this.#finishError(call, error)
+  }
+
+  #onTimer (call: OutboundCall, timeoutMs: number): void {
+    call.timer = null
+    if (call.isFinished) return
+    // A timer that fired late after an event-loop stall lets a response that
+    // is already in the socket buffer be read first (Kudu's two-stage timer).
+    this.#clock.defer(() => {
+      if (call.isFinished) return
+      const negotiating = call.conn !== null && call.conn.negotiated === null
+      const message = negotiating
+        ? `connection negotiation for ${call.label} timed out after ${timeoutMs} ms`
+        : `${call.label} timed out after ${timeoutMs} ms`
+      const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
+      // Mid-write, the caller's sidecars are still being read: settle once the frame is out.
+      if (call.state === CallState.SENDING) call.cancelPending = error
+      else this.#finishError(call, error)
+    })
+  }
+
+  #cancel (call: OutboundCall): void {
+    if (call.isFinished) return
+    const error = new RpcError(ErrorCode.CANCELLED, `${call.label} was cancelled`)
+    if (call.state === CallState.SENDING) {
+      // Never truncate a frame nor release its buffers mid-write: wait.
+      call.cancelPending = error
+      return
+    }
+    this.#finishError(call, error)
+  }
+
+  #finish (call: OutboundCall): void {
+    call.state = CallState.FINISHED
+    if (call.timer !== null) {
+      this.#clock.clearTimer(call.timer)
+      call.timer = null
+    }
+    if (call.signal !== undefined && call.onAbort !== undefined) call.signal.removeEventListener('abort', call.onAbort)
+    call.conn?.outstanding.delete(call.callId)
+  }
+
+  #finishError (call: OutboundCall, error: RpcError): void {
+    if (call.isFinished) return
+    this.#finish(call)
+    call.reject(error)
+  }
+
+  #failConnection (cc: ClientConnection, error: RpcError): void {
+    if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
+    cc.closed = true
+    const calls = [...cc.outstanding.values()]
+    cc.outstanding.clear()
+    for (const call of calls) {
+      call.conn = null
+      this.#finishError(call, error)
+    }
+    cc.connection.destroy(error)
+  }
+}

@@ -1,0 +1,439 @@
+import { createServer, type Server as NetServer, type Socket } from 'node:net'
+import type { AddressInfo } from 'node:net'
+import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
+import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame } from '../codec/krpc.js'
+import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
+import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
+import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { Connection, type Handshake } from '../transport/connection.js'
+import { InboundCall, type CallContext } from './inbound-call.js'
+import { type Logger, silentLogger } from './logger.js'
+
+/** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
+export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
+
+/** One handler per method of the service. */
+export type ServiceHandlers<M extends MethodMap> = { [K in keyof M & string]: Handler<M[K]['request'], M[K]['response']> }
+
+/**
+ * Where an inbound call goes between decoding and its handler. This issue's
+ * default runs the handler at once; the deadline scheduler (EDF service
+ * queue with LIFO-parked workers) plugs in here.
+ */
+export interface CallScheduler {
+  /** Takes a decoded, validated call; eventually runs `run(call)` or answers it with `reject`. */
+  schedule: (call: InboundCall, run: (call: InboundCall) => void, reject: (call: InboundCall, code: number, message: string) => void) => void
+}
+
+/** Runs every call's handler immediately. */
+export const directScheduler: CallScheduler = {
+  schedule (call, run) { run(call) }
+}
+
+export interface ServerOptions {
+  /** Largest inbound frame, checked at its length prefix; default 50 MiB. */
+  maxMessageBytes?: number
+  /** Deadline for a new connection's negotiation; default 3000 ms. */
+  negotiationTimeoutMs?: number
+  /** Idle connections are closed after this long, never while a call is in flight; default 65000 ms; 0 or less disables. */
+  idleTimeoutMs?: number
+  /** Bound on a connection's unsent response bytes; a client that reads slower than that is disconnected. */
+  maxOutboundBytes?: number
+  /** SASL PLAIN verification; by default any user is accepted. */
+  authenticate?: Authenticator
+  /** Until `markReady()`, calls get ERROR_UNAVAILABLE instead of ERROR_NO_SUCH_SERVICE; default true (ready at once). */
+  ready?: boolean
+  scheduler?: CallScheduler
+  clock?: Clock
+  logger?: Logger
+}
+
+export interface AddServiceOptions {
+  /** Application feature flags this service supports (`required_feature_flags` outside this set are refused). */
+  supportedFeatureFlags?: readonly number[]
+}
+
+interface RegisteredService {
+  def: ServiceDef
+  handlers: Record<string, Handler<Message, Message>>
+  featureFlags: ReadonlySet<number>
+}
+
+/** Counters the server keeps. */
+export interface ServerStats {
+  connectionsAccepted: number
+  connectionsOpen: number
+  callsReceived: number
+  callsSucceeded: number
+  callsFailed: number
+  callsInFlight: number
+  badFrames: number
+  idleClosed: number
+}
+
+const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
+const DEFAULT_IDLE_TIMEOUT_MS = 65_000
+
+/** Per-connection state of the server. */
+class ServerConnection {
+  readonly connection: Connection
+  readonly remoteAddress: string
+  readonly inFlight = new Map<number, InboundCall>()
+  negotiated: Negotiated | null = null
+  lastActivity = -1
+  lastActiveAt: number
+
+  constructor (connection: Connection, remoteAddress: string, now: number) {
+    this.connection = connection
+    this.remoteAddress = remoteAddress
+    this.lastActiveAt = now
+  }
+}
+
+/**
+ * A KRPC server: accepts connections, negotiates them, decodes calls,
+ * hands them to the scheduler and the handlers, and answers each call
+ * exactly once (or closes its connection when the peer broke the protocol).
+ */
+export class Server {
+  readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
+  readonly #clock: Clock
+  readonly #log: Logger
+  readonly #scheduler: CallScheduler
+  readonly #services = new Map<string, RegisteredService>()
+  readonly #connections = new Set<ServerConnection>()
+  readonly #net: NetServer
+  #ready: boolean
+  #idleTimer: TimerHandle | null = null
+  #closing: Promise<void> | null = null
+  #drained: (() => void) | null = null
+  #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0 }
+  readonly #run = (call: InboundCall): void => this.#runHandler(call)
+  readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
+
+  constructor (options: ServerOptions = {}) {
+    this.#options = {
+      ...options,
+      maxMessageBytes: options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
+      negotiationTimeoutMs: options.negotiationTimeoutMs ?? DEFAULT_NEGOTIATION_TIMEOUT_MS,
+      idleTimeoutMs: options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS
+    }
+    this.#clock = options.clock ?? realClock
+    this.#log = options.logger ?? silentLogger
+    this.#scheduler = options.scheduler ?? directScheduler
+    this.#ready = options.ready ?? true
+    this.#net = createServer({ noDelay: true }, (socket) => this.#onAccept(socket))
+    this.#net.on('error', (err) => this.#log.error(`listener error: ${err.message}`))
+  }
+
+  /** Registers a service's handlers; the service is then served on every connection. */
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M>, options: AddServiceOptions = {}): this {
+    if (this.#services.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
+    for (const name of Object.keys(def.methods)) {
+      if (typeof (handlers as Record<string, unknown>)[name] !== 'function') {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
+      }
+    }
+    this.#services.set(def.fullName, {
+      def: def as unknown as ServiceDef,
+      handlers: handlers as unknown as Record<string, Handler<Message, Message>>,
+      featureFlags: new Set(options.supportedFeatureFlags ?? [])
+    })
+    return this
+  }
+
+  /** Marks services as registered: unknown services now get ERROR_NO_SUCH_SERVICE rather than ERROR_UNAVAILABLE. */
+  markReady (): void {
+    this.#ready = true
+  }
+
+  /** Starts listening; resolves with the bound address (the real port when `port` is 0). Loopback by default. */
+  listen (port = 0, host = '127.0.0.1'): Promise<AddressInfo> {
+    return new Promise((resolve, reject) => {
+      const onError = (err: Error): void => reject(err)
+      this.#net.once('error', onError)
+      this.#net.listen({ port, host, backlog: 512 }, () => {
+        this.#net.off('error', onError)
+        this.#armIdleScan()
+        resolve(this.#net.address() as AddressInfo)
+      })
+    })
+  }
+
+  /** The bound address, once listening. */
+  address (): AddressInfo | null {
+    return this.#net.address() as AddressInfo | null
+  }
+
+  stats (): ServerStats {
+    let inFlight = 0
+    for (const sc of this.#connections) inFlight += sc.inFlight.size
+    return { ...this.#stats, connectionsOpen: this.#connections.size, callsInFlight: inFlight }
+  }
+
+  /**
+   * Stops accepting, answers calls that arrive from now on with
+   * FATAL_SERVER_SHUTTING_DOWN, lets calls in flight finish (up to `graceMs`,
+   * default 30 s; then their signals abort and their connections close), and
+   * resolves when every connection is closed.
+   */
+  close (options: { graceMs?: number } = {}): Promise<void> {
+    if (this.#closing !== null) return this.#closing
+    this.#closing = new Promise<void>((resolve) => {
+      const graceMs = options.graceMs ?? 30_000
+      this.#net.close(() => resolve())
+      if (this.#idleTimer !== null) this.#clock.clearTimer(this.#idleTimer)
+      this.#idleTimer = null
+      for (const sc of this.#connections) {
+        if (sc.negotiated === null) sc.connection.destroy()
+      }
+      let graceTimer: TimerHandle | null = null
+      const finish = (): void => {
+        if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
+        this.#drained = null
+        for (const sc of [...this.#connections]) sc.connection.destroy()
+      }
+      this.#drained = finish
+      graceTimer = this.#clock.setTimer(() => {
+        graceTimer = null
+        const reason = new RpcError(ErrorCode.CONNECTION_CLOSED, 'server shutting down: grace period over')
+        for (const sc of this.#connections) for (const call of sc.inFlight.values()) call.abort(reason)
+        finish()
+      }, graceMs)
+      this.#maybeDrained()
+    })
+    return this.#closing
+  }
+
+  #maybeDrained (): void {
+    if (this.#drained === null) return
+    for (const sc of this.#connections) if (sc.inFlight.size > 0) return
+    this.#drained()
+  }
+
+  #onAccept (socket: Socket): void {
+    if (this.#closing !== null) {
+      socket.destroy()
+      return
+    }
+    this.#stats.connectionsAccepted++
+    const remoteAddress = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`
+    const connection = new Connection(socket, {
+      framing: krpcFraming,
+      maxFrameBytes: this.#options.maxMessageBytes,
+      maxOutboundBytes: this.#options.maxOutboundBytes
+    })
+    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now())
+    this.#connections.add(sc)
+    connection.attach({
+      onFrame: (frame) => this.#onFrame(sc, frame),
+      onClose: (error) => this.#onClose(sc, error)
+    })
+    const negotiation = new ServerNegotiation({ authenticate: this.#options.authenticate })
+    const handshake: Handshake<Negotiated> = {
+      preambleBytes: PREAMBLE_BYTES,
+      checkPreamble,
+      onFrame: (frame) => {
+        const step = negotiation.onFrame(frame)
+        const record = (s: Awaited<typeof step>): typeof s => {
+          if (s.done !== undefined) sc.negotiated = s.done
+          return s
+        }
+        return step instanceof Promise ? step.then(record) : record(step)
+      }
+    }
+    const timer = this.#clock.setTimer(() => {
+      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `negotiation with ${remoteAddress} timed out after ${this.#options.negotiationTimeoutMs} ms`))
+    }, this.#options.negotiationTimeoutMs)
+    connection.handshake(handshake).then(() => {
+      this.#clock.clearTimer(timer)
+    }, (error: RpcError) => {
+      this.#clock.clearTimer(timer)
+      this.#log.warn(`negotiation with ${remoteAddress} failed: ${error.message}`)
+    })
+  }
+
+  #onClose (sc: ServerConnection, error: RpcError | undefined): void {
+    this.#connections.delete(sc)
+    if (sc.inFlight.size > 0) {
+      const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
+      for (const call of sc.inFlight.values()) call.abort(reason)
+    }
+    this.#maybeDrained()
+  }
+
+  #onFrame (sc: ServerConnection, frame: Buffer): boolean {
+    const receivedAt = this.#clock.now()
+    const parsed = parseRequestFrame(frame)
+    if (parsed instanceof RpcError) return this.#badFrame(sc, parsed.message)
+    const header = parsed.header
+    const callId = header.call_id
+    if (callId < 0) return this.#badFrame(sc, `unexpected call id ${callId} after negotiation`)
+    const remote = header.remote_method
+    if (remote === undefined) return this.#badFrame(sc, 'request header has no remote_method')
+    if (sc.inFlight.has(callId)) return this.#badFrame(sc, `received duplicate call id ${callId}`)
+    this.#stats.callsReceived++
+
+    const reply = (code: number, message: string, unsupported?: number[]): boolean => {
+      this.#stats.callsFailed++
+      this.#send(sc, encodeErrorFrame(callId, code, message, unsupported))
+      return true
+    }
+    if (this.#closing !== null) return reply(KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
+    const service = this.#services.get(remote.service_name)
+    if (service === undefined) {
+      return this.#ready
+        ? reply(KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
+        : reply(KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
+    }
+    const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
+    const handler = service.handlers[remote.method_name]
+    if (methodDef === undefined || handler === undefined) {
+      return reply(KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
+    }
+    const required = header.required_feature_flags
+    if (required !== undefined && required.length > 0) {
+      const unsupported = required.filter(flag => !service.featureFlags.has(flag))
+      if (unsupported.length > 0) return reply(KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
+    }
+    const request = methodDef.requestType.decode(parsed.message)
+    if (request instanceof RpcError) {
+      return reply(KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
+    }
+    const call = new InboundCall({
+      service: remote.service_name,
+      method: remote.method_name,
+      callId,
+      user: sc.negotiated?.user ?? '',
+      remoteAddress: sc.remoteAddress,
+      receivedAt,
+      timeoutMs: header.timeout_millis ?? 0,
+      sidecars: parsed.sidecars,
+      methodDef,
+      request,
+      clock: this.#clock
+    })
+    sc.inFlight.set(callId, call)
+    callOwners.set(call, sc)
+    this.#scheduler.schedule(call, this.#run, this.#reject)
+    return !sc.connection.isClosed
+  }
+
+  #badFrame (sc: ServerConnection, reason: string): false {
+    // The stream can no longer be trusted: close without a reply (wire-contract §6).
+    this.#stats.badFrames++
+    this.#log.warn(`received bad data from ${sc.remoteAddress}: ${reason}; closing the connection`)
+    sc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, reason))
+    return false
+  }
+
+  #runHandler (call: InboundCall): void {
+    const sc = callOwners.get(call)
+    if (sc === undefined) return
+    call.handledAt = this.#clock.now()
+    const handler = this.#services.get(call.service)!.handlers[call.method]!
+    let result: Message | Promise<Message>
+    try {
+      result = handler(call.request, call)
+    } catch (err) {
+      this.#handlerFailed(call, err)
+      return
+    }
+    if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown }).then === 'function')) {
+      (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
+    } else {
+      this.#respond(call, result)
+    }
+  }
+
+  #handlerFailed (call: InboundCall, err: unknown): void {
+    if (err instanceof RpcError && err.krpcCode !== undefined) {
+      this.#respondError(call, err.krpcCode, stripCodePrefix(err.message))
+      return
+    }
+    const message = err instanceof Error ? err.message : String(err)
+    this.#respondError(call, KrpcCode.ERROR_APPLICATION, message)
+  }
+
+  #respond (call: InboundCall, response: Message): void {
+    const sc = this.#release(call)
+    if (sc === undefined) return
+    let slices: Buffer[]
+    try {
+      const body = call.methodDef.responseType.encode(response)
+      slices = encodeResponseFrame(call.callId, false, body, call.responseSidecars)
+    } catch (err) {
+      this.#stats.callsFailed++
+      this.#send(sc, encodeErrorFrame(call.callId, KrpcCode.ERROR_APPLICATION,
+        `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`))
+      this.#maybeDrained()
+      return
+    }
+    this.#stats.callsSucceeded++
+    this.#send(sc, slices)
+    this.#maybeDrained()
+  }
+
+  #respondError (call: InboundCall, code: number, message: string): void {
+    const sc = this.#release(call)
+    if (sc === undefined) return
+    this.#stats.callsFailed++
+    this.#send(sc, encodeErrorFrame(call.callId, code, message))
+    this.#maybeDrained()
+  }
+
+  // Ends the call's life on its connection; undefined when the connection is gone.
+  #release (call: InboundCall): ServerConnection | undefined {
+    call.finish()
+    const sc = callOwners.get(call)
+    callOwners.delete(call)
+    if (sc === undefined) return undefined
+    sc.inFlight.delete(call.callId)
+    return sc.connection.isClosed ? undefined : sc
+  }
+
+  #send (sc: ServerConnection, slices: Buffer[]): void {
+    let bytes = 0
+    for (const slice of slices) bytes += slice.length
+    if (!sc.connection.send({ slices, bytes })) {
+      this.#log.warn(`closing ${sc.remoteAddress}: it reads responses slower than they are produced (outbound bound exceeded)`)
+      sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+    }
+  }
+
+  #armIdleScan (): void {
+    const idleMs = this.#options.idleTimeoutMs
+    if (idleMs <= 0 || this.#idleTimer !== null) return
+    const periodMs = Math.max(10, Math.min(1000, idleMs / 4))
+    const scan = (): void => {
+      this.#idleTimer = this.#clock.setTimer(scan, periodMs)
+      const now = this.#clock.now()
+      for (const sc of this.#connections) {
+        const activity = sc.connection.activity
+        if (activity !== sc.lastActivity || sc.inFlight.size > 0 || sc.connection.isBusy) {
+          sc.lastActivity = activity
+          sc.lastActiveAt = now
+          continue
+        }
+        if (sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
+          this.#stats.idleClosed++
+          this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms`)
+          sc.connection.destroy()
+        }
+      }
+    }
+    this.#idleTimer = this.#clock.setTimer(scan, periodMs)
+  }
+}
+
+// Which connection a call belongs to, without a back-reference on the
+// call object that handlers can see.
+const callOwners = new WeakMap<InboundCall, ServerConnection>()
+
+function stripCodePrefix (message: string): string {
+  return message.replace(/^[A-Z_]+: /, '')
+}
+
+/** Features the server offers in negotiation. */
+export const SERVER_FEATURES = [RpcFeature.APPLICATION_FEATURE_FLAGS]

@@ -1,0 +1,112 @@
+/**
+ * Time, as everything in nyala that waits sees it. Production code gets
+ * `realClock`; tests pass a `FakeClock` and move time by hand, so no test
+ * sleeps or asserts a duration.
+ */
+export interface Clock {
+  /** Monotonic milliseconds (fractional). */
+  now: () => number
+  /** Runs `callback` once after `ms`; the timer never keeps the process alive by itself. */
+  setTimer: (callback: () => void, ms: number) => TimerHandle
+  clearTimer: (handle: TimerHandle) => void
+  /**
+   * Runs `callback` after the I/O that is ready now has been processed
+   * (`setImmediate`): a timer that fires late after an event-loop stall uses
+   * it to let an already-arrived response win before declaring a timeout.
+   */
+  defer: (callback: () => void) => void
+}
+
+/** An opaque timer handle. */
+export interface TimerHandle { readonly id?: unknown }
+
+/** The process's monotonic clock and timers. */
+export const realClock: Clock = {
+  now: () => performance.now(),
+  setTimer (callback, ms) {
+    const timer = setTimeout(callback, Math.max(0, ms))
+    timer.unref()
+    return timer as unknown as TimerHandle
+  },
+  clearTimer (handle) {
+    clearTimeout(handle as unknown as NodeJS.Timeout)
+  },
+  defer (callback) {
+    setImmediate(callback)
+  }
+}
+
+interface FakeTimer extends TimerHandle {
+  at: number
+  seq: number
+  callback: () => void
+  cancelled: boolean
+}
+
+/**
+ * A clock that moves only when told. `advance(ms)` fires due timers in
+ * order of due time (then creation), each seeing `now()` at its due time, and
+ * runs deferred callbacks after each timer, as the event loop would.
+ */
+export class FakeClock implements Clock {
+  #now: number
+  #seq = 0
+  #timers: FakeTimer[] = []
+  #deferred: Array<() => void> = []
+
+  constructor (startMs = 1000) {
+    this.#now = startMs
+  }
+
+  now (): number {
+    return this.#now
+  }
+
+  setTimer (callback: () => void, ms: number): TimerHandle {
+    const timer: FakeTimer = { at: this.#now + Math.max(0, ms), seq: this.#seq++, callback, cancelled: false }
+    this.#timers.push(timer)
+    return timer
+  }
+
+  clearTimer (handle: TimerHandle): void {
+    const timer = handle as FakeTimer
+    timer.cancelled = true
+    this.#timers = this.#timers.filter(t => t !== timer)
+  }
+
+  defer (callback: () => void): void {
+    this.#deferred.push(callback)
+  }
+
+  /** Timers not yet fired or cleared. */
+  get pendingTimers (): number {
+    return this.#timers.length
+  }
+
+  /** Runs deferred callbacks (those queued by `defer`), including ones they queue. */
+  runDeferred (): void {
+    while (this.#deferred.length > 0) {
+      const batch = this.#deferred
+      this.#deferred = []
+      for (const callback of batch) callback()
+    }
+  }
+
+  /** Moves time forward by `ms`, firing every timer due by then. */
+  advance (ms: number): void {
+    const target = this.#now + ms
+    for (;;) {
+      let next: FakeTimer | undefined
+      for (const t of this.#timers) {
+        if (t.at <= target && (next === undefined || t.at < next.at || (t.at === next.at && t.seq < next.seq))) next = t
+      }
+      if (next === undefined) break
+      this.#timers = this.#timers.filter(t => t !== next)
+      this.#now = Math.max(this.#now, next.at)
+      next.callback()
+      this.runDeferred()
+    }
+    this.#now = target
+    this.runDeferred()
+  }
+}
