@@ -48,7 +48,7 @@ function requiredFieldsMissing (type: PbType, instance: unknown): string[] {
   const missing: string[] = []
   if (instance === null || typeof instance !== 'object') return missing
   for (const field of type.fieldsArray) {
-    if (field.required && (instance as Record<string, unknown>)[field.name] == null) missing.push(field.name)
+    if (field.required && (!Object.prototype.hasOwnProperty.call(instance, field.name) || (instance as Record<string, unknown>)[field.name] == null)) missing.push(field.name)
   }
   return missing
 }
