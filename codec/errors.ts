@@ -105,5 +105,5 @@ export class RpcError extends Error {
 export function remoteError (krpcCode: number, message: string, unsupportedFeatureFlags?: number[]): RpcError {
   const options: RpcErrorOptions = { krpcCode }
   if (unsupportedFeatureFlags !== undefined && unsupportedFeatureFlags.length > 0) options.unsupportedFeatureFlags = unsupportedFeatureFlags
-  return new RpcError(ErrorCode.REMOTE, `${krpcCodeName(krpcCode)}: ${message}`, options)
+  return new RpcError(ErrorCode.REMOTE, message, options)
 }
