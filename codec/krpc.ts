@@ -1,4 +1,5 @@
 import { ErrorCode, RpcError } from './errors.js'
+import { decodeRequestHeader, decodeResponseHeader } from './header-decoder.js'
 import type { Framing } from './frame-decoder.js'
 import { ProtoSchema, assetPath } from './schema.js'
 import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from './varint.js'
@@ -275,8 +276,8 @@ export interface RequestFrame {
 export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
   const parts = splitFrame(frame)
   if (parts instanceof RpcError) return parts
-  const header = RequestHeaderType.decode(parts.header)
-  if (header instanceof RpcError) return malformed(`bad RequestHeader: ${header.message}`, header)
+  const header = decodeRequestHeader(parts.header)
+  if (header instanceof RpcError) return header
   const payload = splitSidecars(parts.body, header.sidecar_offsets)
   if (payload instanceof RpcError) return payload
   return { header, message: payload.message, sidecars: payload.sidecars }
@@ -293,8 +294,8 @@ export interface ResponseFrame {
 export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
   const parts = splitFrame(frame)
   if (parts instanceof RpcError) return parts
-  const header = ResponseHeaderType.decode(parts.header)
-  if (header instanceof RpcError) return malformed(`bad ResponseHeader: ${header.message}`, header)
+  const header = decodeResponseHeader(parts.header)
+  if (header instanceof RpcError) return header
   const payload = splitSidecars(parts.body, header.sidecar_offsets)
   if (payload instanceof RpcError) return payload
   return { header, message: payload.message, sidecars: payload.sidecars }

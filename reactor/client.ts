@@ -6,6 +6,7 @@ import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotia
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { Connection } from '../transport/connection.js'
+import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
 /** Per-call options. */
 export interface CallOptions {
@@ -64,8 +65,11 @@ type CallState = typeof CallState[keyof typeof CallState]
  * `finish`, whatever happens first: response, timeout, cancellation or
  * connection failure.
  */
-class OutboundCall {
+class OutboundCall implements OutboundTransfer {
   state: CallState = CallState.QUEUED
+  slices: Buffer[] = []
+  bytes = 0
+  sentHook: ((call: OutboundCall, error: RpcError | undefined) => void) | null = null
   callId = -1
   conn: ClientConnection | null = null
   timer: TimerHandle | null = null
@@ -90,7 +94,21 @@ class OutboundCall {
   get isFinished (): boolean {
     return this.state === CallState.FINISHED
   }
+
+  // Transfer-queue hooks: the call is its own transfer, so no closure per call.
+  beforeWrite (): boolean {
+    if (this.state === CallState.FINISHED) return false
+    this.state = CallState.SENDING
+    return true
+  }
+
+  onSent (error: RpcError | undefined): void {
+    this.slices = NO_SLICES
+    this.sentHook?.(this, error)
+  }
 }
+
+const NO_SLICES: Buffer[] = []
 
 /** One connection to one endpoint, shared by every call to it. */
 class ClientConnection {
@@ -113,14 +131,18 @@ class ClientConnection {
   }
 }
 
-function parseEndpoint (endpoint: Endpoint): { host: string, port: number } {
+function parseEndpoint (endpoint: Endpoint, cache: Map<string, { host: string, port: number }>): { host: string, port: number } {
   if (typeof endpoint !== 'string') return endpoint
+  const cached = cache.get(endpoint)
+  if (cached !== undefined) return cached
   const at = endpoint.lastIndexOf(':')
   const port = Number(endpoint.slice(at + 1))
   if (at <= 0 || !Number.isInteger(port) || port <= 0 || port > 65535) {
     throw new RpcError(ErrorCode.INVALID_ARGUMENT, `bad endpoint ${endpoint}: expected HOST:PORT`)
   }
-  return { host: endpoint.slice(0, at).replace(/^\[|\]$/g, ''), port }
+  const parsed = { host: endpoint.slice(0, at).replace(/^\[|\]$/g, ''), port }
+  if (cache.size < 1024) cache.set(endpoint, parsed)
+  return parsed
 }
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
@@ -138,6 +160,8 @@ export class Client {
   readonly #clock: Clock
   readonly #connections = new Map<string, ClientConnection>()
   readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
+  readonly #endpoints = new Map<string, { host: string, port: number }>()
+  readonly #onSentHook = (call: OutboundCall, error: RpcError | undefined): void => this.#onSent(call, error)
   #closed = false
 
   constructor (options: ClientOptions = {}) {
@@ -191,7 +215,7 @@ export class Client {
     let target: { host: string, port: number }
     let body: Uint8Array
     try {
-      target = parseEndpoint(endpoint)
+      target = parseEndpoint(endpoint, this.#endpoints)
       body = methodDef.requestType.encode(request)
     } catch (err) {
       return reject(err as RpcError)
@@ -209,7 +233,7 @@ export class Client {
     }
     if (timeoutMs > 0) call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
 
-    const cc = this.#connectionFor(target)
+    const cc = this.#connectionFor(target, typeof endpoint === 'string' ? endpoint : `${target.host}:${target.port}`)
     call.conn = cc
     if (cc.closed) return this.#finishError(call, cc.connection.closeError ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
     const callId = cc.takeCallId()
@@ -233,16 +257,10 @@ export class Client {
     }
     let bytes = 0
     for (const s of slices) bytes += s.length
-    const accepted = cc.connection.send({
-      slices,
-      bytes,
-      beforeWrite: () => {
-        if (call.isFinished) return false
-        call.state = CallState.SENDING
-        return true
-      },
-      onSent: (error) => this.#onSent(call, error)
-    })
+    call.slices = slices
+    call.bytes = bytes
+    call.sentHook = this.#onSentHook
+    const accepted = cc.connection.send(call)
     if (!accepted) this.#finishError(call, new RpcError(ErrorCode.QUEUE_FULL, `${label}: the connection's outbound queue is full`))
   }
 
@@ -260,8 +278,7 @@ export class Client {
     return encoded
   }
 
-  #connectionFor (target: { host: string, port: number }): ClientConnection {
-    const key = `${target.host}:${target.port}`
+  #connectionFor (target: { host: string, port: number }, key: string): ClientConnection {
     const existing = this.#connections.get(key)
     if (existing !== undefined) return existing
     const socket = netConnect({ host: target.host, port: target.port, noDelay: true })

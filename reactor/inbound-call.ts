@@ -48,6 +48,8 @@ export class InboundCall implements CallContext {
   /** When a handler started on it (for queue-time metrics); NaN until then. */
   handledAt = Number.NaN
   responseSidecars: Uint8Array[] | undefined
+  /** The server's per-connection state this call belongs to; null once answered. Internal. */
+  owner: unknown = null
   #clock: Clock
   #controller: AbortController | null = null
   #timer: TimerHandle | null = null

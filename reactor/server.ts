@@ -314,8 +314,8 @@ export class Server {
       request,
       clock: this.#clock
     })
+    call.owner = sc
     sc.inFlight.set(callId, call)
-    callOwners.set(call, sc)
     this.#scheduler.schedule(call, this.#run, this.#reject)
     return !sc.connection.isClosed
   }
@@ -329,8 +329,7 @@ export class Server {
   }
 
   #runHandler (call: InboundCall): void {
-    const sc = callOwners.get(call)
-    if (sc === undefined) return
+    if (call.owner === null) return
     call.handledAt = this.#clock.now()
     const handler = this.#services.get(call.service)!.handlers[call.method]!
     let result: Message | Promise<Message>
@@ -386,9 +385,9 @@ export class Server {
   // Ends the call's life on its connection; undefined when the connection is gone.
   #release (call: InboundCall): ServerConnection | undefined {
     call.finish()
-    const sc = callOwners.get(call)
-    callOwners.delete(call)
-    if (sc === undefined) return undefined
+    const sc = call.owner as ServerConnection | null
+    call.owner = null
+    if (sc === null) return undefined
     sc.inFlight.delete(call.callId)
     return sc.connection.isClosed ? undefined : sc
   }
@@ -426,10 +425,6 @@ export class Server {
     this.#idleTimer = this.#clock.setTimer(scan, periodMs)
   }
 }
-
-// Which connection a call belongs to, without a back-reference on the
-// call object that handlers can see.
-const callOwners = new WeakMap<InboundCall, ServerConnection>()
 
 function stripCodePrefix (message: string): string {
   return message.replace(/^[A-Z_]+: /, '')

@@ -1,0 +1,114 @@
+/**
+ * Loopback ping-pong and pipelining of nyala's `Add` against a raw node:net
+ * echo, measured side by side in one run, alternating the systems.
+ *
+ *   node dist/bench/pingpong.js [--seconds 3] [--rounds 3] [--depths 1,100] [--json]
+ *
+ * The servers run in child processes (one at a time); the load comes from
+ * this process. Each round runs every system once per depth; the report is
+ * the median calls/s per system and the ratio nyala/raw.
+ */
+import { fork } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+import os from 'node:os'
+import { Client } from '../reactor/client.js'
+import { Server } from '../reactor/server.js'
+import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { runRawClient, startRawEchoServer } from './raw-echo.js'
+
+type System = 'nyala' | 'raw'
+
+async function serverChild (system: System): Promise<void> {
+  let port: number
+  if (system === 'raw') {
+    port = (await startRawEchoServer()).port
+  } else {
+    const server = new Server().addService(CalculatorService, calculatorHandlers)
+    port = (await server.listen(0)).port
+  }
+  process.send!({ port })
+  process.on('disconnect', () => process.exit(0))
+}
+
+async function runNyala (port: number, depth: number, endAt: number): Promise<number> {
+  const client = new Client({ endpoint: `127.0.0.1:${port}`, defaultTimeoutMs: 0 })
+  const calc = client.service(CalculatorService)
+  await calc.Add({ x: 1, y: 2 })
+  let completed = 0
+  const chain = async (): Promise<void> => {
+    let x = 0
+    while (performance.now() < endAt) {
+      const response = await calc.Add({ x, y: 1 })
+      if (response.result !== x + 1) throw new Error('wrong result')
+      x++
+      completed++
+    }
+  }
+  const chains: Array<Promise<void>> = []
+  for (let i = 0; i < depth; i++) chains.push(chain())
+  await Promise.all(chains)
+  client.close()
+  return completed
+}
+
+async function measure (system: System, depth: number, seconds: number): Promise<{ callsPerSec: number, serverCpuUsPerCall: number }> {
+  const child = fork(fileURLToPath(import.meta.url), ['--child', system], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+  const port = await new Promise<number>((resolve) => child.once('message', (m) => resolve((m as { port: number }).port)))
+  // Warm up, then measure.
+  const warm = performance.now() + 300
+  if (system === 'raw') await runRawClient(port, depth, 8, warm); else await runNyala(port, depth, warm)
+  const start = performance.now()
+  const endAt = start + seconds * 1000
+  const calls = system === 'raw' ? await runRawClient(port, depth, 8, endAt) : await runNyala(port, depth, endAt)
+  const elapsed = (performance.now() - start) / 1000
+  child.disconnect()
+  await new Promise((resolve) => child.once('exit', resolve))
+  return { callsPerSec: calls / elapsed, serverCpuUsPerCall: Number.NaN }
+}
+
+function median (values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+async function main (): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      seconds: { type: 'string', default: process.env.BENCH_SMOKE === '1' ? '0.3' : '3' },
+      rounds: { type: 'string', default: process.env.BENCH_SMOKE === '1' ? '1' : '3' },
+      depths: { type: 'string', default: '1,100' },
+      json: { type: 'boolean', default: false }
+    }
+  })
+  const seconds = Number(values.seconds)
+  const rounds = Number(values.rounds)
+  const depths = values.depths.split(',').map(Number)
+  const results: Record<string, Record<System, number[]>> = {}
+  for (let round = 0; round < rounds; round++) {
+    for (const depth of depths) {
+      const row = (results[depth] ??= { nyala: [], raw: [] })
+      const order: System[] = round % 2 === 0 ? ['raw', 'nyala'] : ['nyala', 'raw']
+      for (const system of order) row[system].push((await measure(system, depth, seconds)).callsPerSec)
+    }
+  }
+  const report = depths.map((depth) => {
+    const row = results[depth]!
+    const nyala = median(row.nyala)
+    const raw = median(row.raw)
+    return { depth, nyalaCallsPerSec: Math.round(nyala), rawCallsPerSec: Math.round(raw), ratio: Number((nyala / raw).toFixed(3)), samples: { nyala: row.nyala.map(Math.round), raw: row.raw.map(Math.round) } }
+  })
+  if (values.json) {
+    process.stdout.write(`${JSON.stringify({ node: process.version, cpus: os.cpus().length, seconds, rounds, report })}\n`)
+    return
+  }
+  process.stdout.write(`node ${process.version}, ${os.cpus()[0]?.model ?? '?'} x${os.cpus().length}, ${rounds} rounds x ${seconds} s, medians\n`)
+  process.stdout.write('depth  nyala calls/s  raw calls/s  nyala/raw\n')
+  for (const r of report) {
+    process.stdout.write(`${String(r.depth).padStart(5)}  ${String(r.nyalaCallsPerSec).padStart(13)}  ${String(r.rawCallsPerSec).padStart(11)}  ${r.ratio.toFixed(3).padStart(9)}\n`)
+  }
+}
+
+if (process.argv[2] === '--child') await serverChild(process.argv[3] as System)
+else await main()
