@@ -1,0 +1,458 @@
+/**
+ * TransferQueue against a fake socket: immediate lone writes, end-of-turn
+ * batching, drain waits, cancellation before the first byte, holds, the
+ * outbound bound, close, and the stats.
+ */
+import t from 'tap'
+import fc from 'fast-check'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { TransferQueue, type OutboundTransfer } from '../../transport/transfer-queue.js'
+import { FakeSink, nextTick } from '../helpers/fake-sink.js'
+
+interface Tracked extends OutboundTransfer {
+  id: number
+  /** Every onSent call, in order (must end up with exactly one). */
+  sent: Array<RpcError | undefined>
+  beforeWriteCalls: number
+}
+
+/** A transfer of `bytes` bytes, every byte equal to `id`, split into `slices` slices. */
+function transfer (id: number, bytes = 8, options: { slices?: number, cancelled?: () => boolean } = {}): Tracked {
+  const sliceCount = options.slices ?? 1
+  const slices: Buffer[] = []
+  let left = bytes
+  for (let i = 0; i < sliceCount; i++) {
+    const size = i === sliceCount - 1 ? left : Math.floor(bytes / sliceCount)
+    slices.push(Buffer.alloc(size, id))
+    left -= size
+  }
+  const tracked: Tracked = {
+    id,
+    slices,
+    bytes,
+    sent: [],
+    beforeWriteCalls: 0,
+    onSent: (error) => { tracked.sent.push(error) }
+  }
+  const cancelled = options.cancelled
+  if (cancelled !== undefined) tracked.beforeWrite = () => { tracked.beforeWriteCalls++; return !cancelled() }
+  return tracked
+}
+
+function ids (buf: Buffer): number[] {
+  const out: number[] = []
+  for (const byte of buf) if (out[out.length - 1] !== byte) out.push(byte)
+  return out
+}
+
+t.test('a lone frame is written synchronously, inside enqueue', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  let inside = false
+  let writtenInside = false
+  sink.onWrite = () => { writtenInside = inside }
+  const a = transfer(1)
+  inside = true
+  t.equal(queue.enqueue(a), true)
+  inside = false
+  t.ok(writtenInside, 'written before enqueue returned')
+  t.equal(sink.writes.length, 1)
+  t.same(sink.writes[0]!.chunk, a.slices[0])
+  t.same(a.sent, [undefined], 'onSent at once: a single slice is the codec\'s own buffer')
+  t.equal(queue.stats().immediateWrites, 1)
+  await nextTick()
+  t.equal(sink.writes.length, 1, 'nothing more at the end of the turn')
+
+  // A later turn's lone frame is immediate again.
+  const b = transfer(2)
+  queue.enqueue(b)
+  t.equal(sink.writes.length, 2)
+  t.equal(queue.stats().immediateWrites, 2)
+  t.equal(queue.stats().batchedWrites, 0)
+})
+
+t.test('frames enqueued in the same turn after the first go out together in one write at nextTick', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  const [a, b, c, d] = [transfer(1), transfer(2), transfer(3), transfer(4)]
+  queue.enqueue(a)
+  queue.enqueue(b)
+  queue.enqueue(c)
+  queue.enqueue(d)
+  t.equal(sink.writes.length, 1, 'only the first is written synchronously')
+  t.same(b.sent, [], 'queued frames are not reported sent yet')
+  t.equal(queue.stats().queuedTransfers, 3)
+  t.equal(queue.stats().queuedBytes, 24)
+  t.equal(queue.isIdle, false)
+  await nextTick()
+  t.equal(sink.writes.length, 2, 'one more write for the three queued frames')
+  t.same(ids(sink.writes[1]!.chunk), [2, 3, 4], 'in order')
+  t.equal(sink.writes[1]!.chunk.length, 24)
+  t.same([b.sent, c.sent, d.sent], [[undefined], [undefined], [undefined]], 'small frames are copied, so sent at once')
+  const stats = queue.stats()
+  t.equal(stats.immediateWrites, 1)
+  t.equal(stats.batchedWrites, 1)
+  t.equal(stats.batchedFrames, 3)
+  t.equal(stats.queuedTransfers, 0)
+  t.equal(stats.queuedBytes, 0)
+  t.equal(queue.isIdle, true)
+})
+
+t.test('a large batch goes out as one corked writev, sent when the kernel takes it', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  const first = transfer(1)
+  const big = [transfer(2, 40 * 1024), transfer(3, 40 * 1024, { slices: 3 }), transfer(4, 16)]
+  queue.enqueue(first)
+  for (const x of big) queue.enqueue(x)
+  await nextTick()
+  const groups = sink.groups()
+  t.equal(groups.length, 2, 'the lone first frame, then one writev')
+  t.same(ids(groups[1]!), [2, 3, 4])
+  t.equal(groups[1]!.length, 80 * 1024 + 16)
+  t.notOk(sink.corked, 'uncorked after the batch')
+  t.same(big.map(x => x.sent), [[], [], []], 'slices still refer to the callers\' buffers')
+  sink.completeWrites()
+  t.same(big.map(x => x.sent), [[undefined], [undefined], [undefined]])
+  t.equal(queue.stats().batchedWrites, 1)
+  t.equal(queue.stats().batchedFrames, 3)
+})
+
+t.test('when write returns false the queue waits for drain, then resumes', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  sink.writeReturns = false
+  const a = transfer(1)
+  queue.enqueue(a)
+  t.equal(sink.writes.length, 1, 'the first frame is handed over anyway')
+  t.equal(queue.stats().drainWaits, 1)
+  const [b, c] = [transfer(2), transfer(3)]
+  queue.enqueue(b)
+  queue.enqueue(c)
+  await nextTick()
+  await nextTick()
+  t.equal(sink.writes.length, 1, 'nothing more until drain')
+  t.equal(queue.stats().queuedTransfers, 2)
+  queue.onSocketDrain()
+  t.equal(sink.writes.length, 2, 'drain writes the queued frames at once')
+  t.same(ids(sink.writes[1]!.chunk), [2, 3])
+  t.equal(queue.stats().drainWaits, 2, 'write still returns false: waiting again')
+  const d = transfer(4)
+  queue.enqueue(d)
+  t.equal(sink.writes.length, 2, 'queued behind the drain')
+  sink.writeReturns = true
+  queue.onSocketDrain()
+  t.equal(sink.writes.length, 3)
+  t.same(ids(sink.bytes()), [1, 2, 3, 4])
+  t.equal(queue.stats().drainWaits, 2)
+  queue.onSocketDrain()
+  t.equal(sink.writes.length, 3, 'a drain nobody waits for does nothing')
+  t.same([a, b, c, d].map(x => x.sent.length), [1, 1, 1, 1])
+})
+
+t.test('a queued transfer whose beforeWrite returns false is dropped with RPC_ERR_CANCELLED', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  let cancelB = false
+  const a = transfer(1)
+  const b = transfer(2, 8, { cancelled: () => cancelB })
+  const c = transfer(3, 8, { cancelled: () => false })
+  queue.enqueue(a)
+  queue.enqueue(b)
+  queue.enqueue(c)
+  cancelB = true // the call is cancelled while its frame waits
+  await nextTick()
+  t.same(ids(sink.bytes()), [1, 3], 'b never reaches the socket')
+  t.equal(b.sent.length, 1)
+  t.ok(b.sent[0] instanceof RpcError)
+  t.equal(b.sent[0]?.code, ErrorCode.CANCELLED)
+  t.equal(b.beforeWriteCalls, 1)
+  t.same(c.sent, [undefined])
+  t.equal(c.beforeWriteCalls, 1, 'beforeWrite is asked once, just before the first byte')
+  t.equal(queue.stats().dropped, 1)
+
+  // A lone transfer cancelled before enqueue is dropped synchronously.
+  const lone = transfer(4, 8, { cancelled: () => true })
+  t.equal(queue.enqueue(lone), true)
+  t.equal(lone.sent[0]?.code, ErrorCode.CANCELLED)
+  t.same(ids(sink.bytes()), [1, 3])
+  t.equal(queue.stats().dropped, 2)
+  await nextTick()
+  t.equal(sink.writes.length, 2)
+})
+
+t.test('a started transfer is always written completely', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  let cancelled = false
+  sink.writeReturns = false // the kernel is full from the first slice on
+  const multi = transfer(7, 3 * 1024 * 1024, { slices: 3, cancelled: () => cancelled })
+  queue.enqueue(multi)
+  t.equal(multi.beforeWriteCalls, 1)
+  cancelled = true // cancelled after its first byte went out
+  t.equal(sink.writes.length, 3, 'every slice handed over despite write() returning false')
+  t.equal(sink.groups().length, 1, 'as one corked writev')
+  t.equal(sink.bytes().length, multi.bytes)
+  t.equal(sink.writes.filter(w => w.hasCallback).length, 1, 'one completion callback, on the last slice')
+  t.same(multi.sent, [], 'not sent until the kernel takes the caller\'s slices')
+
+  queue.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closing'))
+  t.same(multi.sent, [], 'close does not drop a started transfer')
+  t.equal(multi.beforeWriteCalls, 1, 'beforeWrite is not asked again')
+  sink.completeWrites()
+  t.same(multi.sent, [undefined], 'finished normally')
+  t.equal(queue.stats().dropped, 0)
+})
+
+t.test('a failed socket write reaches onSent as RPC_ERR_CONNECTION_CLOSED', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  const multi = transfer(1, 64, { slices: 2 })
+  queue.enqueue(multi)
+  sink.completeWrites(new Error('EPIPE'))
+  t.equal(multi.sent.length, 1)
+  t.equal(multi.sent[0]?.code, ErrorCode.CONNECTION_CLOSED)
+  t.match(multi.sent[0]?.message, /EPIPE/)
+})
+
+t.test('hold() queues and release() sends in one write', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  queue.release()
+  t.equal(sink.writes.length, 0, 'release without hold does nothing')
+  queue.hold()
+  let cancelB = false
+  const [a, b, c] = [transfer(1), transfer(2, 8, { cancelled: () => cancelB }), transfer(3)]
+  queue.enqueue(a)
+  queue.enqueue(b)
+  queue.enqueue(c)
+  await nextTick()
+  t.equal(sink.writes.length, 0, 'nothing written while held')
+  t.equal(queue.stats().queuedTransfers, 3)
+  cancelB = true
+  queue.release()
+  t.equal(sink.writes.length, 1, 'release writes synchronously, in one write')
+  t.same(ids(sink.writes[0]!.chunk), [1, 3])
+  t.equal(b.sent[0]?.code, ErrorCode.CANCELLED, 'cancelled meanwhile: dropped')
+  t.same([a.sent, c.sent], [[undefined], [undefined]])
+  t.equal(queue.stats().queuedTransfers, 0)
+
+  queue.hold()
+  const d = transfer(4)
+  queue.enqueue(d)
+  t.equal(sink.writes.length, 1)
+  queue.release()
+  t.same(ids(sink.bytes()), [1, 3, 4], 'a lone held frame is written on release')
+})
+
+t.test('the outbound byte bound', async t => {
+  t.test('queued bytes count', async t => {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
+    queue.hold()
+    const over = transfer(3, 1)
+    t.equal(queue.enqueue(transfer(1, 60)), true)
+    t.equal(queue.enqueue(transfer(2, 40)), true, 'exactly at the bound is accepted')
+    t.equal(queue.enqueue(over), false, 'one byte over is refused')
+    t.same(over.sent, [], 'a refused transfer is not reported')
+    t.equal(queue.stats().queuedTransfers, 2)
+    t.equal(queue.stats().queuedBytes, 100)
+    queue.release()
+    t.equal(sink.bytes().length, 100)
+  })
+  t.test('socket-buffered bytes count', async t => {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
+    sink.writableLength = 90
+    t.equal(queue.enqueue(transfer(1, 11)), false)
+    t.equal(queue.stats().socketBufferedBytes, 90)
+    t.equal(queue.enqueue(transfer(2, 10)), true)
+    t.equal(sink.writes.length, 1)
+    t.equal(queue.isIdle, false, 'not idle while the socket buffers bytes')
+    sink.writableLength = 0
+    t.equal(queue.isIdle, true)
+  })
+  t.test('a lone frame larger than the bound is accepted when nothing is backed up', async t => {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
+    t.equal(queue.enqueue(transfer(1, 1000)), true)
+    t.equal(sink.bytes().length, 1000)
+    sink.writableLength = 1000
+    t.equal(queue.enqueue(transfer(2, 1)), false, 'but nothing may follow it while the socket holds it')
+  })
+  t.test('the default bound is 100 MiB', async t => {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink)
+    sink.writableLength = 100 * 1024 * 1024 - 10
+    t.equal(queue.enqueue(transfer(1, 11)), false)
+    t.equal(queue.enqueue(transfer(2, 10)), true)
+  })
+})
+
+t.test('close() drops queued transfers with the error', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  const [a, b, c] = [transfer(1), transfer(2), transfer(3)]
+  queue.enqueue(a)
+  queue.enqueue(b)
+  queue.enqueue(c)
+  const error = new RpcError(ErrorCode.CONNECTION_CLOSED, 'peer reset')
+  queue.close(error)
+  t.same(a.sent, [undefined], 'the written one was sent')
+  t.equal(b.sent[0], error, 'queued ones get the close error itself')
+  t.equal(c.sent[0], error)
+  t.equal(queue.stats().dropped, 2)
+  t.equal(queue.stats().queuedTransfers, 0)
+  t.equal(queue.stats().queuedBytes, 0)
+  await nextTick()
+  t.equal(sink.writes.length, 1, 'the scheduled flush writes nothing')
+
+  const late = transfer(4)
+  t.equal(queue.enqueue(late), true)
+  t.equal(late.sent[0], error, 'a later transfer is dropped at once')
+  t.equal(queue.stats().dropped, 3)
+  queue.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'again'))
+  queue.release()
+  queue.onSocketDrain()
+  t.equal(sink.writes.length, 1, 'nothing is written after close')
+  t.same([a, b, c, late].map(x => x.sent.length), [1, 1, 1, 1], 'every onSent exactly once')
+})
+
+t.test('close() while waiting for drain', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  sink.writeReturns = false
+  const [a, b] = [transfer(1), transfer(2)]
+  queue.enqueue(a)
+  queue.enqueue(b)
+  const error = new RpcError(ErrorCode.CONNECTION_CLOSED, 'gone')
+  queue.close(error)
+  t.equal(b.sent[0], error)
+  sink.writeReturns = true
+  queue.onSocketDrain()
+  t.equal(sink.writes.length, 1)
+})
+
+t.test('stats counters', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  t.same(queue.stats(), {
+    queuedTransfers: 0, queuedBytes: 0, socketBufferedBytes: 0, immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, drainWaits: 0, dropped: 0
+  })
+  queue.enqueue(transfer(1))
+  queue.enqueue(transfer(2))
+  queue.enqueue(transfer(3))
+  t.equal(queue.stats().queuedTransfers, 2)
+  t.equal(queue.stats().queuedBytes, 16)
+  await nextTick()
+  queue.enqueue(transfer(4))
+  queue.enqueue(transfer(5, 8, { cancelled: () => true }))
+  queue.enqueue(transfer(6))
+  queue.enqueue(transfer(7))
+  await nextTick()
+  sink.writableLength = 16
+  t.same(queue.stats(), {
+    queuedTransfers: 0,
+    queuedBytes: 0,
+    socketBufferedBytes: 16,
+    immediateWrites: 2,
+    batchedWrites: 2,
+    batchedFrames: 4,
+    drainWaits: 0,
+    dropped: 1
+  })
+  t.same(ids(sink.bytes()), [1, 2, 3, 4, 6, 7])
+  sink.writeReturns = false
+  queue.enqueue(transfer(8))
+  t.equal(queue.stats().drainWaits, 1)
+  t.equal(queue.stats().immediateWrites, 3)
+})
+
+t.test('batchedWrites counts only writes that carried several frames', { todo: 'a batch cut to one frame by a cancellation still counts; see report' }, async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  queue.enqueue(transfer(1))
+  queue.enqueue(transfer(2, 8, { cancelled: () => true }))
+  queue.enqueue(transfer(3))
+  await nextTick()
+  t.same(ids(sink.bytes()), [1, 3])
+  t.equal(queue.stats().batchedWrites, 0, 'frame 3 went out alone')
+  t.equal(queue.stats().batchedFrames, 0)
+})
+
+t.test('an onSent that enqueues keeps order', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  const follow = transfer(2)
+  const first = transfer(1)
+  first.onSent = (error) => { first.sent.push(error); queue.enqueue(follow) }
+  queue.enqueue(first)
+  queue.enqueue(transfer(3))
+  await nextTick()
+  await nextTick()
+  t.same(ids(sink.bytes()), [1, 2, 3])
+  t.same(follow.sent, [undefined])
+})
+
+// A model check: whatever mix of operations, bytes reach the socket in
+// enqueue order, dropped ones never do, and every onSent fires exactly once.
+type Op =
+  | { kind: 'enqueue', bytes: number, slices: number, cancel: 'no' | 'before' | 'later' }
+  | { kind: 'tick' } | { kind: 'full' } | { kind: 'drain' } | { kind: 'hold' } | { kind: 'release' }
+
+const opArb: fc.Arbitrary<Op> = fc.oneof(
+  { weight: 5, arbitrary: fc.record({ kind: fc.constant('enqueue' as const), bytes: fc.oneof(fc.integer({ min: 1, max: 64 }), fc.integer({ min: 20_000, max: 70_000 })), slices: fc.integer({ min: 1, max: 3 }), cancel: fc.constantFrom('no' as const, 'no' as const, 'before' as const, 'later' as const) }) },
+  { weight: 2, arbitrary: fc.constant({ kind: 'tick' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'full' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'drain' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'hold' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'release' as const }) }
+)
+
+t.test('property: order, drops and onSent under any sequence of operations', async t => {
+  await fc.assert(fc.asyncProperty(fc.array(opArb, { maxLength: 40 }), async (ops) => {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink)
+    const all: Tracked[] = []
+    const laterCancel = new Set<number>()
+    let id = 0
+    for (const op of ops) {
+      switch (op.kind) {
+        case 'enqueue': {
+          const n = ++id
+          const x = transfer(n % 250 + 1, Math.max(op.bytes, op.slices), {
+            slices: op.slices,
+            cancelled: () => op.cancel === 'before' || laterCancel.has(n)
+          })
+          all.push(x)
+          queue.enqueue(x)
+          if (op.cancel === 'later') laterCancel.add(n)
+          break
+        }
+        case 'tick': await nextTick(); break
+        case 'full': sink.writeReturns = false; break
+        case 'drain': sink.writeReturns = true; queue.onSocketDrain(); break
+        case 'hold': queue.hold(); break
+        case 'release': queue.release(); break
+      }
+      sink.completeWrites()
+    }
+    // Let everything out.
+    sink.writeReturns = true
+    queue.release()
+    queue.onSocketDrain()
+    await nextTick()
+    sink.completeWrites()
+    const written = all.filter(x => x.sent.length === 1 && x.sent[0] === undefined)
+    const expected = Buffer.concat(written.flatMap(x => x.slices))
+    if (!sink.bytes().equals(expected)) throw new Error('bytes out of order or a dropped transfer was written')
+    for (const x of all) {
+      if (x.sent.length !== 1) throw new Error(`transfer ${x.id} onSent ${x.sent.length} times`)
+      if (x.sent[0] !== undefined && x.sent[0].code !== ErrorCode.CANCELLED) throw new Error(`unexpected ${x.sent[0].code}`)
+      if (x.beforeWriteCalls !== 1) throw new Error(`beforeWrite asked ${x.beforeWriteCalls} times`)
+    }
+    if (!queue.isIdle) throw new Error('queue not idle at the end')
+    if (sink.corked) throw new Error('left corked')
+  }), { numRuns: 300 })
+  t.pass('300 random operation sequences')
+})
