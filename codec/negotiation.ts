@@ -149,7 +149,7 @@ export class ServerNegotiation {
     if (message.step !== NegotiateStep.NEGOTIATE) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `expected NEGOTIATE step, got ${message.step}`)
     const offered = message.authn_types ?? []
     // A client that names no authentication type means SASL (Kudu's back-compat rule).
-    if (offered.length > 0 && !offered.some(t => t.sasl !== undefined)) {
+    if (offered.length > 0 && !offered.some(t => t.sasl != null)) {
       return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'no common authentication type: this server offers SASL only')
     }
     const clientFeatures = new Set(message.supported_features ?? [])
@@ -237,7 +237,7 @@ export class ClientNegotiation {
     if (header.is_error === true) {
       const status = ErrorStatusType.decode(parts.body)
       if (status instanceof RpcError) return { error: negotiationError('negotiation failed, and the error could not be parsed') }
-      const code = status.code ?? KrpcCode.FATAL_UNKNOWN
+      const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
       return { error: negotiationError(`server refused negotiation: ${krpcCodeName(code)}: ${status.message}`, code) }
     }
     const message = NegotiateType.decode(parts.body)
@@ -245,7 +245,7 @@ export class ClientNegotiation {
     if (this.#state === 'negotiate') {
       if (message.step !== NegotiateStep.NEGOTIATE) return { error: negotiationError(`expected NEGOTIATE, got step ${message.step}`) }
       const authn = message.authn_types ?? []
-      if (authn.length > 0 && authn[0]?.sasl === undefined) return { error: negotiationError('server chose an authentication type other than SASL') }
+      if (authn.length > 0 && authn[0]?.sasl == null) return { error: negotiationError('server chose an authentication type other than SASL') }
       if (!(message.sasl_mechanisms ?? []).some(m => m.mechanism === 'PLAIN')) {
         return { error: negotiationError('server does not offer SASL PLAIN') }
       }

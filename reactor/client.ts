@@ -74,6 +74,8 @@ class OutboundCall implements OutboundTransfer {
   conn: ClientConnection | null = null
   timer: TimerHandle | null = null
   cancelPending: RpcError | null = null
+  needsApplicationFeatures = false
+  featureMissing = false
   readonly deadline: number
   readonly methodDef: MethodDef<Message, Message>
   readonly label: string
@@ -98,6 +100,11 @@ class OutboundCall implements OutboundTransfer {
   // Transfer-queue hooks: the call is its own transfer, so no closure per call.
   beforeWrite (): boolean {
     if (this.state === CallState.FINISHED) return false
+    if (this.needsApplicationFeatures && this.conn?.negotiated?.features.has(RpcFeature.APPLICATION_FEATURE_FLAGS) !== true) {
+      // Known only once negotiation is done: fail locally, never send.
+      this.featureMissing = true
+      return false
+    }
     this.state = CallState.SENDING
     return true
   }
@@ -118,6 +125,7 @@ class ClientConnection {
   negotiated: Negotiated | null = null
   nextCallId = 0
   closed = false
+  retired = false
 
   constructor (key: string, connection: Connection) {
     this.key = key
@@ -239,10 +247,7 @@ export class Client {
     const callId = cc.takeCallId()
     call.callId = callId
     cc.outstanding.set(callId, call)
-    if (options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0 &&
-      cc.negotiated !== null && !cc.negotiated.features.has(RpcFeature.APPLICATION_FEATURE_FLAGS)) {
-      return this.#finishError(call, new RpcError(ErrorCode.NOT_SUPPORTED, 'server does not support the required RPC features'))
-    }
+    call.needsApplicationFeatures = options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0
     let slices: Buffer[]
     try {
       slices = encodeRequestFrame({
@@ -335,7 +340,11 @@ export class Client {
       if (status instanceof RpcError) {
         this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: was an RPC error but could not parse error response`))
       } else {
-        this.#finishError(call, remoteError(status.code ?? KrpcCode.FATAL_UNKNOWN, status.message, status.unsupported_feature_flags))
+        const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
+        const error = remoteError(code, status.message, status.unsupported_feature_flags)
+        // FATAL_*: this connection must not be reused; new calls open another.
+        if (error.fatal) this.#retire(cc)
+        this.#finishError(call, error)
       }
       return true
     }
@@ -356,7 +365,11 @@ export class Client {
       this.#finishError(call, call.cancelPending)
       return
     }
-    if (error !== undefined && !call.isFinished && error.code !== ErrorCode.CANCELLED) this.#finishError(call, error)
+    if (call.featureMissing) {
+      this.#finishError(call, new RpcError(ErrorCode.NOT_SUPPORTED, `${call.label}: server does not support the required RPC features`))
+    }
+    // Other write failures close the connection, whose close fails the call
+    // with the connection's reason.
   }
 
   #onTimer (call: OutboundCall, timeoutMs: number): void {
@@ -395,13 +408,22 @@ export class Client {
       call.timer = null
     }
     if (call.signal !== undefined && call.onAbort !== undefined) call.signal.removeEventListener('abort', call.onAbort)
-    call.conn?.outstanding.delete(call.callId)
+    const cc = call.conn
+    if (cc !== null) {
+      cc.outstanding.delete(call.callId)
+      if (cc.retired && cc.outstanding.size === 0) cc.connection.destroy()
+    }
   }
 
   #finishError (call: OutboundCall, error: RpcError): void {
     if (call.isFinished) return
     this.#finish(call)
     call.reject(error)
+  }
+
+  #retire (cc: ClientConnection): void {
+    if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
+    cc.retired = true
   }
 
   #failConnection (cc: ClientConnection, error: RpcError): void {

@@ -203,8 +203,7 @@ export class TransferQueue {
       ok = this.#sink.write(slices[0]!)
       transfer.onSent?.(undefined)
     } else {
-      const onSent = transfer.onSent
-      const callback = onSent === undefined ? undefined : (error?: Error | null) => onSent(toRpcError(error))
+      const callback = transfer.onSent === undefined ? undefined : (error?: Error | null) => transfer.onSent!(toRpcError(error))
       this.#sink.cork()
       for (let i = 0; i < slices.length - 1; i++) this.#sink.write(slices[i]!)
       ok = this.#sink.write(slices[slices.length - 1]!, callback)
@@ -243,12 +242,12 @@ export class TransferQueue {
       ok = true
       let remaining = slices
       for (const transfer of batch) {
-        const onSent = transfer.onSent
+        const hasOnSent = transfer.onSent !== undefined
         const last = transfer.slices.length - 1
         for (let i = 0; i <= last; i++) {
           remaining--
           const slice = transfer.slices[i]!
-          if (i === last && onSent !== undefined) ok = this.#sink.write(slice, (error) => onSent(toRpcError(error)))
+          if (i === last && hasOnSent) ok = this.#sink.write(slice, (error) => transfer.onSent!(toRpcError(error)))
           else ok = this.#sink.write(slice)
         }
       }
