@@ -1,0 +1,239 @@
+// Behaviours 11–15 of kudu-rpc-reference §7.9: call timeouts (on a FakeClock,
+// so nothing here measures a duration), timeouts during negotiation, queued
+// calls that time out are never sent, event-loop stalls, and deadline
+// propagation to the server.
+import t from 'tap'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import type { CallContext } from '../../reactor/inbound-call.js'
+import { FakeClock } from '../../scheduling/clock.js'
+import { CalculatorService, Probe, newClient, settle, startServer, track, turns } from '../helpers/reactor-harness.js'
+import { FakeServer, ManualClock } from '../helpers/krpc-peers.js'
+
+const AddResponse = CalculatorService.methods.Add.responseType
+
+async function rejection (promise: Promise<unknown>): Promise<RpcError> {
+  try {
+    await promise
+  } catch (error) {
+    if (error instanceof RpcError) return error
+    throw error
+  }
+  throw new Error('expected the call to fail')
+}
+
+t.test('a call times out exactly at its deadline, not before; the late answer is ignored', async (t) => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock })
+  const calc = client.service(CalculatorService)
+  let sent = 0
+  for (const timeoutMs of [1, 50, 500, 2500]) {
+    const call = track(calc.Add({ x: 1, y: 2 }, { timeoutMs }))
+    const peer = await fake.peer()
+    await peer.callsReceived(++sent)
+    const frame = peer.calls[sent - 1]!
+    t.equal(frame.header.timeout_millis, timeoutMs, `timeout_millis ${timeoutMs} on the wire`)
+    clock.advance(timeoutMs - 1)
+    await turns(2)
+    t.notOk(call.settled(), `${timeoutMs} ms: still pending 1 ms before the deadline`)
+    clock.advance(1)
+    t.equal(await call.done, ErrorCode.DEADLINE_EXCEEDED, `${timeoutMs} ms: times out at the deadline`)
+    // The server answers late: ignored, and the connection keeps working.
+    peer.respond(frame.header.call_id, AddResponse, { result: 3 })
+  }
+  const error = await rejection((async () => {
+    const p = calc.Add({ x: 1, y: 1 }, { timeoutMs: 10 })
+    await fake.peers[0]!.callsReceived(++sent)
+    clock.advance(10)
+    return await p
+  })())
+  t.notMatch(error.message, /negotiation/, 'a timeout after negotiation does not blame negotiation')
+  t.match(error.message, /timed out after 10 ms/)
+
+  const ok = calc.Add({ x: 5, y: 6 }, { timeoutMs: 1000 })
+  const peer = fake.peers[0]!
+  await peer.callsReceived(++sent)
+  peer.respond(peer.calls[sent - 1]!.header.call_id, AddResponse, { result: 11 })
+  t.same(await ok, { result: 11 })
+  t.equal(fake.peers.length, 1, 'all on one connection')
+  t.equal(client.pendingCalls, 0)
+})
+
+t.test('timeoutMs 0 means no deadline: no timer, no timeout_millis', async (t) => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock, defaultTimeoutMs: 0 })
+  const call = track(client.service(CalculatorService).Add({ x: 1, y: 2 }))
+  const peer = await fake.peer()
+  const frame = await peer.nextCall()
+  t.equal(frame.header.timeout_millis ?? 0, 0)
+  clock.advance(24 * 3600 * 1000)
+  await turns(2)
+  t.notOk(call.settled(), 'still waiting a day later')
+  peer.respond(frame.header.call_id, AddResponse, { result: 3 })
+  t.equal(await call.done, 'OK')
+})
+
+t.test('a server that accepts but never negotiates: the call times out blaming negotiation', async (t) => {
+  const fake = await FakeServer.start({ negotiate: false })
+  t.teardown(() => fake.close())
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock })
+  const call = track(client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 200 }))
+  const peer = await fake.peer()
+  clock.advance(199)
+  await turns(2)
+  t.notOk(call.settled())
+  clock.advance(1)
+  t.equal(await call.done, ErrorCode.DEADLINE_EXCEEDED)
+  t.equal(peer.calls.length, 0)
+  const again = client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 50 })
+  clock.advance(50)
+  t.match((await rejection(again)).message, /negotiation/, 'the message says negotiation')
+})
+
+t.test('the client\'s negotiation deadline fails every waiting call with NEGOTIATION_FAILED', async (t) => {
+  const fake = await FakeServer.start({ negotiate: false })
+  t.teardown(() => fake.close())
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock, negotiationTimeoutMs: 100 })
+  const calc = client.service(CalculatorService)
+  const calls = [calc.Add({ x: 1, y: 2 }, { timeoutMs: 10_000 }), calc.Echo({ data: 'x' }, { timeoutMs: 0 })].map(p => rejection(p))
+  const peer = await fake.peer()
+  clock.advance(100)
+  for (const error of await Promise.all(calls)) {
+    t.equal(error.code, ErrorCode.NEGOTIATION_FAILED)
+    t.match(error.message, /negotiation/)
+  }
+  await peer.closed
+  t.pass('the stalled connection was dropped')
+  t.equal(client.connectionCount, 0)
+})
+
+t.test('a call that times out while queued behind negotiation is never sent; negotiation carries on', async (t) => {
+  let releaseAuth!: () => void
+  const authGate = new Promise<void>((resolve) => { releaseAuth = resolve })
+  let authStarted!: () => void
+  const authCalled = new Promise<void>((resolve) => { authStarted = resolve })
+  const probe = new Probe()
+  const { endpoint, server } = await startServer(t, {
+    handlers: probe.handlers(),
+    authenticate: async () => {
+      authStarted()
+      await authGate
+      return true
+    }
+  })
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint, clock })
+  const calc = client.service(CalculatorService)
+
+  const early = track(calc.Add({ x: 1, y: 1 }, { timeoutMs: 50 }))
+  await authCalled
+  clock.advance(50)
+  t.equal(await early.done, ErrorCode.DEADLINE_EXCEEDED, 'the short call times out during negotiation')
+
+  // The connection's negotiation was not bound to that call's timeout.
+  const later = calc.Add({ x: 2, y: 2 }, { timeoutMs: 10_000 })
+  releaseAuth()
+  t.same(await later, { result: 4 })
+  t.equal(server.stats().callsReceived, 1, 'only the live call reached the server')
+  t.same(probe.calls.map(c => c.callId), [1], 'the timed-out call kept its id but was dropped unsent')
+  t.equal(server.stats().connectionsAccepted, 1, 'the same connection was used')
+  t.equal(client.connectionCount, 1)
+})
+
+t.test('event-loop stall: a timer that fires late loses to a response already in the socket', async (t) => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const clock = new ManualClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock })
+  const calc = client.service(CalculatorService)
+  const peer = await (async () => {
+    const first = calc.Add({ x: 0, y: 0 }, { timeoutMs: 0 })
+    const p = await fake.peer()
+    const c = await p.nextCall()
+    p.respond(c.header.call_id, AddResponse, { result: 0 })
+    await first
+    return p
+  })()
+
+  const call = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
+  const frame = await peer.nextCall()
+  // From a timers-phase callback (as after a stall): the answer reaches the
+  // client's kernel buffer, then the call's overdue timer fires before the
+  // client has read it. The deferred check must see the response first.
+  await new Promise<void>((resolve) => setTimeout(() => {
+    peer.respond(frame.header.call_id, AddResponse, { result: 3 })
+    clock.fire(100)
+    resolve()
+  }, 0))
+  t.equal(await call.done, 'OK', 'no spurious timeout')
+
+  // Control: with nothing to read, the same timer does time the call out.
+  const lost = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
+  const lostFrame = await peer.nextCall()
+  await new Promise<void>((resolve) => setTimeout(() => { clock.fire(100); resolve() }, 0))
+  t.equal(await lost.done, ErrorCode.DEADLINE_EXCEEDED)
+  peer.respond(lostFrame.header.call_id, AddResponse, { result: 3 })
+  t.equal(clock.pendingTimers, 0, 'no call timer left behind')
+})
+
+t.test('FakeClock: a timer fired by advance() before the response has been read times the call out', async (t) => {
+  // The FakeClock runs deferred callbacks inside advance(); with the answer
+  // not yet read, the call must time out and the late answer be dropped.
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const clock = new FakeClock()
+  const client = newClient(t, { endpoint: fake.endpoint, clock })
+  const calc = client.service(CalculatorService)
+  const call = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
+  const peer = await fake.peer()
+  const frame = await peer.nextCall()
+  clock.advance(100)
+  peer.respond(frame.header.call_id, AddResponse, { result: 3 })
+  t.equal(await call.done, ErrorCode.DEADLINE_EXCEEDED)
+  const next = calc.Add({ x: 2, y: 2 }, { timeoutMs: 100 })
+  const nextFrame = await peer.nextCall()
+  peer.respond(nextFrame.header.call_id, AddResponse, { result: 4 })
+  t.same(await next, { result: 4 })
+})
+
+t.test('deadline propagation: the server\'s deadline is receipt time + timeout_millis, cached on the call', async (t) => {
+  const serverClock = new FakeClock(50_000)
+  const clientClock = new FakeClock()
+  const probe = new Probe()
+  let sleeping: CallContext | undefined
+  probe.hooks.Sleep = (ctx) => { sleeping = ctx }
+  const { endpoint } = await startServer(t, { handlers: probe.handlers(), clock: serverClock })
+  const client = newClient(t, { endpoint, clock: clientClock, defaultTimeoutMs: 777 })
+  const calc = client.service(CalculatorService)
+
+  await calc.Add({ x: 1, y: 1 }, { timeoutMs: 1234 })
+  await calc.Add({ x: 1, y: 1 }, { timeoutMs: 0 })
+  await calc.Add({ x: 1, y: 1 })
+  const [withTimeout, without, byDefault] = probe.calls
+  t.equal(withTimeout!.deadline, 50_000 + 1234, 'finite deadline: receipt + timeout_millis')
+  t.equal(withTimeout!.remainingMs, 1234)
+  t.equal(without!.deadline, Infinity, 'timeoutMs 0: no deadline')
+  t.equal(without!.remainingMs, Infinity)
+  t.equal(byDefault!.deadline, 50_000 + 777, 'the client default applies')
+
+  // The deadline is computed once: time passing on the server shrinks what is left, not the deadline.
+  const sleep = settle(calc.Sleep({ sleep_micros: 60_000_000 }, { timeoutMs: 1000 }))
+  await probe.started('Sleep')
+  const ctx = sleeping!
+  const signal = ctx.signal
+  serverClock.advance(300)
+  t.equal(ctx.deadline, 50_000 + 1000)
+  t.equal(ctx.remainingMs(), 700)
+  t.notOk(signal.aborted)
+  serverClock.advance(700)
+  t.ok(signal.aborted, 'the handler\'s signal aborts at the deadline')
+  t.equal((signal.reason as RpcError).code, ErrorCode.DEADLINE_EXCEEDED)
+  t.equal(ctx.remainingMs(), 0)
+  // The handler gave up; the client (whose own clock did not move) gets the server's answer.
+  t.equal(await sleep, 'REMOTE:ERROR_APPLICATION')
+})
