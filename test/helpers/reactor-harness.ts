@@ -6,8 +6,6 @@
  * Nothing here sleeps on the wall clock: tests await events (a handler
  * started, a socket closed) and move FakeClocks by hand.
  */
-import { execFile } from 'node:child_process'
-import { fileURLToPath } from 'node:url'
 import { RpcError, krpcCodeName } from '../../codec/errors.js'
 import type { Test } from 'tap'
 import { Client, type ClientOptions } from '../../reactor/client.js'
@@ -200,25 +198,3 @@ export function prng (seed: number): () => number {
   }
 }
 
-let largeRequestProbe: Promise<string | false> | undefined
-
-/**
- * Whether a client request with large (non-inline) sidecars crashes the
- * process. Checked once, in a child process, so that a crash is reported
- * by one named test instead of killing every test file that sends large
- * requests. Resolves to a skip reason, or false when such requests work.
- */
-export function largeRequestsCrash (): Promise<string | false> {
-  largeRequestProbe ??= new Promise((resolve) => {
-    const script = fileURLToPath(new URL('./large-request-probe.ts', import.meta.url))
-    const loader = process.execArgv.filter(a => a.includes('typescript') || a === '--enable-source-maps')
-    execFile(process.execPath, [...loader, script], { timeout: 60_000, env: { ...process.env, TS_NODE_TRANSPILE_ONLY: '1' } }, (error, stdout, stderr) => {
-      if (error === null && stdout.startsWith('ok ')) resolve(false)
-      else {
-        const line = (stderr.split('\n').find(l => /Error/.test(l)) ?? String(error)).trim()
-        resolve(`blocked: a request with >16 KiB of sidecars crashes the client (${line})`)
-      }
-    })
-  })
-  return largeRequestProbe
-}
