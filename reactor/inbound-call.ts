@@ -1,6 +1,7 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { Message, MethodDef } from '../codec/schema.js'
 import type { Clock, TimerHandle } from '../scheduling/clock.js'
+import type { MethodMetrics } from './metrics.js'
 
 /** What a handler sees of its call. */
 export interface CallContext {
@@ -48,6 +49,8 @@ export class InboundCall implements CallContext {
   /** When a handler started on it (for queue-time metrics); NaN until then. */
   handledAt = Number.NaN
   responseSidecars: Uint8Array[] | undefined
+  /** The method's metrics while its handler runs; null before and after. Internal. */
+  metrics: MethodMetrics | null = null
   /** The server's per-connection state this call belongs to; null once answered. Internal. */
   owner: unknown = null
   #clock: Clock

@@ -7,7 +7,10 @@ import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Auth
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { Connection, type Handshake } from '../transport/connection.js'
+import type { QueueDiscipline } from '../scheduling/service-queue.js'
+import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall, type CallContext } from './inbound-call.js'
+import { ServerMetrics, type MethodMetrics } from './metrics.js'
 import { type Logger, silentLogger } from './logger.js'
 
 /** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
@@ -15,21 +18,6 @@ export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promis
 
 /** One handler per method of the service. */
 export type ServiceHandlers<M extends MethodMap> = { [K in keyof M & string]: Handler<M[K]['request'], M[K]['response']> }
-
-/**
- * Where an inbound call goes between decoding and its handler. This issue's
- * default runs the handler at once; the deadline scheduler (EDF service
- * queue with LIFO-parked workers) plugs in here.
- */
-export interface CallScheduler {
-  /** Takes a decoded, validated call; eventually runs `run(call)` or answers it with `reject`. */
-  schedule: (call: InboundCall, run: (call: InboundCall) => void, reject: (call: InboundCall, code: number, message: string) => void) => void
-}
-
-/** Runs every call's handler immediately. */
-export const directScheduler: CallScheduler = {
-  schedule (call, run) { run(call) }
-}
 
 export interface ServerOptions {
   /** Largest inbound frame, checked at its length prefix; default 50 MiB. */
@@ -44,7 +32,18 @@ export interface ServerOptions {
   authenticate?: Authenticator
   /** Until `markReady()`, calls get ERROR_UNAVAILABLE instead of ERROR_NO_SUCH_SERVICE; default true (ready at once). */
   ready?: boolean
-  scheduler?: CallScheduler
+  /**
+   * `pool` (default): each service's calls go through its deadline-ordered
+   * service queue to LIFO-parked workers (issue 3). `direct`: every handler
+   * runs at once, unbounded (for comparison; no queue, no TOO_BUSY).
+   */
+  scheduler?: 'pool' | 'direct'
+  /** Workers (concurrent handlers) per service; default 10. */
+  workers?: number
+  /** Bound of each service's queue; default 50. */
+  queueLength?: number
+  /** `edf` (default): earliest deadline first, a full queue evicts the latest deadline. `fifo`: arrival order, a full queue refuses the newcomer. */
+  queue?: QueueDiscipline
   clock?: Clock
   logger?: Logger
 }
@@ -52,12 +51,21 @@ export interface ServerOptions {
 export interface AddServiceOptions {
   /** Application feature flags this service supports (`required_feature_flags` outside this set are refused). */
   supportedFeatureFlags?: readonly number[]
+  /** Overrides the server's `workers` for this service. */
+  workers?: number
+  /** Overrides the server's `queueLength` for this service. */
+  queueLength?: number
+  /** Overrides the server's `queue` discipline for this service. */
+  queue?: QueueDiscipline
 }
 
 interface RegisteredService {
   def: ServiceDef
   handlers: Record<string, Handler<Message, Message>>
   featureFlags: ReadonlySet<number>
+  metrics: ReadonlyMap<string, MethodMetrics>
+  /** null in `direct` mode. */
+  dispatcher: ServiceDispatcher | null
 }
 
 /** Counters the server keeps. */
@@ -74,6 +82,8 @@ export interface ServerStats {
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
+const DEFAULT_WORKERS = 10
+const DEFAULT_QUEUE_LENGTH = 50
 
 /** Per-connection state of the server. */
 class ServerConnection {
@@ -100,7 +110,9 @@ export class Server {
   readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
   readonly #clock: Clock
   readonly #log: Logger
-  readonly #scheduler: CallScheduler
+  readonly #direct: boolean
+  /** Per-service and per-method metrics; `metrics.text()` is the Prometheus exposition. */
+  readonly metrics = new ServerMetrics()
   readonly #services = new Map<string, RegisteredService>()
   readonly #connections = new Set<ServerConnection>()
   readonly #net: NetServer
@@ -109,7 +121,7 @@ export class Server {
   #closing: Promise<void> | null = null
   #drained: (() => void) | null = null
   #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0 }
-  readonly #run = (call: InboundCall): void => this.#runHandler(call)
+  readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
 
   constructor (options: ServerOptions = {}) {
@@ -121,7 +133,7 @@ export class Server {
     }
     this.#clock = options.clock ?? realClock
     this.#log = options.logger ?? silentLogger
-    this.#scheduler = options.scheduler ?? directScheduler
+    this.#direct = options.scheduler === 'direct'
     this.#ready = options.ready ?? true
     this.#net = createServer({ noDelay: true }, (socket) => this.#onAccept(socket))
     this.#net.on('error', (err) => this.#log.error(`listener error: ${err.message}`))
@@ -135,10 +147,24 @@ export class Server {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
       }
     }
+    const workers = options.workers ?? this.#options.workers ?? DEFAULT_WORKERS
+    const queueLength = options.queueLength ?? this.#options.queueLength ?? DEFAULT_QUEUE_LENGTH
+    const discipline = options.queue ?? this.#options.queue ?? 'edf'
+    let dispatcher: ServiceDispatcher | null = null
+    const metrics = this.metrics.addService(def.fullName, Object.keys(def.methods), {
+      workers: this.#direct ? 0 : workers,
+      queueLength: () => dispatcher?.pool.queueLength ?? 0,
+      idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
+    })
+    if (!this.#direct) {
+      dispatcher = new ServiceDispatcher({ workers, queueLength, discipline, clock: this.#clock, run: this.#run, reject: this.#reject, metrics })
+    }
     this.#services.set(def.fullName, {
       def: def as unknown as ServiceDef,
       handlers: handlers as unknown as Record<string, Handler<Message, Message>>,
-      featureFlags: new Set(options.supportedFeatureFlags ?? [])
+      featureFlags: new Set(options.supportedFeatureFlags ?? []),
+      metrics,
+      dispatcher
     })
     return this
   }
@@ -188,6 +214,9 @@ export class Server {
       for (const sc of this.#connections) {
         if (sc.negotiated === null) sc.connection.destroy()
       }
+      // Queued calls keep draining to workers within the grace period; those
+      // left then get FATAL_SERVER_SHUTTING_DOWN (before connections close).
+      for (const service of this.#services.values()) void service.dispatcher?.close(graceMs)
       let graceTimer: TimerHandle | null = null
       const finish = (): void => {
         if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
@@ -316,7 +345,8 @@ export class Server {
     })
     call.owner = sc
     sc.inFlight.set(callId, call)
-    this.#scheduler.schedule(call, this.#run, this.#reject)
+    if (service.dispatcher === null) this.#runHandler(call)
+    else service.dispatcher.submit(call)
     return !sc.connection.isClosed
   }
 
@@ -328,22 +358,28 @@ export class Server {
     return false
   }
 
-  #runHandler (call: InboundCall): void {
-    if (call.owner === null) return
-    call.handledAt = this.#clock.now()
-    const handler = this.#services.get(call.service)!.handlers[call.method]!
+  // Runs the call's handler; the returned promise (async handlers only)
+  // settles when the call is answered, which releases its worker.
+  #runHandler (call: InboundCall): Promise<void> | undefined {
+    if (call.owner === null) return undefined
+    const service = this.#services.get(call.service)!
+    const now = this.#clock.now()
+    call.handledAt = now
+    call.metrics = service.metrics.get(call.method)!
+    call.metrics.queueTime.observe(now - call.receivedAt)
+    const handler = service.handlers[call.method]!
     let result: Message | Promise<Message>
     try {
       result = handler(call.request, call)
     } catch (err) {
       this.#handlerFailed(call, err)
-      return
+      return undefined
     }
     if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown }).then === 'function')) {
-      (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
-    } else {
-      this.#respond(call, result)
+      return (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
     }
+    this.#respond(call, result)
+    return undefined
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
@@ -385,6 +421,15 @@ export class Server {
   // Ends the call's life on its connection; undefined when the connection is gone.
   #release (call: InboundCall): ServerConnection | undefined {
     call.finish()
+    const metrics = call.metrics
+    if (metrics !== null) {
+      // The handler ran: record its latency and whether it overran the deadline.
+      call.metrics = null
+      const now = this.#clock.now()
+      metrics.handled++
+      metrics.handlerLatency.observe(now - call.handledAt)
+      if (now > call.deadline) metrics.timedOutOnResponse++
+    }
     const sc = call.owner as ServerConnection | null
     call.owner = null
     if (sc === null) return undefined

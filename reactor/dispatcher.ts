@@ -1,0 +1,124 @@
+import Denque from 'denque'
+import { KrpcCode } from '../codec/errors.js'
+import type { Clock } from '../scheduling/clock.js'
+import { DeadlineQueue, type QueueDiscipline } from '../scheduling/service-queue.js'
+import { WorkerPool, type RejectReason } from '../scheduling/worker-pool.js'
+import type { InboundCall } from './inbound-call.js'
+import type { MethodMetrics } from './metrics.js'
+
+export interface DispatcherOptions {
+  /** Concurrency slots (in-loop workers, or threads in thread mode). */
+  workers: number
+  /** Bound of the service queue. */
+  queueLength: number
+  discipline: QueueDiscipline
+  clock: Clock
+  /** Runs the call's handler; the worker is released when the returned promise settles. */
+  run: (call: InboundCall, worker: number) => Promise<void> | void
+  /** Answers a call that will not run, with a KRPC error code. */
+  reject: (call: InboundCall, code: number, message: string) => void
+  metrics: ReadonlyMap<string, MethodMetrics>
+  /** Calls held back while a burst is absorbed (see below); default 4096. */
+  burstLimit?: number | undefined
+}
+
+/**
+ * One service's scheduling: its EDF (or FIFO) service queue and its
+ * LIFO-parked workers (`scheduling/`), plus burst absorption.
+ *
+ * A burst is not an overload. One read can carry a thousand pipelined calls;
+ * they are dispatched in the read's callback, before any handler has had the
+ * chance to settle, so workers plus queue slots fill after the first few
+ * dozen even when every handler takes a microsecond. Calls that find the
+ * service saturated are therefore held back in arrival order (up to
+ * `burstLimit`) and offered again after this turn's I/O callbacks and
+ * microtasks (`clock.defer`). As long as workers finished something in the
+ * meantime, holding continues; only when a whole turn passed without
+ * progress is the service overloaded, and the held calls are judged by the
+ * queue (TOO_BUSY, or eviction of a later deadline). The judgement thus comes
+ * at most one turn late, and only under saturation.
+ */
+export class ServiceDispatcher {
+  readonly pool: WorkerPool<InboundCall>
+  readonly #clock: Clock
+  readonly #held = new Denque<InboundCall>()
+  readonly #burstLimit: number
+  readonly #metrics: ReadonlyMap<string, MethodMetrics>
+  #checkScheduled = false
+  #progressMark = 0
+  readonly #check = (): void => this.#offerHeld()
+
+  constructor (options: DispatcherOptions) {
+    this.#clock = options.clock
+    this.#burstLimit = options.burstLimit ?? 4096
+    this.#metrics = options.metrics
+    const reject = options.reject
+    this.pool = new WorkerPool<InboundCall>({
+      workers: options.workers,
+      queue: new DeadlineQueue<InboundCall>({ maxLength: options.queueLength, discipline: options.discipline }),
+      clock: options.clock,
+      run: options.run,
+      describe: (call) => `${call.service}.${call.method} request from ${call.remoteAddress}`,
+      reject: (call, reason, message) => {
+        this.#count(call, reason)
+        reject(call, reason === 'shutdown' ? KrpcCode.FATAL_SERVER_SHUTTING_DOWN : KrpcCode.ERROR_SERVER_TOO_BUSY, message)
+      }
+    })
+  }
+
+  /** Calls held back by burst absorption now. */
+  get heldCalls (): number {
+    return this.#held.length
+  }
+
+  submit (call: InboundCall): void {
+    const held = this.#held
+    if ((held.length > 0 || this.pool.saturated()) && held.length < this.#burstLimit && !this.pool.closed) {
+      held.push(call)
+      if (!this.#checkScheduled) {
+        this.#checkScheduled = true
+        this.#progressMark = this.pool.completed
+        this.#clock.defer(this.#check)
+      }
+      return
+    }
+    this.pool.submit(call)
+  }
+
+  /** Stops taking calls: held calls are judged now, queued ones drain within `graceMs`, the rest get FATAL_SERVER_SHUTTING_DOWN. */
+  close (graceMs: number): Promise<void> {
+    this.#judgeHeld()
+    return this.pool.close(graceMs)
+  }
+
+  #offerHeld (): void {
+    this.#checkScheduled = false
+    const held = this.#held
+    const pool = this.pool
+    while (held.length > 0 && !pool.saturated()) pool.submit(held.shift()!)
+    if (held.length === 0) return
+    if (pool.completed !== this.#progressMark) {
+      // Workers are getting through the burst: keep holding.
+      this.#progressMark = pool.completed
+      this.#checkScheduled = true
+      this.#clock.defer(this.#check)
+      return
+    }
+    // A whole turn without progress: this is overload, not a burst.
+    this.#judgeHeld()
+  }
+
+  #judgeHeld (): void {
+    const held = this.#held
+    while (held.length > 0) this.pool.submit(held.shift()!)
+  }
+
+  #count (call: InboundCall, reason: RejectReason): void {
+    const m = this.#metrics.get(call.method)
+    if (m === undefined) return
+    if (reason === 'full') m.queueOverflows++
+    else if (reason === 'evicted') m.evictions++
+    else if (reason === 'expired') m.timedOutInQueue++
+    else m.shutdownRejected++
+  }
+}

@@ -1,0 +1,237 @@
+import { Registry } from 'prom-client'
+
+/**
+ * Per-service and per-method metrics of the server, after Kudu's
+ * `rpc_incoming_queue_time`, handler latency histograms and the service
+ * pool's overflow and timeout counters (reference §2.4).
+ *
+ * The hot path touches only plain numbers here: a histogram is a fixed array
+ * of bucket counts, a counter a field. prom-client reads them when scraped,
+ * through collectors registered on a registry of this server's own (so two
+ * servers in one process never share or collide), and its
+ * `AggregatorRegistry` can sum them across reactor processes.
+ */
+
+/** Bucket upper bounds in milliseconds, from 50 µs to 30 s. */
+export const LATENCY_BUCKETS_MS: readonly number[] = [
+  0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000
+]
+
+/** A latency histogram with fixed buckets; observe is a few comparisons and two additions. */
+export class LatencyHistogram {
+  readonly counts = new Float64Array(LATENCY_BUCKETS_MS.length + 1)
+  count = 0
+  sum = 0
+
+  observe (ms: number): void {
+    if (!(ms >= 0)) ms = 0
+    let i = 0
+    const bounds = LATENCY_BUCKETS_MS
+    while (i < bounds.length && ms > bounds[i]!) i++
+    this.counts[i]!++
+    this.count++
+    this.sum += ms
+  }
+
+  /** An upper estimate of quantile `q` (0..1): the bound of the bucket holding it; Infinity past the last bound. */
+  quantile (q: number): number {
+    if (this.count === 0) return Number.NaN
+    const rank = Math.ceil(q * this.count)
+    let seen = 0
+    for (let i = 0; i < this.counts.length; i++) {
+      seen += this.counts[i]!
+      if (seen >= rank) return LATENCY_BUCKETS_MS[i] ?? Number.POSITIVE_INFINITY
+    }
+    return Number.POSITIVE_INFINITY
+  }
+
+  snapshot (): HistogramSnapshot {
+    return {
+      count: this.count,
+      sumMs: this.sum,
+      p50Ms: this.quantile(0.5),
+      p99Ms: this.quantile(0.99),
+      buckets: LATENCY_BUCKETS_MS.map((le, i) => ({ le, count: this.counts[i]! }))
+    }
+  }
+}
+
+export interface HistogramSnapshot {
+  count: number
+  sumMs: number
+  /** Upper bounds of the buckets holding the median and the 99th percentile. */
+  p50Ms: number
+  p99Ms: number
+  /** Per-bucket (not cumulative) counts; the overflow bucket is `count` minus their sum. */
+  buckets: Array<{ le: number, count: number }>
+}
+
+/** What happened to the calls of one method. */
+export class MethodMetrics {
+  /** Time from the frame's arrival to its handler's start. */
+  readonly queueTime = new LatencyHistogram()
+  /** Time the handler took, start to settled. */
+  readonly handlerLatency = new LatencyHistogram()
+  /** Calls a handler ran for. */
+  handled = 0
+  /** Refused because the service queue was full. */
+  queueOverflows = 0
+  /** Evicted from a full queue by a call with an earlier deadline. */
+  evictions = 0
+  /** Expired while waiting in the queue (never ran). */
+  timedOutInQueue = 0
+  /** Handler finished after the call's deadline (the client had given up). */
+  timedOutOnResponse = 0
+  /** Refused because the server was shutting down. */
+  shutdownRejected = 0
+}
+
+/** Live sources of a service's gauges. */
+export interface ServiceGauges {
+  queueLength: () => number
+  idleWorkers: () => number
+  workers: number
+}
+
+export interface MethodSnapshot {
+  handled: number
+  queueOverflows: number
+  evictions: number
+  timedOutInQueue: number
+  timedOutOnResponse: number
+  shutdownRejected: number
+  queueTime: HistogramSnapshot
+  handlerLatency: HistogramSnapshot
+}
+
+export interface ServiceSnapshot {
+  queueLength: number
+  idleWorkers: number
+  workers: number
+  methods: Record<string, MethodSnapshot>
+}
+
+interface ServiceEntry {
+  gauges: ServiceGauges
+  methods: Map<string, MethodMetrics>
+}
+
+type Value = { labels: Record<string, string | number>, value: number, metricName?: string }
+
+/** All metrics of one server. */
+export class ServerMetrics {
+  readonly #services = new Map<string, ServiceEntry>()
+  #registry: Registry | null = null
+
+  /** Registers a service; `methods` are its method names. */
+  addService (service: string, methods: readonly string[], gauges: ServiceGauges): Map<string, MethodMetrics> {
+    const map = new Map<string, MethodMetrics>()
+    for (const method of methods) map.set(method, new MethodMetrics())
+    this.#services.set(service, { gauges, methods: map })
+    return map
+  }
+
+  method (service: string, method: string): MethodMetrics | undefined {
+    return this.#services.get(service)?.methods.get(method)
+  }
+
+  /** Everything, as plain numbers (readable from code and tests). */
+  snapshot (): Record<string, ServiceSnapshot> {
+    const out: Record<string, ServiceSnapshot> = {}
+    for (const [name, entry] of this.#services) {
+      const methods: Record<string, MethodSnapshot> = {}
+      for (const [method, m] of entry.methods) {
+        methods[method] = {
+          handled: m.handled,
+          queueOverflows: m.queueOverflows,
+          evictions: m.evictions,
+          timedOutInQueue: m.timedOutInQueue,
+          timedOutOnResponse: m.timedOutOnResponse,
+          shutdownRejected: m.shutdownRejected,
+          queueTime: m.queueTime.snapshot(),
+          handlerLatency: m.handlerLatency.snapshot()
+        }
+      }
+      out[name] = { queueLength: entry.gauges.queueLength(), idleWorkers: entry.gauges.idleWorkers(), workers: entry.gauges.workers, methods }
+    }
+    return out
+  }
+
+  /** A prom-client registry whose collectors read these metrics when scraped. */
+  get registry (): Registry {
+    if (this.#registry === null) this.#registry = this.#buildRegistry()
+    return this.#registry
+  }
+
+  /** The Prometheus text exposition. */
+  text (): Promise<string> {
+    return this.registry.metrics()
+  }
+
+  #buildRegistry (): Registry {
+    const registry = new Registry()
+    const histogram = (name: string, help: string, pick: (m: MethodMetrics) => LatencyHistogram): void => {
+      registry.registerMetric(collector(name, help, 'histogram', () => {
+        const values: Value[] = []
+        this.#eachMethod((labels, m) => {
+          const h = pick(m)
+          let cumulative = 0
+          LATENCY_BUCKETS_MS.forEach((le, i) => {
+            cumulative += h.counts[i]!
+            values.push({ metricName: `${name}_bucket`, labels: { ...labels, le: le / 1000 }, value: cumulative })
+          })
+          values.push({ metricName: `${name}_bucket`, labels: { ...labels, le: '+Inf' }, value: h.count })
+          values.push({ metricName: `${name}_sum`, labels, value: h.sum / 1000 })
+          values.push({ metricName: `${name}_count`, labels, value: h.count })
+        })
+        return values
+      }))
+    }
+    const counter = (name: string, help: string, pick: (m: MethodMetrics) => number): void => {
+      registry.registerMetric(collector(name, help, 'counter', () => {
+        const values: Value[] = []
+        this.#eachMethod((labels, m) => values.push({ labels, value: pick(m) }))
+        return values
+      }))
+    }
+    const gauge = (name: string, help: string, pick: (g: ServiceGauges) => number): void => {
+      registry.registerMetric(collector(name, help, 'gauge', () => {
+        const values: Value[] = []
+        for (const [service, entry] of this.#services) values.push({ labels: { service }, value: pick(entry.gauges) })
+        return values
+      }))
+    }
+    histogram('nyala_rpc_incoming_queue_time_seconds', 'Time an inbound call waited between its arrival and its handler\'s start.', m => m.queueTime)
+    histogram('nyala_handler_latency_seconds', 'Time a handler took to settle.', m => m.handlerLatency)
+    counter('nyala_calls_handled_total', 'Calls a handler ran for.', m => m.handled)
+    counter('nyala_rpcs_queue_overflow_total', 'Calls refused with ERROR_SERVER_TOO_BUSY because the service queue was full.', m => m.queueOverflows)
+    counter('nyala_rpcs_evicted_total', 'Queued calls evicted by a call with an earlier deadline.', m => m.evictions)
+    counter('nyala_rpcs_timed_out_in_queue_total', 'Calls whose deadline passed while they waited in the queue (never run).', m => m.timedOutInQueue)
+    counter('nyala_rpcs_timed_out_on_response_total', 'Calls whose handler finished after their deadline.', m => m.timedOutOnResponse)
+    counter('nyala_rpcs_shutdown_rejected_total', 'Calls answered FATAL_SERVER_SHUTTING_DOWN by the service queue.', m => m.shutdownRejected)
+    gauge('nyala_service_queue_length', 'Calls waiting in the service queue now.', g => g.queueLength())
+    gauge('nyala_service_idle_workers', 'Workers parked now.', g => g.idleWorkers())
+    gauge('nyala_service_workers', 'Workers of the service.', g => g.workers)
+    return registry
+  }
+
+  #eachMethod (fn: (labels: { service: string, method: string }, m: MethodMetrics) => void): void {
+    for (const [service, entry] of this.#services) {
+      for (const [method, m] of entry.methods) fn({ service, method }, m)
+    }
+  }
+}
+
+// A metric in the shape prom-client's registry reads (and its
+// AggregatorRegistry sums across processes), computed at scrape time.
+function collector (name: string, help: string, type: 'counter' | 'gauge' | 'histogram', values: () => Value[]): Parameters<Registry['registerMetric']>[0] {
+  const metric = {
+    name,
+    help,
+    type,
+    aggregator: 'sum',
+    get: () => ({ name, help, type, aggregator: 'sum', values: values() }),
+    reset: () => {}
+  }
+  return metric as unknown as Parameters<Registry['registerMetric']>[0]
+}
