@@ -5,6 +5,7 @@ import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, p
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
 import { Connection } from '../transport/connection.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
@@ -18,6 +19,40 @@ export interface CallOptions {
   sidecars?: readonly Uint8Array[]
   /** Application feature flags the server must support. */
   requiredFeatureFlags?: readonly number[]
+  /**
+   * The method may run more than once with the same effect: with retries on,
+   * the call is retried even after a failure that may have happened after
+   * the server started it (a connection lost once the request was sent).
+   */
+  idempotent?: boolean
+  /** false: no retries for this call, whatever the client's policy. */
+  retry?: boolean
+}
+
+/**
+ * Retries of calls that failed without running: ERROR_SERVER_TOO_BUSY,
+ * ERROR_UNAVAILABLE, FATAL_SERVER_SHUTTING_DOWN, and failures to connect,
+ * negotiate or send. Each attempt carries what is left of the call's
+ * original deadline, and none starts after it. Delays come from `backoff`
+ * (default: truncated randomized exponential, `random[0,1) × 2^min(n, 12)`
+ * ms, as Kudu's Java client). A budget (default: retries ≤ 20 % of calls
+ * over 10 s plus 10 per second) keeps retries from amplifying an overload.
+ */
+export interface RetryOptions {
+  backoff?: Backoff
+  /** Attempts per call, the first included; default 100 (the deadline usually ends a call first). */
+  maxAttempts?: number
+  /** null: no budget. Default: one budget shared by the client's calls. */
+  budget?: RetryBudget | null
+}
+
+/** Retry counters of a client. */
+export interface RetryStats {
+  /** Retries made (attempts after the first). */
+  retries: number
+  /** Calls that failed with a retryable error after their last attempt (deadline, attempts or budget spent). */
+  exhausted: number
+  budget: RetryBudgetStats | null
 }
 
 /** A response with its sidecars. */
@@ -44,6 +79,8 @@ export interface ClientOptions {
   defaultTimeoutMs?: number
   /** Bound on a connection's queued request bytes; a call over it fails with RPC_ERR_QUEUE_FULL. */
   maxOutboundBytes?: number
+  /** Retries of calls that did not run (off unless given; `{}` turns them on with the defaults). */
+  retry?: RetryOptions | false
   clock?: Clock
 }
 
@@ -80,12 +117,13 @@ class OutboundCall implements OutboundTransfer {
   readonly methodDef: MethodDef<Message, Message>
   readonly label: string
   readonly resolve: (result: CallResult<Message>) => void
-  readonly reject: (error: RpcError) => void
+  /** `sent`: some of the request's bytes were handed to the socket, so the server may have run it. */
+  readonly reject: (error: RpcError, sent: boolean) => void
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
 
   constructor (methodDef: MethodDef<Message, Message>, label: string, deadline: number,
-    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError) => void) {
+    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void) {
     this.methodDef = methodDef
     this.label = label
     this.deadline = deadline
@@ -171,10 +209,20 @@ export class Client {
   readonly #endpoints = new Map<string, { host: string, port: number }>()
   readonly #onSentHook = (call: OutboundCall, error: RpcError | undefined): void => this.#onSent(call, error)
   #closed = false
+  readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
+  readonly #retryCounts = { retries: 0, exhausted: 0 }
 
   constructor (options: ClientOptions = {}) {
     this.#options = options
     this.#clock = options.clock ?? realClock
+    const retry = options.retry
+    this.#retry = retry === undefined || retry === false
+      ? null
+      : {
+          backoff: retry.backoff ?? new ExponentialBackoff(),
+          maxAttempts: retry.maxAttempts,
+          budget: retry.budget === undefined ? new RetryBudget(this.#clock) : retry.budget
+        }
   }
 
   /** A typed stub for `def` at `endpoint` (default: the client's endpoint). */
@@ -190,9 +238,57 @@ export class Client {
 
   /** Calls `service.method` at `endpoint`; resolves with the response and its sidecars. */
   call<Res = Message> (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
+    if (this.#retry !== null && options.retry !== false) return this.#callWithRetries(endpoint, def, method, request, options) as Promise<CallResult<Res>>
     return new Promise<CallResult<Message>>((resolve, reject) => {
       this.#start(endpoint, def, method, request, options, resolve, reject)
     }) as Promise<CallResult<Res>>
+  }
+
+  /** Retry counters; null when retries are off. */
+  get retryStats (): RetryStats | null {
+    if (this.#retry === null) return null
+    return { retries: this.#retryCounts.retries, exhausted: this.#retryCounts.exhausted, budget: this.#retry.budget?.stats ?? null }
+  }
+
+  // Attempts until one succeeds, fails for good, or the original deadline,
+  // attempts or budget run out. Each attempt's timeout is what is left of
+  // the deadline set here, once.
+  async #callWithRetries (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions): Promise<CallResult<Message>> {
+    const retry = this.#retry!
+    const clock = this.#clock
+    const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    const deadline = timeoutMs > 0 ? clock.now() + timeoutMs : Number.POSITIVE_INFINITY
+    retry.budget?.recordCall()
+    for (let attempt = 1; ; attempt++) {
+      const remaining = deadline - clock.now()
+      // A retry never starts after the deadline; 0 would mean "no deadline".
+      const attemptTimeout = Number.isFinite(remaining) ? Math.max(1, remaining) : 0
+      const outcome = await new Promise<CallResult<Message> | { error: RpcError, sent: boolean }>((resolve) => {
+        this.#attempt(endpoint, def, method, request, options, attemptTimeout, resolve, (error, sent) => resolve({ error, sent }))
+      })
+      if (!('error' in outcome)) return outcome
+      const { error, sent } = outcome
+      if (!isRetryable(error, sent, options.idempotent === true)) throw error
+      const refusedBefore = retry.budget?.stats.refused ?? 0
+      const remainingNow = deadline - clock.now()
+      const delay = nextRetryDelay({ backoff: retry.backoff, maxAttempts: retry.maxAttempts, budget: retry.budget, retryable: () => true }, attempt, remainingNow)
+      if (delay === null) {
+        this.#retryCounts.exhausted++
+        const outOfAttempts = attempt >= (retry.maxAttempts ?? DEFAULT_MAX_ATTEMPTS)
+        const outOfBudget = (retry.budget?.stats.refused ?? 0) > refusedBefore
+        if (outOfAttempts || outOfBudget) throw error
+        // The next attempt could not start before the deadline.
+        throw new RpcError(ErrorCode.DEADLINE_EXCEEDED,
+          `${def.fullName}.${method} timed out after ${timeoutMs} ms and ${attempt} attempt(s); last error: ${error.message}`, { cause: error })
+      }
+      this.#retryCounts.retries++
+      try {
+        await sleep(clock, delay, options.signal)
+      } catch {
+        throw new RpcError(ErrorCode.CANCELLED, `${def.fullName}.${method} was cancelled while waiting to retry (after: ${error.message})`)
+      }
+      if (this.#closed) throw new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed while the call waited to retry')
+    }
   }
 
   /** Open connections (for tests and metrics). */
@@ -216,25 +312,30 @@ export class Client {
   }
 
   #start (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions,
-    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError) => void): void {
-    if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'))
+    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
+    const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject)
+  }
+
+  #attempt (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions, timeoutMs: number,
+    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
+    if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
     const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[method]
-    if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`))
+    if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`), false)
     let target: { host: string, port: number }
     let body: Uint8Array
     try {
       target = parseEndpoint(endpoint, this.#endpoints)
       body = methodDef.requestType.encode(request)
     } catch (err) {
-      return reject(err as RpcError)
+      return reject(err as RpcError, false)
     }
-    const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
     const now = this.#clock.now()
     const deadline = timeoutMs > 0 ? now + timeoutMs : Number.POSITIVE_INFINITY
     const label = `${def.fullName}.${method} RPC to ${target.host}:${target.port}`
     const call = new OutboundCall(methodDef, label, deadline, resolve, reject)
     if (options.signal !== undefined) {
-      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${label} was cancelled before it started`))
+      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${label} was cancelled before it started`), false)
       call.signal = options.signal
       call.onAbort = () => this.#cancel(call)
       options.signal.addEventListener('abort', call.onAbort, { once: true })
@@ -417,8 +518,9 @@ export class Client {
 
   #finishError (call: OutboundCall, error: RpcError): void {
     if (call.isFinished) return
+    const sent = call.state !== CallState.QUEUED
     this.#finish(call)
-    call.reject(error)
+    call.reject(error, sent)
   }
 
   #retire (cc: ClientConnection): void {
@@ -437,4 +539,15 @@ export class Client {
     }
     cc.connection.destroy(error)
   }
+}
+
+// Failures after which the call certainly did not run on the server.
+const NOT_RUN_REMOTE: ReadonlySet<number> = new Set([KrpcCode.ERROR_SERVER_TOO_BUSY, KrpcCode.ERROR_UNAVAILABLE, KrpcCode.FATAL_SERVER_SHUTTING_DOWN])
+const NOT_SENT_LOCAL: ReadonlySet<string> = new Set([ErrorCode.CONNECT_FAILED, ErrorCode.CONNECTION_CLOSED, ErrorCode.NEGOTIATION_FAILED, ErrorCode.QUEUE_FULL])
+
+function isRetryable (error: RpcError, sent: boolean, idempotent: boolean): boolean {
+  if (error.krpcCode !== undefined) return NOT_RUN_REMOTE.has(error.krpcCode)
+  if (!NOT_SENT_LOCAL.has(error.code)) return false
+  // A request that reached the socket may have run: only idempotent methods go again.
+  return !sent || idempotent
 }

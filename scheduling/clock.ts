@@ -6,8 +6,12 @@
 export interface Clock {
   /** Monotonic milliseconds (fractional). */
   now: () => number
-  /** Runs `callback` once after `ms`; the timer never keeps the process alive by itself. */
-  setTimer: (callback: () => void, ms: number) => TimerHandle
+  /**
+   * Runs `callback` once after `ms`. The timer does not keep the process
+   * alive by itself unless `keepAlive` (work that waits on nothing else,
+   * such as a call sleeping before its retry).
+   */
+  setTimer: (callback: () => void, ms: number, keepAlive?: boolean) => TimerHandle
   clearTimer: (handle: TimerHandle) => void
   /**
    * Runs `callback` after the I/O that is ready now has been processed
@@ -23,9 +27,9 @@ export interface TimerHandle { readonly id?: unknown }
 /** The process's monotonic clock and timers. */
 export const realClock: Clock = {
   now: () => performance.now(),
-  setTimer (callback, ms) {
+  setTimer (callback, ms, keepAlive) {
     const timer = setTimeout(callback, Math.max(0, ms))
-    timer.unref()
+    if (keepAlive !== true) timer.unref()
     return timer as unknown as TimerHandle
   },
   clearTimer (handle) {

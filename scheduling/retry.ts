@@ -340,7 +340,7 @@ export async function sleep (clock: Clock, ms: number, signal?: AbortSignal): Pr
     const handle = clock.setTimer(() => {
       signal?.removeEventListener('abort', onAbort)
       resolve()
-    }, ms)
+    }, ms, true)
     signal?.addEventListener('abort', onAbort, { once: true })
   })
 }
