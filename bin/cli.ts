@@ -1,20 +1,29 @@
+import { createServer as createHttpServer, type Server as HttpServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
 import { ProtoSchema, type ServiceDef } from '../codec/schema.js'
 import { Client } from '../reactor/client.js'
 import { consoleLogger } from '../reactor/logger.js'
 import { Server } from '../reactor/server.js'
+import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CALCULATOR_PROTO, CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { DEFAULT_FAIRNESS, formatFairness, runFairness, type FairnessResult } from './fairness.js'
 
 const HELP = `nyala: raw-TCP binary RPC servers for Node.js that speak Apache Kudu's KRPC
 
 Usage:
   nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
-              [--negotiation-timeout-ms N] [--idle-timeout-ms N] [--verbose]
+              [--negotiation-timeout-ms N] [--idle-timeout-ms N]
+              [--workers 10] [--queue-length 50] [--queue edf|fifo]
+              [--metrics-port P] [--verbose]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
-      are answered, then it exits 0.
+      are answered, then it exits 0. Calls go through an earliest-deadline-
+      first queue (--queue fifo: arrival order, the old behaviour) to
+      --workers concurrent handlers. --metrics-port serves Prometheus text
+      at http://HOST:P/metrics.
 
   nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW]
@@ -22,6 +31,15 @@ Usage:
       .proto (default: the demo service's), the response printed as JSON.
       On failure prints the error code and message and exits 1.
       Example: nyala call 127.0.0.1:7050 nyala.demo.CalculatorService.Add '{"x":1,"y":2}'
+
+  nyala fairness [--queue edf|fifo|edf,fifo] [--clients 18] [--workers 3]
+              [--queue-length 10] [--sleep-ms 100] [--deadline-ms 8000]
+              [--run-seconds 5] [--backoff exp|linear|exp,linear] [--json]
+      Seed 000's fairness test: an in-process server with few workers and
+      more clients than it can serve, each looping on Sleep with retries
+      that keep the deadline. Prints per-client successes, min/average,
+      Jain's index, TOO_BUSY answers and latency percentiles, one block per
+      queue x backoff combination, all in the same run.
 
   nyala help
       This text.
@@ -33,6 +51,7 @@ export async function main (argv: string[]): Promise<number> {
   switch (command) {
     case 'serve': return await serve(rest)
     case 'call': return await call(rest)
+    case 'fairness': return await fairness(rest)
     case undefined:
     case 'help':
     case '--help':
@@ -61,6 +80,10 @@ async function serve (args: string[]): Promise<number> {
       'max-message-bytes': { type: 'string' },
       'negotiation-timeout-ms': { type: 'string' },
       'idle-timeout-ms': { type: 'string' },
+      workers: { type: 'string' },
+      'queue-length': { type: 'string' },
+      queue: { type: 'string' },
+      'metrics-port': { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
@@ -72,10 +95,18 @@ async function serve (args: string[]): Promise<number> {
   if (maxMessageBytes !== undefined) options.maxMessageBytes = maxMessageBytes
   if (negotiationTimeoutMs !== undefined) options.negotiationTimeoutMs = negotiationTimeoutMs
   if (idleTimeoutMs !== undefined) options.idleTimeoutMs = idleTimeoutMs
+  const workers = intOption(values.workers, 'workers')
+  const queueLength = intOption(values['queue-length'], 'queue-length')
+  if (workers !== undefined) options.workers = workers
+  if (queueLength !== undefined) options.queueLength = queueLength
+  if (values.queue !== undefined) options.queue = discipline(values.queue)
   const server = new Server(options).addService(CalculatorService, calculatorHandlers)
   const address = await server.listen(intOption(values.port, 'port', 7050), values.host)
   const shown = address.family === 'IPv6' ? `[${address.address}]` : address.address
+  const metricsPort = intOption(values['metrics-port'], 'metrics-port')
+  const metricsServer = metricsPort === undefined ? null : await serveMetrics(server, values.host, metricsPort)
   process.stdout.write(`listening on ${shown}:${address.port}\n`)
+  if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
   if (process.env.npm_lifecycle_event === 'start') {
     process.stdout.write(`try: ./bin/nyala call ${shown}:${address.port} nyala.demo.CalculatorService.Add '{"x":1,"y":2}'\n`)
   }
@@ -85,11 +116,85 @@ async function serve (args: string[]): Promise<number> {
       if (stopping) return
       stopping = true
       process.stderr.write(`${signal}: closing; calls in flight are answered first\n`)
+      metricsServer?.close()
       server.close().then(() => resolve(0), () => resolve(1))
     }
     process.once('SIGINT', () => stop('SIGINT'))
     process.once('SIGTERM', () => stop('SIGTERM'))
   })
+}
+
+function discipline (value: string): QueueDiscipline {
+  if (value !== 'edf' && value !== 'fifo') throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--queue must be edf or fifo, got '${value}'`)
+  return value
+}
+
+/** Serves `GET /metrics` (Prometheus text format) for `server`. */
+async function serveMetrics (server: Server, host: string, port: number): Promise<HttpServer> {
+  const http = createHttpServer((req, res) => {
+    if (req.method !== 'GET' || (req.url ?? '/').split('?')[0] !== '/metrics') {
+      res.writeHead(404).end('not found: try /metrics\n')
+      return
+    }
+    server.metrics.text().then((text) => {
+      res.writeHead(200, { 'content-type': server.metrics.registry.contentType }).end(text)
+    }, (err: Error) => {
+      res.writeHead(500).end(`${err.message}\n`)
+    })
+  })
+  await new Promise<void>((resolve, reject) => {
+    http.once('error', reject)
+    http.listen(port, host, () => { http.off('error', reject); resolve() })
+  })
+  return http
+}
+
+async function fairness (args: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      queue: { type: 'string', default: 'edf' },
+      clients: { type: 'string' },
+      workers: { type: 'string' },
+      'queue-length': { type: 'string' },
+      'sleep-ms': { type: 'string' },
+      'deadline-ms': { type: 'string' },
+      'run-seconds': { type: 'string' },
+      backoff: { type: 'string', default: 'exp' },
+      json: { type: 'boolean', default: false }
+    },
+    strict: true
+  })
+  const d = DEFAULT_FAIRNESS
+  const number = (value: string | undefined, name: string, fallback: number): number => {
+    if (value === undefined) return fallback
+    const n = Number(value)
+    if (!(n >= 0) || !Number.isFinite(n)) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--${name} must be a number >= 0, got '${value}'`)
+    return n
+  }
+  const base = {
+    clients: intOption(values.clients, 'clients', d.clients)!,
+    workers: intOption(values.workers, 'workers', d.workers)!,
+    queueLength: intOption(values['queue-length'], 'queue-length', d.queueLength)!,
+    sleepMs: number(values['sleep-ms'], 'sleep-ms', d.sleepMs),
+    deadlineMs: number(values['deadline-ms'], 'deadline-ms', d.deadlineMs),
+    runSeconds: number(values['run-seconds'], 'run-seconds', d.runSeconds)
+  }
+  const queues = values.queue.split(',').map(discipline)
+  const backoffs = values.backoff.split(',').map((b) => {
+    if (b !== 'exp' && b !== 'linear') throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--backoff must be exp or linear, got '${b}'`)
+    return b
+  })
+  const results: FairnessResult[] = []
+  for (const queue of queues) {
+    for (const backoff of backoffs) {
+      const result = await runFairness({ ...base, queue, backoff })
+      results.push(result)
+      if (!values.json) process.stdout.write(`${formatFairness(result)}\n`)
+    }
+  }
+  if (values.json) process.stdout.write(`${JSON.stringify(results.length === 1 ? results[0] : results)}\n`)
+  return 0
 }
 
 async function call (args: string[]): Promise<number> {
