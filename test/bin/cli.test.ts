@@ -1,0 +1,87 @@
+/**
+ * The `nyala` command line, run as a child process from the TypeScript
+ * sources (through the same loader tap uses): serve with scheduling flags
+ * and a metrics endpoint, call, fairness --json, and bad flags.
+ */
+import t from 'tap'
+import { spawn, type ChildProcess } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { Client } from '../../reactor/client.js'
+import { CalculatorService } from '../../examples/calculator.js'
+
+const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
+// Only the TypeScript loader: coverage and mocking hooks stay in this process.
+const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+
+interface Run { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
+
+function nyala (args: string[]): Run {
+  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
+  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
+  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
+  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
+  return { child, stdout: () => out, stderr: () => err, exit }
+}
+
+async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
+  for (;;) {
+    const match = run.stdout().match(pattern)
+    if (match !== null) return match
+    if (run.child.exitCode !== null) throw new Error(`exited early: ${run.stderr()}`)
+    await new Promise((resolve) => setTimeout(resolve, 20))
+  }
+}
+
+t.test('serve with scheduling flags and --metrics-port; call; SIGTERM exits 0', async t => {
+  const server = nyala(['serve', '--port', '0', '--metrics-port', '0', '--workers', '2', '--queue-length', '5', '--queue', 'fifo'])
+  t.teardown(() => { if (server.child.exitCode === null) server.child.kill('SIGKILL') })
+  const [, endpoint] = await waitFor(server, /listening on (127\.0\.0\.1:\d+)/)
+  const [, metricsUrl] = await waitFor(server, /metrics on (http:\/\/\S+)/)
+
+  const call = nyala(['call', endpoint!, 'nyala.demo.CalculatorService.Add', '{"x":1,"y":2}'])
+  t.equal(await call.exit, 0, call.stderr())
+  t.equal(call.stdout(), '{"result": 3}\n')
+
+  const client = new Client({ endpoint })
+  t.teardown(() => client.close())
+  const calc = client.service(CalculatorService)
+  for (let i = 0; i < 4; i++) t.same(await calc.Add({ x: i, y: 1 }), { result: i + 1 })
+
+  const metrics = await (await fetch(metricsUrl!)).text()
+  t.match(metrics, /nyala_calls_handled_total\{service="nyala\.demo\.CalculatorService",method="Add"\} 5/)
+  t.match(metrics, /nyala_service_workers\{service="nyala\.demo\.CalculatorService"\} 2/)
+  t.match(metrics, /nyala_rpc_incoming_queue_time_seconds_count\{service="nyala\.demo\.CalculatorService",method="Add"\} 5/)
+  t.equal((await fetch(metricsUrl!.replace('/metrics', '/other'))).status, 404)
+
+  client.close()
+  server.child.kill('SIGTERM')
+  t.equal(await server.exit, 0)
+})
+
+t.test('fairness --json prints the documented shape', async t => {
+  const run = nyala(['fairness', '--json', '--run-seconds', '0.4', '--clients', '4', '--workers', '1', '--queue-length', '1', '--sleep-ms', '5', '--deadline-ms', '1000'])
+  t.equal(await run.exit, 0, run.stderr())
+  const result = JSON.parse(run.stdout()) as Record<string, unknown>
+  t.equal((result.successes as number[]).length, 4)
+  t.ok((result.successes as number[]).every((n) => Number.isInteger(n) && n >= 0))
+  t.type(result.tooBusy, 'number')
+  t.type(result.otherErrors, 'number')
+  t.ok((result.jain as number) > 0 && (result.jain as number) <= 1)
+  t.same(Object.keys(result.latencyMs as object).sort(), ['p50', 'p99', 'p999', 'p9999'])
+})
+
+t.test('fairness with two queues prints one row each, in one run', async t => {
+  const run = nyala(['fairness', '--json', '--queue', 'edf,fifo', '--run-seconds', '0.2', '--clients', '2', '--workers', '1', '--queue-length', '1', '--sleep-ms', '2'])
+  t.equal(await run.exit, 0, run.stderr())
+  const rows = JSON.parse(run.stdout()) as Array<{ queue: string }>
+  t.same(rows.map((r) => r.queue), ['edf', 'fifo'])
+})
+
+t.test('bad flags exit non-zero with a message', async t => {
+  const run = nyala(['serve', '--queue', 'lifo', '--port', '0'])
+  t.not(await run.exit, 0)
+  t.match(run.stderr(), /--queue must be edf or fifo/)
+})
