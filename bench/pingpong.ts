@@ -2,7 +2,10 @@
  * Loopback ping-pong and pipelining of nyala's `Add` against a raw node:net
  * echo, measured side by side in one run, alternating the systems.
  *
- *   node dist/bench/pingpong.js [--seconds 3] [--rounds 3] [--depths 1,100] [--json]
+ *   node dist/bench/pingpong.js [--seconds 3] [--rounds 3] [--depths 1,100]
+ *       [--systems nyala,nyala-direct,raw] [--workers 10] [--json]
+ *
+ * Ratios are to the last system named (default raw).
  *
  * The servers run in child processes (one at a time); the load comes from
  * this process. Each round runs every system once per depth; the report is
@@ -17,14 +20,16 @@ import { Server } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
 import { runRawClient, startRawEchoServer } from './raw-echo.js'
 
-type System = 'nyala' | 'raw'
+/** `nyala-direct`: handlers dispatched directly, bypassing the service queue and workers (to price the scheduler). */
+type System = 'nyala' | 'nyala-direct' | 'raw'
+const SYSTEMS: readonly System[] = ['nyala', 'nyala-direct', 'raw']
 
-async function serverChild (system: System): Promise<void> {
+async function serverChild (system: System, workers: number): Promise<void> {
   let port: number
   if (system === 'raw') {
     port = (await startRawEchoServer()).port
   } else {
-    const server = new Server().addService(CalculatorService, calculatorHandlers)
+    const server = new Server({ scheduler: system === 'nyala-direct' ? 'direct' : 'pool', workers }).addService(CalculatorService, calculatorHandlers)
     port = (await server.listen(0)).port
   }
   process.send!({ port })
@@ -52,8 +57,8 @@ async function runNyala (port: number, depth: number, endAt: number): Promise<nu
   return completed
 }
 
-async function measure (system: System, depth: number, seconds: number): Promise<{ callsPerSec: number, serverCpuUsPerCall: number }> {
-  const child = fork(fileURLToPath(import.meta.url), ['--child', system], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
+async function measure (system: System, depth: number, seconds: number, workers: number): Promise<{ callsPerSec: number, serverCpuUsPerCall: number }> {
+  const child = fork(fileURLToPath(import.meta.url), ['--child', system, String(workers)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] })
   const port = await new Promise<number>((resolve) => child.once('message', (m) => resolve((m as { port: number }).port)))
   // Warm up, then measure.
   const warm = performance.now() + 300
@@ -79,36 +84,48 @@ async function main (): Promise<void> {
       seconds: { type: 'string', default: process.env.BENCH_SMOKE === '1' ? '0.3' : '3' },
       rounds: { type: 'string', default: process.env.BENCH_SMOKE === '1' ? '1' : '3' },
       depths: { type: 'string', default: '1,100' },
+      systems: { type: 'string', default: 'nyala,raw' },
+      workers: { type: 'string', default: '10' },
       json: { type: 'boolean', default: false }
     }
   })
   const seconds = Number(values.seconds)
   const rounds = Number(values.rounds)
   const depths = values.depths.split(',').map(Number)
-  const results: Record<string, Record<System, number[]>> = {}
+  const workers = Number(values.workers)
+  const systems = values.systems.split(',') as System[]
+  for (const s of systems) if (!SYSTEMS.includes(s)) throw new Error(`unknown system ${s}; known: ${SYSTEMS.join(', ')}`)
+  const baseline = systems[systems.length - 1]!
+  const results: Record<string, Record<string, number[]>> = {}
   for (let round = 0; round < rounds; round++) {
     for (const depth of depths) {
-      const row = (results[depth] ??= { nyala: [], raw: [] })
-      const order: System[] = round % 2 === 0 ? ['raw', 'nyala'] : ['nyala', 'raw']
-      for (const system of order) row[system].push((await measure(system, depth, seconds)).callsPerSec)
+      const row = (results[depth] ??= Object.fromEntries(systems.map((s) => [s, []])))
+      // Alternate the order so that neither system always runs first.
+      const order = round % 2 === 0 ? [...systems].reverse() : systems
+      for (const system of order) row[system]!.push((await measure(system, depth, seconds, workers)).callsPerSec)
     }
   }
   const report = depths.map((depth) => {
     const row = results[depth]!
-    const nyala = median(row.nyala)
-    const raw = median(row.raw)
-    return { depth, nyalaCallsPerSec: Math.round(nyala), rawCallsPerSec: Math.round(raw), ratio: Number((nyala / raw).toFixed(3)), samples: { nyala: row.nyala.map(Math.round), raw: row.raw.map(Math.round) } }
+    const base = median(row[baseline]!)
+    return {
+      depth,
+      callsPerSec: Object.fromEntries(systems.map((s) => [s, Math.round(median(row[s]!))])),
+      ratioTo: baseline,
+      ratios: Object.fromEntries(systems.map((s) => [s, Number((median(row[s]!) / base).toFixed(3))])),
+      samples: Object.fromEntries(systems.map((s) => [s, row[s]!.map(Math.round)]))
+    }
   })
   if (values.json) {
-    process.stdout.write(`${JSON.stringify({ node: process.version, cpus: os.cpus().length, seconds, rounds, report })}\n`)
+    process.stdout.write(`${JSON.stringify({ node: process.version, cpus: os.cpus().length, seconds, rounds, workers, report })}\n`)
     return
   }
-  process.stdout.write(`node ${process.version}, ${os.cpus()[0]?.model ?? '?'} x${os.cpus().length}, ${rounds} rounds x ${seconds} s, medians\n`)
-  process.stdout.write('depth  nyala calls/s  raw calls/s  nyala/raw\n')
+  process.stdout.write(`node ${process.version}, ${os.cpus()[0]?.model ?? '?'} x${os.cpus().length}, ${rounds} rounds x ${seconds} s, workers ${workers}, medians; ratios to ${baseline}\n`)
+  process.stdout.write(`depth${systems.map((s) => `  ${`${s} calls/s`.padStart(20)}  ratio`).join('')}\n`)
   for (const r of report) {
-    process.stdout.write(`${String(r.depth).padStart(5)}  ${String(r.nyalaCallsPerSec).padStart(13)}  ${String(r.rawCallsPerSec).padStart(11)}  ${r.ratio.toFixed(3).padStart(9)}\n`)
+    process.stdout.write(`${String(r.depth).padStart(5)}${systems.map((s) => `  ${String(r.callsPerSec[s]).padStart(20)}  ${r.ratios[s]!.toFixed(3)}`).join('')}\n`)
   }
 }
 
-if (process.argv[2] === '--child') await serverChild(process.argv[3] as System)
+if (process.argv[2] === '--child') await serverChild(process.argv[3] as System, Number(process.argv[4] ?? 10))
 else await main()

@@ -79,6 +79,7 @@ export class WorkerPool<T extends Queued> {
   readonly #describe: (item: T) => string
   /** Idle workers; the end is the most recently parked, the next to get work. */
   readonly #parked: number[] = []
+  readonly #settled: Array<() => void> = []
   readonly #stats: WorkerPoolStats = {
     submitted: 0, handedOff: 0, queued: 0, overflows: 0, evictions: 0, expired: 0, shutdownRejected: 0, completed: 0
   }
@@ -107,6 +108,13 @@ export class WorkerPool<T extends Queued> {
     this.#describe = options.describe ?? (() => 'call')
     // All start parked with worker 0 on top, so work goes to 0, then 1, ...
     for (let worker = workers - 1; worker >= 0; worker--) this.#parked.push(worker)
+    // One settle callback per worker, made once: no closure per item.
+    for (let worker = 0; worker < workers; worker++) {
+      this.#settled.push(() => {
+        this.#stats.completed++
+        this.#runOn(worker, this.#next())
+      })
+    }
   }
 
   get idleWorkers (): number {
@@ -200,12 +208,10 @@ export class WorkerPool<T extends Queued> {
     for (let item = first; item !== undefined; item = this.#next()) {
       const pending = this.#invoke(item, worker)
       if (pending !== undefined) {
-        const settled = (): void => {
-          this.#stats.completed++
-          this.#runOn(worker, this.#next())
-        }
-        // Promise.resolve tames odd thenables (settling twice, throwing).
-        void Promise.resolve(pending).then(settled, settled)
+        const settled = this.#settled[worker]!
+        // A native promise settles once; Promise.resolve tames odd thenables (settling twice, throwing).
+        if (pending instanceof Promise) pending.then(settled, settled)
+        else void Promise.resolve(pending).then(settled, settled)
         return
       }
       this.#stats.completed++
