@@ -49,6 +49,12 @@ export interface TransferQueueStats {
   batchedWrites: number
   /** Frames sent in batched writes. */
   batchedFrames: number
+  /**
+   * Writes after which the socket still buffered bytes: the kernel did not
+   * take everything at once, so Node keeps the rest and libuv finishes it
+   * when the socket becomes writable (one EAGAIN episode: an epoll_ctl pair).
+   */
+  partialWrites: number
   /** Times `write()` reported a full kernel buffer and the queue waited for 'drain'. */
   drainWaits: number
   /** Transfers dropped before their first byte (cancelled, timed out, closed). */
@@ -94,7 +100,7 @@ export class TransferQueue {
   #flushScheduled = false
   #closedError: RpcError | null = null
   readonly #flush = (): void => { this.#flushScheduled = false; this.#drainQueue() }
-  #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, drainWaits: 0, dropped: 0 }
+  #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0 }
 
   constructor (sink: WritableSink, options: TransferQueueOptions = {}) {
     this.#sink = sink
@@ -209,7 +215,7 @@ export class TransferQueue {
       ok = this.#sink.write(slices[slices.length - 1]!, callback)
       this.#sink.uncork()
     }
-    if (!ok) this.#waitForDrain()
+    this.#afterWrite(ok)
   }
 
   // Several frames, one write: copied into one buffer when small, otherwise
@@ -254,12 +260,18 @@ export class TransferQueue {
       this.#sink.uncork()
       if (remaining !== 0) throw new Error('slice count mismatch')
     }
-    if (!ok) this.#waitForDrain()
+    this.#afterWrite(ok)
   }
 
-  #waitForDrain (): void {
-    this.#waitingDrain = true
-    this.#stats.drainWaits++
+  // After each write (or corked writev): bytes the socket still holds mean
+  // the kernel took only part of it; false from write() means the socket's
+  // buffer is over its high-water mark, so wait for 'drain'.
+  #afterWrite (ok: boolean): void {
+    if (this.#sink.writableLength > 0) this.#stats.partialWrites++
+    if (!ok) {
+      this.#waitingDrain = true
+      this.#stats.drainWaits++
+    }
   }
 }
 

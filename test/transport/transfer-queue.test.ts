@@ -337,7 +337,7 @@ t.test('stats counters', async t => {
   const sink = new FakeSink()
   const queue = new TransferQueue(sink)
   t.same(queue.stats(), {
-    queuedTransfers: 0, queuedBytes: 0, socketBufferedBytes: 0, immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, drainWaits: 0, dropped: 0
+    queuedTransfers: 0, queuedBytes: 0, socketBufferedBytes: 0, immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0
   })
   queue.enqueue(transfer(1))
   queue.enqueue(transfer(2))
@@ -358,6 +358,7 @@ t.test('stats counters', async t => {
     immediateWrites: 2,
     batchedWrites: 2,
     batchedFrames: 4,
+    partialWrites: 0,
     drainWaits: 0,
     dropped: 1
   })
@@ -366,6 +367,49 @@ t.test('stats counters', async t => {
   queue.enqueue(transfer(8))
   t.equal(queue.stats().drainWaits, 1)
   t.equal(queue.stats().immediateWrites, 3)
+})
+
+t.test('partialWrites counts writes the kernel did not take whole, drainWaits the ones over the high-water mark', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  // The kernel takes all but 10 bytes of the next write; the socket is still under its high-water mark.
+  sink.onWrite = (chunk) => { sink.writableLength += Math.min(10, chunk.length) }
+  queue.enqueue(transfer(1, 64))
+  t.equal(queue.stats().partialWrites, 1)
+  t.equal(queue.stats().drainWaits, 0, 'write() returned true: no wait')
+  queue.enqueue(transfer(2))
+  queue.enqueue(transfer(3))
+  await nextTick()
+  t.equal(queue.stats().partialWrites, 2, 'the batch left bytes behind too')
+  // A big sidecar: the kernel takes part, write() says the buffer is full.
+  sink.onWrite = null
+  sink.writableLength = 0
+  sink.writeReturns = false
+  const big = transfer(4, 1024, { slices: 2 })
+  sink.onWrite = (chunk) => { sink.writableLength += chunk.length }
+  queue.enqueue(big)
+  t.same(queue.stats(), {
+    queuedTransfers: 0,
+    queuedBytes: 0,
+    socketBufferedBytes: 1024,
+    immediateWrites: 2,
+    batchedWrites: 1,
+    batchedFrames: 2,
+    partialWrites: 3,
+    drainWaits: 1,
+    dropped: 0
+  })
+  queue.enqueue(transfer(5))
+  t.equal(queue.stats().queuedTransfers, 1, 'waits behind the drain')
+  t.equal(queue.stats().queuedBytes, 8)
+  sink.onWrite = null
+  sink.writableLength = 0
+  sink.writeReturns = true
+  sink.completeWrites()
+  queue.onSocketDrain()
+  t.equal(queue.stats().queuedTransfers, 0)
+  t.equal(queue.stats().partialWrites, 3, 'a write the kernel took whole is not partial')
+  t.same(ids(sink.bytes()), [1, 2, 3, 4, 5])
 })
 
 t.test('batchedWrites counts only writes that carried several frames', { todo: 'a batch cut to one frame by a cancellation still counts; see report' }, async t => {
