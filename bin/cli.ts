@@ -9,6 +9,7 @@ import { Server } from '../reactor/server.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CALCULATOR_PROTO, CalculatorService, calculatorHandlers } from '../examples/calculator.js'
 import { DEFAULT_FAIRNESS, formatFairness, runFairness, type FairnessResult } from './fairness.js'
+import { trace } from './trace.js'
 
 const HELP = `nyala: raw-TCP binary RPC servers for Node.js that speak Apache Kudu's KRPC
 
@@ -41,6 +42,18 @@ Usage:
       Jain's index, TOO_BUSY answers and latency percentiles, one block per
       queue x backoff combination, all in the same run.
 
+  nyala trace [--mode sync|async|transfer] [--calls N] [--depth D]
+              [--payload-bytes B] [--sidecar-bytes B] [--system nyala|raw]
+              [--tracer strace|perf] [--json]
+      The server's syscalls per RPC: runs one server process under
+      strace -f -c, drives N calls at depth D (sync: 1; async: 64) from this
+      process, subtracts a run with zero calls, and prints epoll_ctl,
+      epoll_wait, read, write, futex, other and total per RPC, the raw
+      counts, bytes per write and the connections' transfer-queue counters.
+      --mode transfer: synchronous EchoSidecars with one 8 MiB sidecar
+      (--sidecar-bytes), reported in MiB/s. Needs strace (apt-get install
+      strace) or, with --tracer perf, perf trace. See docs/tracing.md.
+
   nyala help
       This text.
 `
@@ -52,6 +65,7 @@ export async function main (argv: string[]): Promise<number> {
     case 'serve': return await serve(rest)
     case 'call': return await call(rest)
     case 'fairness': return await fairness(rest)
+    case 'trace': return await trace(rest)
     case undefined:
     case 'help':
     case '--help':

@@ -6,7 +6,7 @@ import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotia
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
-import { Connection } from '../transport/connection.js'
+import { Connection, type ConnectionStats } from '../transport/connection.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
 /** Per-call options. */
@@ -53,6 +53,14 @@ export interface RetryStats {
   /** Calls that failed with a retryable error after their last attempt (deadline, attempts or budget spent). */
   exhausted: number
   budget: RetryBudgetStats | null
+}
+
+/** Counters of one open connection of the client (`Client.connectionStats`). */
+export interface ClientConnectionStats extends ConnectionStats {
+  /** The endpoint as the calls named it. */
+  endpoint: string
+  /** Calls waiting for a response on this connection. */
+  pendingCalls: number
 }
 
 /** A response with its sidecars. */
@@ -301,6 +309,18 @@ export class Client {
     let n = 0
     for (const cc of this.#connections.values()) n += cc.outstanding.size
     return n
+  }
+
+  /**
+   * Counters of each open connection: its outbound transfer queue (requests
+   * and bytes queued, bytes the socket still buffers, immediate and batched
+   * writes, partial writes, drain waits) and the bytes and frames read and
+   * written.
+   */
+  connectionStats (): ClientConnectionStats[] {
+    const out: ClientConnectionStats[] = []
+    for (const cc of this.#connections.values()) out.push({ endpoint: cc.key, pendingCalls: cc.outstanding.size, ...cc.connection.stats() })
+    return out
   }
 
   /** Fails every pending call with RPC_ERR_CLIENT_CLOSED and closes every connection. Later calls fail at once. */

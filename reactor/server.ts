@@ -6,7 +6,7 @@ import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame }
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
-import { Connection, type Handshake } from '../transport/connection.js'
+import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall, type CallContext } from './inbound-call.js'
@@ -66,6 +66,12 @@ interface RegisteredService {
   metrics: ReadonlyMap<string, MethodMetrics>
   /** null in `direct` mode. */
   dispatcher: ServiceDispatcher | null
+}
+
+/** Counters of one open connection of the server (`Server.connectionStats`). */
+export interface ServerConnectionStats extends ConnectionStats {
+  remoteAddress: string
+  callsInFlight: number
 }
 
 /** Counters the server keeps. */
@@ -196,6 +202,18 @@ export class Server {
     let inFlight = 0
     for (const sc of this.#connections) inFlight += sc.inFlight.size
     return { ...this.#stats, connectionsOpen: this.#connections.size, callsInFlight: inFlight }
+  }
+
+  /**
+   * Counters of each open connection, as Kudu's `DumpConnections`: its
+   * outbound transfer queue (frames and bytes queued, bytes the socket still
+   * buffers, immediate and batched writes, partial writes, drain waits) and
+   * the bytes and frames read and written.
+   */
+  connectionStats (): ServerConnectionStats[] {
+    const out: ServerConnectionStats[] = []
+    for (const sc of this.#connections) out.push({ remoteAddress: sc.remoteAddress, callsInFlight: sc.inFlight.size, ...sc.connection.stats() })
+    return out
   }
 
   /**

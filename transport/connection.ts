@@ -45,6 +45,8 @@ export interface ConnectionOptions {
 export interface ConnectionStats extends TransferQueueStats {
   bytesRead: number
   framesRead: number
+  /** Bytes handed to the socket (Node's `socket.bytesWritten`: set-up frames included). */
+  bytesWritten: number
 }
 
 /**
@@ -150,7 +152,7 @@ export class Connection {
   }
 
   stats (): ConnectionStats {
-    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead }
+    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten }
   }
 
   #onSocketData (chunk: Buffer): void {
