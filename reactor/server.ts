@@ -28,6 +28,14 @@ export interface ServerOptions {
   idleTimeoutMs?: number
   /** Bound on a connection's unsent response bytes; a client that reads slower than that is disconnected. */
   maxOutboundBytes?: number
+  /**
+   * Connections older than this (±10 % jitter) are retired, so long-lived
+   * clients rebalance across reactors (gRPC's MAX_CONNECTION_AGE): calls in
+   * flight are answered, calls arriving later get FATAL_SERVER_SHUTTING_DOWN
+   * (clients retry them on a new connection), and the connection closes once
+   * it is quiet. Default: no limit. See docs/cluster.md.
+   */
+  maxConnectionAgeMs?: number
   /** SASL PLAIN verification; by default any user is accepted. */
   authenticate?: Authenticator
   /** Until `markReady()`, calls get ERROR_UNAVAILABLE instead of ERROR_NO_SUCH_SERVICE; default true (ready at once). */
@@ -84,12 +92,16 @@ export interface ServerStats {
   callsInFlight: number
   badFrames: number
   idleClosed: number
+  /** Connections closed because they reached `maxConnectionAgeMs`. */
+  agedClosed: number
 }
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_WORKERS = 10
 const DEFAULT_QUEUE_LENGTH = 50
+/** A retired connection that stays busy is closed this long after retirement once no call is in flight. */
+const RETIRE_QUIET_LIMIT_MS = 5000
 
 /** Per-connection state of the server. */
 class ServerConnection {
@@ -99,6 +111,10 @@ class ServerConnection {
   negotiated: Negotiated | null = null
   lastActivity = -1
   lastActiveAt: number
+  /** When the connection reaches its maximum age; Infinity without one. */
+  retireAt = Number.POSITIVE_INFINITY
+  /** Since when new calls are refused (the connection is past its age); -1 before. */
+  retiredAt = -1
 
   constructor (connection: Connection, remoteAddress: string, now: number) {
     this.connection = connection
@@ -126,7 +142,7 @@ export class Server {
   #idleTimer: TimerHandle | null = null
   #closing: Promise<void> | null = null
   #drained: (() => void) | null = null
-  #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0 }
+  #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0 }
   readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
 
@@ -175,17 +191,30 @@ export class Server {
     return this
   }
 
+  /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
+  setMaxConnectionAgeMs (ms: number): void {
+    this.#options.maxConnectionAgeMs = ms
+    if (this.#net.listening) this.#armIdleScan()
+  }
+
   /** Marks services as registered: unknown services now get ERROR_NO_SUCH_SERVICE rather than ERROR_UNAVAILABLE. */
   markReady (): void {
     this.#ready = true
   }
 
-  /** Starts listening; resolves with the bound address (the real port when `port` is 0). Loopback by default. */
-  listen (port = 0, host = '127.0.0.1'): Promise<AddressInfo> {
+  /**
+   * Starts listening; resolves with the bound address (the real port when
+   * `port` is 0). Loopback by default. `reusePort` (Node ≥ 22.12) binds this
+   * process's own socket with SO_REUSEPORT, also in a cluster worker (see
+   * reactor/cluster.ts).
+   */
+  listen (port = 0, host = '127.0.0.1', options: { reusePort?: boolean } = {}): Promise<AddressInfo> {
     return new Promise((resolve, reject) => {
       const onError = (err: Error): void => reject(err)
       this.#net.once('error', onError)
-      this.#net.listen({ port, host, backlog: 512 }, () => {
+      // `reusePort` is not in Node 20's types; `exclusive` keeps a cluster worker from sharing the primary's handle.
+      const listenOptions = options.reusePort === true ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
+      this.#net.listen(listenOptions, () => {
         this.#net.off('error', onError)
         this.#armIdleScan()
         resolve(this.#net.address() as AddressInfo)
@@ -272,6 +301,9 @@ export class Server {
       maxOutboundBytes: this.#options.maxOutboundBytes
     })
     const sc = new ServerConnection(connection, remoteAddress, this.#clock.now())
+    const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
+    // Jitter keeps connections opened together from all reconnecting together.
+    if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
     this.#connections.add(sc)
     connection.attach({
       onFrame: (frame) => this.#onFrame(sc, frame),
@@ -328,6 +360,7 @@ export class Server {
       return true
     }
     if (this.#closing !== null) return reply(KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
+    if (sc.retiredAt >= 0) return reply(KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'connection reached its maximum age; reconnect')
     const service = this.#services.get(remote.service_name)
     if (service === undefined) {
       return this.#ready
@@ -464,10 +497,12 @@ export class Server {
     }
   }
 
+  // One periodic scan closes idle connections and retires old ones.
   #armIdleScan (): void {
     const idleMs = this.#options.idleTimeoutMs
-    if (idleMs <= 0 || this.#idleTimer !== null) return
-    const periodMs = Math.max(10, Math.min(1000, idleMs / 4))
+    const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
+    if ((idleMs <= 0 && maxAgeMs <= 0) || this.#idleTimer !== null) return
+    const periodMs = Math.max(10, Math.min(1000, Math.min(idleMs > 0 ? idleMs : Infinity, maxAgeMs > 0 ? maxAgeMs : Infinity) / 4))
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
@@ -476,9 +511,16 @@ export class Server {
         if (activity !== sc.lastActivity || sc.inFlight.size > 0 || sc.connection.isBusy) {
           sc.lastActivity = activity
           sc.lastActiveAt = now
+          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !sc.connection.isBusy && now - sc.retiredAt >= RETIRE_QUIET_LIMIT_MS) this.#closeAged(sc)
+          else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.negotiated !== null) sc.retiredAt = now
           continue
         }
-        if (sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
+        if (sc.retiredAt >= 0) {
+          // Quiet for a whole scan period since it was retired: no call is on its way.
+          this.#closeAged(sc)
+        } else if (now >= sc.retireAt && sc.negotiated !== null) {
+          sc.retiredAt = now
+        } else if (idleMs > 0 && sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
           this.#stats.idleClosed++
           this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms`)
           sc.connection.destroy()
@@ -486,6 +528,12 @@ export class Server {
       }
     }
     this.#idleTimer = this.#clock.setTimer(scan, periodMs)
+  }
+
+  #closeAged (sc: ServerConnection): void {
+    this.#stats.agedClosed++
+    this.#log.info(`closing ${sc.remoteAddress}: it reached its maximum age of ${this.#options.maxConnectionAgeMs} ms`)
+    sc.connection.destroy()
   }
 }
 

@@ -1,0 +1,472 @@
+/**
+ * Reactors in cluster processes (issue 4): one `Server` per process, N
+ * processes sharing one listening port, supervised by the `node:cluster`
+ * primary. Kudu runs N reactor threads in one process (reference §4.4); a
+ * Node process has one event loop, so a reactor here is a process that owns
+ * its connections, its service queues and its workers.
+ *
+ * The same script runs in the primary and in every reactor: the primary's
+ * `serveReactors` forks the reactors and resolves with a `Reactors` handle;
+ * a reactor's `serveReactors` builds the server, listens, answers the
+ * primary's requests (usage, metrics, close) and never resolves.
+ *
+ * Distribution: Node 20 has no `reusePort`, so the primary accepts and hands
+ * connections to the reactors round-robin (`SCHED_RR`). On Node ≥ 22.12 on
+ * Linux each reactor binds the port itself with `SO_REUSEPORT` and the
+ * kernel spreads connections. See docs/cluster.md.
+ */
+import cluster, { type Worker } from 'node:cluster'
+import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
+import type { Server } from './server.js'
+import { consoleLogger, type Logger } from './logger.js'
+
+export interface ReactorsOptions {
+  /** Reactor processes; 1 serves in this process, without forking (the embedded default). */
+  reactors: number
+  host: string
+  /** 0 picks a free port; every reactor then serves that one port. */
+  port: number
+  /** Called in each reactor process to make its server, services registered. */
+  build: () => Server | Promise<Server>
+  /**
+   * Connections older than this (±10 % jitter) are drained and closed: calls
+   * in flight are answered, later calls on them are refused with
+   * FATAL_SERVER_SHUTTING_DOWN (which clients retry on a new connection), so
+   * long-lived clients rebalance across reactors. Default: no limit.
+   */
+  maxConnectionAgeMs?: number
+  /** Shutdown grace per reactor (`Server.close`); default 30 s. */
+  graceMs?: number
+  /** Delay before restarting a reactor that died: `baseMs × 2^(deaths − 1)`, at most `maxMs`. Default 100 ms .. 10 s. */
+  restartBackoff?: { baseMs: number, maxMs: number }
+  /** Script the reactor processes run; default `process.argv[1]`. It must call `serveReactors` with the same options. */
+  exec?: string
+  /** Arguments of that script; default `process.argv.slice(2)`. */
+  args?: string[]
+  /** Node options of the reactor processes; default this process's `execArgv` minus `--eval`/`--print`/`--input-type`. */
+  execArgv?: string[]
+  /** Forces a distribution; default `reusePort` where supported (Node ≥ 22.12 on Linux), else `round-robin`. */
+  distribution?: 'round-robin' | 'reusePort'
+  /** Supervision events (a reactor died, restarts); default: warnings and errors on stderr. */
+  logger?: Logger
+}
+
+/** The serving processes, seen from the primary (or from the one process with `reactors: 1`). */
+export interface Reactors {
+  readonly address: { host: string, port: number }
+  readonly distribution: 'round-robin' | 'reusePort' | 'single'
+  /** Every process serving: the primary first in cluster mode, then the live reactors. */
+  pids (): number[]
+  /** `process.resourceUsage()` of every serving process, the primary included, in `pids()` order. */
+  resourceUsage (): Promise<NodeJS.ResourceUsage[]>
+  /** Like `resourceUsage`, each entry with its pid (a reactor may die between two calls). */
+  processUsage (): Promise<ProcessUsage[]>
+  /** Prometheus text, summed over the reactors, plus the supervisor's own metrics. */
+  metricsText (): Promise<string>
+  /** Graceful: every reactor drains (calls in flight and queued are answered), then exits. */
+  close (): Promise<void>
+}
+
+export interface ProcessUsage { pid: number, usage: NodeJS.ResourceUsage }
+
+const DEFAULT_BACKOFF = { baseMs: 100, maxMs: 10_000 }
+/** A reactor that ran this long (or `maxMs`, if longer) before dying restarts after `baseMs` again. */
+const STABLE_AFTER_MS = 10_000
+/** A reactor still alive this long after its grace period is killed. */
+const CLOSE_KILL_AFTER_MS = 10_000
+/** How long the primary waits for a reactor's answer to a usage or metrics request. */
+const REQUEST_TIMEOUT_MS = 5000
+
+// Environment of a reactor process, set by the primary.
+const ENV_SLOT = 'NYALA_REACTOR'
+const ENV_DISTRIBUTION = 'NYALA_REACTOR_DISTRIBUTION'
+const ENV_PORT = 'NYALA_REACTOR_PORT'
+
+type ToReactor =
+  | { type: 'nyala:reactor-usage', id: number }
+  | { type: 'nyala:reactor-metrics', id: number }
+  | { type: 'nyala:reactor-close' }
+
+type FromReactor =
+  | { type: 'nyala:reactor-listening', host: string, port: number }
+  | { type: 'nyala:reactor-failed', message: string }
+  | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
+  | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
+
+/** True in a reactor process forked by `serveReactors`. */
+export function isReactorWorker (): boolean {
+  return cluster.isWorker && process.env[ENV_SLOT] !== undefined
+}
+
+/** True when `server.listen({ reusePort })` spreads connections over processes: Node ≥ 22.12 (or ≥ 23.1) on Linux. */
+export function reusePortSupported (version = process.versions.node, platform: string = process.platform): boolean {
+  const [major = 0, minor = 0] = version.split('.').map(Number)
+  const recent = major >= 24 || (major === 23 && minor >= 1) || (major === 22 && minor >= 12)
+  return recent && platform === 'linux'
+}
+
+/**
+ * Serves `build()`'s server on `host:port` in `reactors` processes. In the
+ * primary, resolves once every reactor listens (rejects if one fails to
+ * start). In a reactor process, builds and listens, and the promise never
+ * settles: the process exits when the primary closes it.
+ */
+export function serveReactors (options: ReactorsOptions): Promise<Reactors> {
+  if (isReactorWorker()) return runReactor(options)
+  if (!Number.isInteger(options.reactors) || options.reactors < 1) {
+    return Promise.reject(new RangeError(`reactors must be an integer >= 1, got ${options.reactors}`))
+  }
+  if (options.reactors === 1) return serveInProcess(options)
+  if (!cluster.isPrimary) return Promise.reject(new Error('serveReactors with reactors > 1 must run in a cluster primary'))
+  return new ClusterReactors(options).start()
+}
+
+async function serveInProcess (options: ReactorsOptions): Promise<Reactors> {
+  const server = await options.build()
+  if (options.maxConnectionAgeMs !== undefined) server.setMaxConnectionAgeMs(options.maxConnectionAgeMs)
+  const bound = await server.listen(options.port, options.host)
+  const supervisor = supervisorMetrics(() => 1)
+  let closing: Promise<void> | null = null
+  const usage = (): ProcessUsage[] => [{ pid: process.pid, usage: process.resourceUsage() }]
+  return {
+    address: { host: bound.address, port: bound.port },
+    distribution: 'single',
+    pids: () => [process.pid],
+    resourceUsage: async () => usage().map(u => u.usage),
+    processUsage: async () => usage(),
+    metricsText: async () => {
+      const metrics = [await server.metrics.registry.getMetricsAsJSON(), await supervisor.registry.getMetricsAsJSON()]
+      return await AggregatorRegistry.aggregate(metrics).metrics()
+    },
+    close: () => {
+      closing ??= server.close(options.graceMs === undefined ? {} : { graceMs: options.graceMs })
+      return closing
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The reactor process.
+
+function runReactor (options: ReactorsOptions): Promise<never> {
+  const distribution = process.env[ENV_DISTRIBUTION] === 'reusePort' ? 'reusePort' : 'round-robin'
+  const port = Number(process.env[ENV_PORT] ?? options.port)
+  let server: Server | null = null
+  let listening = false
+  let closing = false
+  const send = (message: FromReactor, then?: () => void): void => {
+    if (process.send === undefined || !process.connected) {
+      then?.()
+      return
+    }
+    process.send(message, undefined, {}, () => then?.())
+  }
+  // Drains and exits; a reactor that is not listening yet has no calls to drain.
+  const close = (): void => {
+    if (closing) return
+    closing = true
+    if (server === null || !listening) process.exit(0)
+    server.close(options.graceMs === undefined ? {} : { graceMs: options.graceMs }).then(() => process.exit(0), () => process.exit(1))
+  }
+  process.on('message', (message: ToReactor) => {
+    switch (message?.type) {
+      case 'nyala:reactor-usage':
+        send({ type: 'nyala:reactor-usage', id: message.id, usage: process.resourceUsage() })
+        break
+      case 'nyala:reactor-metrics':
+        if (server === null) send({ type: 'nyala:reactor-metrics', id: message.id, metrics: [] })
+        else {
+          server.metrics.registry.getMetricsAsJSON().then(
+            (metrics) => send({ type: 'nyala:reactor-metrics', id: message.id, metrics }),
+            () => send({ type: 'nyala:reactor-metrics', id: message.id, metrics: [] }))
+        }
+        break
+      case 'nyala:reactor-close':
+        close()
+        break
+    }
+  })
+  // A signal to the process group (Ctrl-C) reaches the reactors too; the
+  // primary's own close request then finds them draining already. A primary
+  // that died leaves its reactors without a channel: they drain and exit.
+  process.on('SIGTERM', close)
+  process.on('SIGINT', close)
+  process.on('disconnect', close)
+
+  const start = async (): Promise<void> => {
+    server = await options.build()
+    if (options.maxConnectionAgeMs !== undefined) server.setMaxConnectionAgeMs(options.maxConnectionAgeMs)
+    const bound = await server.listen(port, options.host, { reusePort: distribution === 'reusePort' })
+    listening = true
+    if (closing) {
+      closing = false
+      close()
+      return
+    }
+    send({ type: 'nyala:reactor-listening', host: bound.address, port: bound.port })
+  }
+  start().catch((err: unknown) => {
+    const message = err instanceof Error ? err.message : String(err)
+    send({ type: 'nyala:reactor-failed', message }, () => process.exit(1))
+  })
+  return new Promise<never>(() => {})
+}
+
+// ---------------------------------------------------------------------------
+// The primary: forks, supervises and closes the reactors.
+
+interface Slot {
+  readonly index: number
+  worker: Worker | null
+  startedAt: number
+  /** Deaths since the reactor last ran stably; sets the next restart delay. */
+  deaths: number
+  restartTimer: NodeJS.Timeout | null
+  /** Last failure the reactor reported before exiting. */
+  failure: string | null
+  listening: boolean
+}
+
+interface Pending { resolve: (reply: FromReactor | null) => void, timer: NodeJS.Timeout, worker: Worker }
+
+class ClusterReactors implements Reactors {
+  readonly distribution: 'round-robin' | 'reusePort'
+  readonly #options: ReactorsOptions
+  readonly #log: Logger
+  readonly #backoff: { baseMs: number, maxMs: number }
+  readonly #slots: Slot[] = []
+  readonly #pending = new Map<number, Pending>()
+  readonly #supervisor = supervisorMetrics(() => this.#slots.filter(s => s.worker !== null).length)
+  #address: { host: string, port: number } | null = null
+  #nextId = 1
+  #started: { resolve: () => void, reject: (err: Error) => void } | null = null
+  #closing: Promise<void> | null = null
+  #closed: (() => void) | null = null
+
+  constructor (options: ReactorsOptions) {
+    this.#options = options
+    this.#log = options.logger ?? consoleLogger()
+    this.#backoff = options.restartBackoff ?? DEFAULT_BACKOFF
+    this.distribution = options.distribution ?? (reusePortSupported() ? 'reusePort' : 'round-robin')
+  }
+
+  get address (): { host: string, port: number } {
+    return this.#address ?? { host: this.#options.host, port: this.#options.port }
+  }
+
+  start (): Promise<Reactors> {
+    const evaluated = process.execArgv.some(isEvalFlag)
+    const exec = this.#options.exec ?? (evaluated ? undefined : process.argv[1])
+    if (exec === undefined) {
+      return Promise.reject(new Error('serveReactors: this process runs --eval code or has no script; pass `exec`, the script the reactor processes run'))
+    }
+    // Round-robin must be chosen before the first fork; cluster freezes it then.
+    if (this.distribution === 'round-robin') cluster.schedulingPolicy = cluster.SCHED_RR
+    cluster.setupPrimary({
+      exec,
+      args: this.#options.args ?? (evaluated ? [] : process.argv.slice(2)),
+      execArgv: this.#options.execArgv ?? reactorExecArgv(process.execArgv)
+    })
+    const started = new Promise<void>((resolve, reject) => { this.#started = { resolve, reject } })
+    for (let index = 0; index < this.#options.reactors; index++) {
+      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false })
+    }
+    // With reusePort and port 0, the first reactor picks the port the others join.
+    const first = this.distribution === 'reusePort' && this.#options.port === 0 ? [this.#slots[0]!] : this.#slots
+    for (const slot of first) this.#fork(slot)
+    return started.then(() => this)
+  }
+
+  pids (): number[] {
+    const pids = [process.pid]
+    for (const slot of this.#slots) if (slot.worker?.process.pid !== undefined) pids.push(slot.worker.process.pid)
+    return pids
+  }
+
+  async resourceUsage (): Promise<NodeJS.ResourceUsage[]> {
+    return (await this.processUsage()).map(u => u.usage)
+  }
+
+  async processUsage (): Promise<ProcessUsage[]> {
+    const own: ProcessUsage = { pid: process.pid, usage: process.resourceUsage() }
+    const replies = await Promise.all(this.#live().map(async (worker) => {
+      const reply = await this.#request(worker, 'nyala:reactor-usage')
+      return reply?.type === 'nyala:reactor-usage' ? { pid: worker.process.pid!, usage: reply.usage } : null
+    }))
+    return [own, ...replies.filter((u): u is ProcessUsage => u !== null)]
+  }
+
+  async metricsText (): Promise<string> {
+    const replies = await Promise.all(this.#live().map(worker => this.#request(worker, 'nyala:reactor-metrics')))
+    const metrics: object[][] = [await this.#supervisor.registry.getMetricsAsJSON()]
+    for (const reply of replies) if (reply?.type === 'nyala:reactor-metrics') metrics.push(reply.metrics)
+    return await AggregatorRegistry.aggregate(metrics).metrics()
+  }
+
+  close (): Promise<void> {
+    if (this.#closing !== null) return this.#closing
+    this.#closing = new Promise<void>((resolve) => {
+      this.#closed = resolve
+      const killAfterMs = (this.#options.graceMs ?? 30_000) + CLOSE_KILL_AFTER_MS
+      for (const slot of this.#slots) {
+        if (slot.restartTimer !== null) clearTimeout(slot.restartTimer)
+        slot.restartTimer = null
+        const worker = slot.worker
+        if (worker === null) continue
+        send(worker, { type: 'nyala:reactor-close' })
+        setTimeout(() => {
+          if (slot.worker !== worker) return
+          this.#log.error(`reactor ${slot.index} (pid ${worker.process.pid}) still runs ${killAfterMs} ms after close; killing it`)
+          worker.process.kill('SIGKILL')
+        }, killAfterMs).unref()
+      }
+      this.#maybeClosed()
+    })
+    return this.#closing
+  }
+
+  #live (): Worker[] {
+    const workers: Worker[] = []
+    for (const slot of this.#slots) if (slot.worker !== null && slot.listening) workers.push(slot.worker)
+    return workers
+  }
+
+  #fork (slot: Slot): void {
+    slot.restartTimer = null
+    slot.failure = null
+    slot.listening = false
+    const port = this.#address !== null && this.distribution === 'reusePort' ? this.#address.port : this.#options.port
+    const worker = cluster.fork({ [ENV_SLOT]: String(slot.index), [ENV_DISTRIBUTION]: this.distribution, [ENV_PORT]: String(port) })
+    slot.worker = worker
+    slot.startedAt = Date.now()
+    worker.on('message', (message: FromReactor) => this.#onReactorMessage(slot, worker, message))
+    // IPC errors (a channel closed under a send) surface as the exit below.
+    worker.on('error', (err: Error) => this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}): ${err.message}`))
+    worker.once('exit', (code: number | null, signal: string | null) => this.#onReactorExit(slot, worker, code, signal))
+  }
+
+  #onReactorMessage (slot: Slot, worker: Worker, message: FromReactor): void {
+    switch (message?.type) {
+      case 'nyala:reactor-listening': {
+        slot.listening = true
+        this.#address ??= { host: message.host, port: message.port }
+        this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) listening on ${message.host}:${message.port}`)
+        if (this.#closing !== null) {
+          send(worker, { type: 'nyala:reactor-close' })
+          return
+        }
+        if (this.#started !== null) {
+          // reusePort with port 0: the first reactor's port is known now.
+          for (const other of this.#slots) if (other.worker === null && other.restartTimer === null && other.deaths === 0) this.#fork(other)
+          if (this.#slots.every(s => s.listening)) {
+            const started = this.#started
+            this.#started = null
+            started.resolve()
+          }
+        }
+        return
+      }
+      case 'nyala:reactor-failed':
+        slot.failure = message.message
+        return
+      case 'nyala:reactor-usage':
+      case 'nyala:reactor-metrics': {
+        const pending = this.#pending.get(message.id)
+        if (pending === undefined) return
+        this.#pending.delete(message.id)
+        clearTimeout(pending.timer)
+        pending.resolve(message)
+      }
+    }
+  }
+
+  #onReactorExit (slot: Slot, worker: Worker, code: number | null, signal: string | null): void {
+    if (slot.worker !== worker) return
+    slot.worker = null
+    slot.listening = false
+    for (const [id, pending] of this.#pending) {
+      if (pending.worker !== worker) continue
+      this.#pending.delete(id)
+      clearTimeout(pending.timer)
+      pending.resolve(null)
+    }
+    const how = signal !== null ? `was killed by ${signal}` : `exited with code ${code}`
+    const why = slot.failure === null ? '' : `: ${slot.failure}`
+    if (this.#closing !== null) {
+      this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) ${how}`)
+      this.#maybeClosed()
+      return
+    }
+    if (this.#started !== null) {
+      // Still starting: a reactor that cannot start (port in use, build threw) fails the start.
+      const started = this.#started
+      this.#started = null
+      started.reject(new Error(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} before listening${why}`))
+      void this.close()
+      return
+    }
+    const ranMs = Date.now() - slot.startedAt
+    if (ranMs >= Math.max(STABLE_AFTER_MS, this.#backoff.maxMs)) slot.deaths = 0
+    slot.deaths++
+    const delayMs = Math.min(this.#backoff.maxMs, this.#backoff.baseMs * 2 ** (slot.deaths - 1))
+    this.#supervisor.restarts.inc()
+    this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} after ${ranMs} ms${why}; restarting it in ${delayMs} ms`)
+    slot.restartTimer = setTimeout(() => this.#fork(slot), delayMs)
+  }
+
+  #maybeClosed (): void {
+    if (this.#closed === null) return
+    if (this.#slots.some(s => s.worker !== null)) return
+    const closed = this.#closed
+    this.#closed = null
+    closed()
+  }
+
+  #request (worker: Worker, type: 'nyala:reactor-usage' | 'nyala:reactor-metrics'): Promise<FromReactor | null> {
+    const id = this.#nextId++
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        this.#pending.delete(id)
+        resolve(null)
+      }, REQUEST_TIMEOUT_MS)
+      this.#pending.set(id, { resolve, timer, worker })
+      send(worker, { type, id })
+    })
+  }
+}
+
+function send (worker: Worker, message: ToReactor): void {
+  if (!worker.isConnected()) return
+  // With a callback, a send on a closing channel reports to it instead of throwing.
+  worker.send(message, undefined, () => {})
+}
+
+function isEvalFlag (arg: string): boolean {
+  return arg === '-e' || arg === '--eval' || arg === '-p' || arg === '--print' || arg.startsWith('--eval=') || arg.startsWith('--print=')
+}
+
+/** This process's Node options for a reactor that runs a script: the loaders stay, `--eval CODE` and `--input-type` go. */
+export function reactorExecArgv (execArgv: readonly string[]): string[] {
+  const out: string[] = []
+  for (let i = 0; i < execArgv.length; i++) {
+    const arg = execArgv[i]!
+    if (arg === '-e' || arg === '--eval' || arg === '-p' || arg === '--print' || arg === '--input-type') {
+      i++
+      continue
+    }
+    if (isEvalFlag(arg) || arg.startsWith('--input-type=')) continue
+    out.push(arg)
+  }
+  return out
+}
+
+interface SupervisorMetrics { registry: Registry, restarts: Counter }
+
+// The primary's own metrics, merged into the reactors' sums.
+function supervisorMetrics (reactors: () => number): SupervisorMetrics {
+  const registry = new Registry()
+  const restarts = new Counter({ name: 'nyala_reactor_restarts_total', help: 'Reactor processes restarted after they died.', registers: [registry] })
+  // eslint-disable-next-line no-new -- registered on `registry`, read when scraped
+  new Gauge({ name: 'nyala_reactors', help: 'Reactor processes running.', registers: [registry], collect () { this.set(reactors()) } })
+  return { registry, restarts }
+}
