@@ -265,17 +265,24 @@ export class Server {
       // left then get FATAL_SERVER_SHUTTING_DOWN (before connections close).
       for (const service of this.#services.values()) void service.dispatcher?.close(graceMs)
       let graceTimer: TimerHandle | null = null
-      const finish = (): void => {
+      // Drained: answers produced in this turn may still wait in the transfer
+      // queues, so each connection is ended after its queue is flushed. After
+      // the grace period they are destroyed right after the flush (a peer
+      // that does not read must not hold the shutdown).
+      const finish = (flush = true): void => {
         if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
         this.#drained = null
-        for (const sc of [...this.#connections]) sc.connection.destroy()
+        for (const sc of [...this.#connections]) {
+          if (flush) sc.connection.endAfterFlush()
+          else sc.connection.flushAndDestroy()
+        }
       }
       this.#drained = finish
       graceTimer = this.#clock.setTimer(() => {
         graceTimer = null
         const reason = new RpcError(ErrorCode.CONNECTION_CLOSED, 'server shutting down: grace period over')
         for (const sc of this.#connections) for (const call of sc.inFlight.values()) call.abort(reason)
-        finish()
+        finish(false)
       }, graceMs)
       this.#maybeDrained()
     })

@@ -144,10 +144,21 @@ export class Connection {
     this.#handler?.onClose(error)
   }
 
-  /** Writes the queued frames, then ends the socket (used after a fatal error reply). */
-  endAfterFlush (error: RpcError): void {
+  /**
+   * Hands the queued frames to the socket (the kernel takes what fits and
+   * sends it even after the close), then destroys the connection at once.
+   */
+  flushAndDestroy (error?: RpcError): void {
+    if (this.#closed) return
+    this.#queue.flushNow()
+    this.destroy(error)
+  }
+
+  /** Writes the queued frames, then ends the socket (after a fatal error reply, or a server's drained shutdown). */
+  endAfterFlush (error?: RpcError): void {
     if (this.#closed) return
     this.#decoder.stop()
+    this.#queue.flushNow()
     this.socket.end(() => this.destroy(error))
   }
 

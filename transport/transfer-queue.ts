@@ -145,6 +145,22 @@ export class TransferQueue {
     this.#drainQueue()
   }
 
+  /**
+   * Hands every queued transfer to the socket now, even while waiting for
+   * 'drain' (Node buffers what the kernel does not take): used just before
+   * the socket is ended, so that nothing already produced is lost.
+   */
+  flushNow (): void {
+    if (this.#closedError !== null) return
+    this.#held = false
+    this.#waitingDrain = false
+    const queue = this.#queue
+    while (queue.length > 0) {
+      this.#writeBatch()
+      this.#waitingDrain = false
+    }
+  }
+
   /** The socket emitted 'drain'. */
   onSocketDrain (): void {
     if (!this.#waitingDrain) return

@@ -538,7 +538,6 @@ t.test('a handler that gives up when its signal aborts answers ERROR_APPLICATION
 // calls are answered in the turn that drains the server, all but the first
 // answer are lost and their clients see RPC_ERR_CONNECTION_CLOSED. The
 // assertions that depend on it are marked todo.
-const DRAIN_BUG = 'server.close() destroys connections in the turn that answers the last call, dropping answers batched for that turn\'s flush'
 
 function answeredOnce (t: Test, server: Server): void {
   const s = server.stats()
@@ -575,7 +574,7 @@ t.test('close with a long grace: running and queued calls finish and are answere
   const outcomes = await Promise.all(queued.map(q => q.done))
   t.same(controlled.ran, ['Echo:q1', 'Echo:q2', 'Echo:q3'], 'the queued calls ran within the grace')
   t.ok(outcomes.every(o => o === 'OK' || o === ErrorCode.CONNECTION_CLOSED), `each queued call settled once (${outcomes.join(', ')})`)
-  t.same(outcomes, ['OK', 'OK', 'OK'], 'and their answers reached the client', { todo: DRAIN_BUG })
+  t.same(outcomes, ['OK', 'OK', 'OK'], 'and their answers reached the client')
   await closing
   answeredOnce(t, server)
   t.equal(metricsOf(server, 'Echo').shutdownRejected, 0)
@@ -608,7 +607,7 @@ t.test('close with a short grace: leftovers get FATAL_SERVER_SHUTTING_DOWN; ever
   t.ok(outcomes.every(o => o === SHUTTING_DOWN || o === ErrorCode.CONNECTION_CLOSED), `each leftover settled once, not run (${outcomes.join(', ')})`)
   // With a FakeClock the service's grace timer and the server's fire in one
   // advance(), so the connection also closes before the end-of-turn flush.
-  t.same(outcomes, [SHUTTING_DOWN, SHUTTING_DOWN, SHUTTING_DOWN], 'the leftovers are answered FATAL_SERVER_SHUTTING_DOWN', { todo: DRAIN_BUG })
+  t.same(outcomes, [SHUTTING_DOWN, SHUTTING_DOWN, SHUTTING_DOWN], 'the leftovers are answered FATAL_SERVER_SHUTTING_DOWN')
   const runningOutcome = await running.done
   t.not(runningOutcome, 'OK', `the running call's connection is closed under it (${runningOutcome})`)
   await closing
@@ -627,7 +626,7 @@ t.test('close with no worker and grace 0: every queued call is refused FATAL_SER
   const closing = server.close({ graceMs: 0 })
   const outcomes = await Promise.all(calls.map(c => c.done))
   t.ok(outcomes.every(o => o === SHUTTING_DOWN || o === ErrorCode.CONNECTION_CLOSED), `each settled once (${outcomes.join(', ')})`)
-  t.same(outcomes, [SHUTTING_DOWN, SHUTTING_DOWN, SHUTTING_DOWN], 'all answered FATAL_SERVER_SHUTTING_DOWN', { todo: DRAIN_BUG })
+  t.same(outcomes, [SHUTTING_DOWN, SHUTTING_DOWN, SHUTTING_DOWN], 'all answered FATAL_SERVER_SHUTTING_DOWN')
   await closing
   answeredOnce(t, server)
   t.equal(metricsOf(server, 'Add').shutdownRejected, 3)
