@@ -1,3 +1,4 @@
+import { lookup } from 'node:dns/promises'
 import { connect as netConnect } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
@@ -5,6 +6,7 @@ import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, p
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { Balancer, type Address, type BalancePolicy, type Slot } from './balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
 import { Connection, type ConnectionStats } from '../transport/connection.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
@@ -73,9 +75,22 @@ export interface CallResult<Res> {
 /** `host:port`, or its parts. */
 export type Endpoint = string | { host: string, port: number }
 
+/** One endpoint, or several to balance calls over. */
+export type Target = Endpoint | readonly Endpoint[]
+
 export interface ClientOptions {
-  /** The endpoint stubs use when none is named. */
-  endpoint?: Endpoint
+  /** The endpoint (or endpoints, balanced) stubs use when none is named. */
+  endpoint?: Target
+  /**
+   * Connections per endpoint (default 1). Above 1, or with several
+   * endpoints, each call picks a connection by `balance`; against a
+   * `nyala serve --reactors N` server, N or more connections load every reactor.
+   */
+  connectionsPerEndpoint?: number
+  /** How a balanced call picks its connection; default `p2c` (power of two choices on calls outstanding). */
+  balance?: BalancePolicy
+  /** Resolve each endpoint's host name to all its addresses (DNS) and balance over them; re-resolved every 30 s. */
+  resolveAll?: boolean
   /** SASL PLAIN user and password sent in negotiation. */
   user?: string
   password?: string
@@ -172,6 +187,9 @@ class ClientConnection {
   nextCallId = 0
   closed = false
   retired = false
+  /** The balancer slot this connection fills, if balanced. */
+  slot: Slot | null = null
+  balancer: Balancer | null = null
 
   constructor (key: string, connection: Connection) {
     this.key = key
@@ -215,6 +233,7 @@ export class Client {
   readonly #connections = new Map<string, ClientConnection>()
   readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
   readonly #endpoints = new Map<string, { host: string, port: number }>()
+  readonly #balancers = new Map<string, BalancedTarget>()
   readonly #onSentHook = (call: OutboundCall, error: RpcError | undefined): void => this.#onSent(call, error)
   #closed = false
   readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
@@ -234,7 +253,7 @@ export class Client {
   }
 
   /** A typed stub for `def` at `endpoint` (default: the client's endpoint). */
-  service<M extends MethodMap> (def: ServiceDef<M>, endpoint?: Endpoint): Stub<M> {
+  service<M extends MethodMap> (def: ServiceDef<M>, endpoint?: Target): Stub<M> {
     const target = endpoint ?? this.#options.endpoint
     if (target === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: pass one to service() or to the Client')
     const stub: Record<string, (request: unknown, options?: CallOptions) => Promise<unknown>> = {}
@@ -245,7 +264,7 @@ export class Client {
   }
 
   /** Calls `service.method` at `endpoint`; resolves with the response and its sidecars. */
-  call<Res = Message> (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
+  call<Res = Message> (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
     if (this.#retry !== null && options.retry !== false) return this.#callWithRetries(endpoint, def, method, request, options) as Promise<CallResult<Res>>
     return new Promise<CallResult<Message>>((resolve, reject) => {
       this.#start(endpoint, def, method, request, options, resolve, reject)
@@ -261,7 +280,7 @@ export class Client {
   // Attempts until one succeeds, fails for good, or the original deadline,
   // attempts or budget run out. Each attempt's timeout is what is left of
   // the deadline set here, once.
-  async #callWithRetries (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions): Promise<CallResult<Message>> {
+  async #callWithRetries (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions): Promise<CallResult<Message>> {
     const retry = this.#retry!
     const clock = this.#clock
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
@@ -331,21 +350,41 @@ export class Client {
     for (const cc of [...this.#connections.values()]) this.#failConnection(cc, error)
   }
 
-  #start (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions,
+  #start (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions,
     resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
     this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject)
   }
 
-  #attempt (endpoint: Endpoint, def: ServiceDef, method: string, request: Message, options: CallOptions, timeoutMs: number,
+  #attempt (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions, timeoutMs: number,
     resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
     if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
     const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[method]
     if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`), false)
     let target: { host: string, port: number }
+    let key: string
+    let slot: Slot | undefined
+    let balanced: BalancedTarget | null = null
     let body: Uint8Array
     try {
-      target = parseEndpoint(endpoint, this.#endpoints)
+      balanced = this.#balancedTarget(endpoint)
+      if (balanced === null) {
+        target = parseEndpoint(endpoint as Endpoint, this.#endpoints)
+        key = typeof endpoint === 'string' ? endpoint : `${target.host}:${target.port}`
+      } else {
+        if (balanced.resolving !== null) {
+          // Names still resolving: this attempt starts once they are known.
+          balanced.resolving.then(
+            () => this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject),
+            (error: RpcError) => reject(error, false))
+          return
+        }
+        balanced.refresh()
+        slot = balanced.balancer.pick()
+        if (slot === undefined) throw new RpcError(ErrorCode.CONNECT_FAILED, `no address for ${balanced.name}`)
+        target = slot.address
+        key = slot.key
+      }
       body = methodDef.requestType.encode(request)
     } catch (err) {
       return reject(err as RpcError, false)
@@ -362,7 +401,11 @@ export class Client {
     }
     if (timeoutMs > 0) call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
 
-    const cc = this.#connectionFor(target, typeof endpoint === 'string' ? endpoint : `${target.host}:${target.port}`)
+    const cc = this.#connectionFor(target, key)
+    if (slot !== undefined && cc.slot === null) {
+      cc.slot = slot
+      cc.balancer = balanced!.balancer
+    }
     call.conn = cc
     if (cc.closed) return this.#finishError(call, cc.connection.closeError ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
     const callId = cc.takeCallId()
@@ -388,6 +431,30 @@ export class Client {
     call.sentHook = this.#onSentHook
     const accepted = cc.connection.send(call)
     if (!accepted) this.#finishError(call, new RpcError(ErrorCode.QUEUE_FULL, `${label}: the connection's outbound queue is full`))
+  }
+
+  // The balancer for `endpoint`, or null when calls to it use one plain connection.
+  #balancedTarget (endpoint: Target): BalancedTarget | null {
+    const perEndpoint = this.#options.connectionsPerEndpoint ?? 1
+    const resolveAll = this.#options.resolveAll === true
+    const list = Array.isArray(endpoint)
+    if (!list && perEndpoint === 1 && !resolveAll) return null
+    const endpoints = (list ? endpoint : [endpoint]) as readonly Endpoint[]
+    const name = endpoints.map((e) => typeof e === 'string' ? e : `${e.host}:${e.port}`).join(',')
+    let balanced = this.#balancers.get(name)
+    if (balanced === undefined) {
+      const parsed = endpoints.map((e) => parseEndpoint(e, this.#endpoints))
+      if (parsed.length === 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: the list is empty')
+      const balancer = new Balancer(resolveAll ? [] : parsed, {
+        connectionsPerEndpoint: perEndpoint,
+        policy: this.#options.balance ?? 'p2c',
+        clock: this.#clock,
+        outstanding: (slot) => this.#connections.get(slot.key)?.outstanding.size ?? 0
+      })
+      balanced = new BalancedTarget(name, balancer, resolveAll ? parsed : null, this.#clock)
+      if (this.#balancers.size < 1024) this.#balancers.set(name, balanced)
+    }
+    return balanced
   }
 
   #remoteMethod (service: string, methodDef: MethodDef<Message, Message>): Buffer {
@@ -420,6 +487,8 @@ export class Client {
     connection.attach({
       onFrame: (frame) => this.#onFrame(cc, frame),
       onClose: (error) => {
+        // A connection that never negotiated marks its slot as failing, so balanced calls skip it for a while.
+        if (cc.negotiated === null && cc.slot !== null && error !== undefined) cc.balancer?.failed(cc.slot)
         const reason = !connected && error !== undefined && error.code === ErrorCode.CONNECTION_CLOSED
           ? new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
           : error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${key} closed`)
@@ -441,6 +510,7 @@ export class Client {
     }).then((negotiated) => {
       this.#clock.clearTimer(timer)
       cc.negotiated = negotiated
+      if (cc.slot !== null) cc.balancer?.succeeded(cc.slot)
     }, () => {
       this.#clock.clearTimer(timer)
     })
@@ -570,4 +640,51 @@ function isRetryable (error: RpcError, sent: boolean, idempotent: boolean): bool
   if (!NOT_SENT_LOCAL.has(error.code)) return false
   // A request that reached the socket may have run: only idempotent methods go again.
   return !sent || idempotent
+}
+
+const RESOLVE_EVERY_MS = 30_000
+
+/** A balanced target: its balancer, and the DNS names it re-resolves. */
+class BalancedTarget {
+  readonly name: string
+  readonly balancer: Balancer
+  /** Set while the names are resolved for the first time; calls wait on it. */
+  resolving: Promise<void> | null = null
+  readonly #names: Address[] | null
+  readonly #clock: Clock
+  #resolvedAt = 0
+  #refreshing = false
+
+  constructor (name: string, balancer: Balancer, names: Address[] | null, clock: Clock) {
+    this.name = name
+    this.balancer = balancer
+    this.#names = names
+    this.#clock = clock
+    if (names !== null) {
+      this.resolving = this.#resolve().then(() => { this.resolving = null }, (error: unknown) => {
+        this.resolving = null
+        throw error
+      })
+    }
+  }
+
+  /** Re-resolves the names in the background once they are older than 30 s; calls go on with the old addresses meanwhile. */
+  refresh (): void {
+    if (this.#names === null || this.#refreshing || this.#clock.now() - this.#resolvedAt < RESOLVE_EVERY_MS) return
+    this.#refreshing = true
+    this.#resolve().catch(() => {}).finally(() => { this.#refreshing = false })
+  }
+
+  async #resolve (): Promise<void> {
+    const addresses: Address[] = []
+    for (const { host, port } of this.#names!) {
+      try {
+        for (const found of await lookup(host, { all: true })) addresses.push({ host: found.address, port })
+      } catch (err) {
+        throw new RpcError(ErrorCode.CONNECT_FAILED, `cannot resolve ${host}: ${(err as Error).message}`, { cause: err })
+      }
+    }
+    this.#resolvedAt = this.#clock.now()
+    this.balancer.setAddresses(addresses)
+  }
 }
