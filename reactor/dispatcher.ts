@@ -20,6 +20,13 @@ export interface DispatcherOptions {
   metrics: ReadonlyMap<string, MethodMetrics>
   /** Calls held back while a burst is absorbed (see below); default 4096. */
   burstLimit?: number | undefined
+  /**
+   * How long the workers may go without finishing a call before held calls
+   * are judged; default: one event-loop turn. Thread mode sets a few ms:
+   * threads answer through messages, so turns without a completion are
+   * normal while they work (see `progressed`).
+   */
+  holdWindowMs?: number | undefined
 }
 
 /**
@@ -37,6 +44,11 @@ export interface DispatcherOptions {
  * progress is the service overloaded, and the held calls are judged by the
  * queue (TOO_BUSY, or eviction of a later deadline). The judgement thus comes
  * at most one turn late, and only under saturation.
+ *
+ * Worker threads (thread mode) finish calls between turns, not within them,
+ * so there the judgement waits `holdWindowMs` without a completion instead
+ * of one turn, and each completion (`progressed`) feeds held calls into the
+ * room it left, after the pool has taken its next call.
  */
 export class ServiceDispatcher {
   readonly pool: WorkerPool<InboundCall>
@@ -47,10 +59,18 @@ export class ServiceDispatcher {
   #checkScheduled = false
   #progressMark = 0
   readonly #check = (): void => this.#offerHeld()
+  readonly #holdWindowMs: number | undefined
+  #feedScheduled = false
+  readonly #feed = (): void => {
+    this.#feedScheduled = false
+    const held = this.#held
+    while (held.length > 0 && !this.pool.saturated()) this.pool.submit(held.shift()!)
+  }
 
   constructor (options: DispatcherOptions) {
     this.#clock = options.clock
     this.#burstLimit = options.burstLimit ?? 4096
+    this.#holdWindowMs = options.holdWindowMs
     this.#metrics = options.metrics
     const reject = options.reject
     this.pool = new WorkerPool<InboundCall>({
@@ -78,11 +98,23 @@ export class ServiceDispatcher {
       if (!this.#checkScheduled) {
         this.#checkScheduled = true
         this.#progressMark = this.pool.completed
-        this.#clock.defer(this.#check)
+        this.#scheduleCheck()
       }
       return
     }
     this.pool.submit(call)
+  }
+
+  /** A worker finished a call outside the pool's turn (thread mode): held calls take its room once the pool has moved on. */
+  progressed (): void {
+    if (this.#held.length === 0 || this.#feedScheduled) return
+    this.#feedScheduled = true
+    this.#clock.defer(this.#feed)
+  }
+
+  #scheduleCheck (): void {
+    if (this.#holdWindowMs === undefined) this.#clock.defer(this.#check)
+    else this.#clock.setTimer(this.#check, this.#holdWindowMs)
   }
 
   /** Stops taking calls: held calls are judged now, queued ones drain within `graceMs`, the rest get FATAL_SERVER_SHUTTING_DOWN. */
@@ -101,7 +133,7 @@ export class ServiceDispatcher {
       // Workers are getting through the burst: keep holding.
       this.#progressMark = pool.completed
       this.#checkScheduled = true
-      this.#clock.defer(this.#check)
+      this.#scheduleCheck()
       return
     }
     // A whole turn without progress: this is overload, not a burst.

@@ -10,6 +10,7 @@ import { Connection, type ConnectionStats, type Handshake } from '../transport/c
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall, type CallContext } from './inbound-call.js'
+import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
 import { ServerMetrics, type MethodMetrics } from './metrics.js'
 import { type Logger, silentLogger } from './logger.js'
 
@@ -65,7 +66,20 @@ export interface AddServiceOptions {
   queueLength?: number
   /** Overrides the server's `queue` discipline for this service. */
   queue?: QueueDiscipline
+  /**
+   * Worker-thread mode (issue 3): the handlers run in this many
+   * `worker_threads` threads, each loading the module given in place of the
+   * handler object. The threads are the service's workers (`workers` is
+   * ignored): same queue, LIFO parking and hand-off. Always pooled, also
+   * under `scheduler: 'direct'`. See docs/threads.md.
+   */
+  threads?: number
 }
+
+/** `addService` options of a thread-mode service. */
+export type ThreadServiceOptions = AddServiceOptions & { threads: number }
+
+export type { HandlerModule, ThreadPoolStats }
 
 interface RegisteredService {
   def: ServiceDef
@@ -74,6 +88,8 @@ interface RegisteredService {
   metrics: ReadonlyMap<string, MethodMetrics>
   /** null in `direct` mode. */
   dispatcher: ServiceDispatcher | null
+  /** The service's threads in thread mode; else null. */
+  threads: ThreadPool | null
 }
 
 /** Counters of one open connection of the server (`Server.connectionStats`). */
@@ -100,6 +116,8 @@ const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_WORKERS = 10
 const DEFAULT_QUEUE_LENGTH = 50
+/** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
+const THREAD_HOLD_WINDOW_MS = 10
 /** A retired connection that stays busy is closed this long after retirement once no call is in flight. */
 const RETIRE_QUIET_LIMIT_MS = 5000
 
@@ -145,6 +163,7 @@ export class Server {
   #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0 }
   readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
+  readonly #threadPools: ThreadPool[] = []
 
   constructor (options: ServerOptions = {}) {
     this.#options = {
@@ -161,34 +180,68 @@ export class Server {
     this.#net.on('error', (err) => this.#log.error(`listener error: ${err.message}`))
   }
 
-  /** Registers a service's handlers; the service is then served on every connection. */
-  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M>, options: AddServiceOptions = {}): this {
+  /**
+   * Registers a service's handlers; the service is then served on every
+   * connection. With `{ threads: N }` the second argument names a module
+   * (`{ module, export?, serviceExport? }`) that each of N worker threads
+   * loads; `listen()` then waits until every thread has loaded it.
+   */
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M>, options?: AddServiceOptions): this
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: HandlerModule, options: ThreadServiceOptions): this
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M> | HandlerModule, options: AddServiceOptions = {}): this {
     if (this.#services.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
-    for (const name of Object.keys(def.methods)) {
-      if (typeof (handlers as Record<string, unknown>)[name] !== 'function') {
-        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
+    const threaded = options.threads !== undefined
+    const isModule = typeof (handlers as Partial<HandlerModule>).module === 'string' || (handlers as Partial<HandlerModule>).module instanceof URL
+    if (threaded !== isModule) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, threaded
+        ? `${def.fullName}: thread mode takes { module, export? } in place of the handler object`
+        : `${def.fullName}: a handler module needs the threads option`)
+    }
+    if (!threaded) {
+      for (const name of Object.keys(def.methods)) {
+        if (typeof (handlers as Record<string, unknown>)[name] !== 'function') {
+          throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
+        }
       }
     }
-    const workers = options.workers ?? this.#options.workers ?? DEFAULT_WORKERS
+    const threads = threaded
+      ? new ThreadPool({ threads: options.threads!, handlers: handlers as HandlerModule, service: def.fullName, methods: Object.keys(def.methods), clock: this.#clock, logger: this.#log })
+      : null
+    const pooled = !this.#direct || threads !== null
+    const workers = threads !== null ? options.threads! : options.workers ?? this.#options.workers ?? DEFAULT_WORKERS
     const queueLength = options.queueLength ?? this.#options.queueLength ?? DEFAULT_QUEUE_LENGTH
     const discipline = options.queue ?? this.#options.queue ?? 'edf'
     let dispatcher: ServiceDispatcher | null = null
     const metrics = this.metrics.addService(def.fullName, Object.keys(def.methods), {
-      workers: this.#direct ? 0 : workers,
+      workers: pooled ? workers : 0,
       queueLength: () => dispatcher?.pool.queueLength ?? 0,
       idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
     })
-    if (!this.#direct) {
-      dispatcher = new ServiceDispatcher({ workers, queueLength, discipline, clock: this.#clock, run: this.#run, reject: this.#reject, metrics })
+    if (pooled) {
+      const run = threads === null ? this.#run : (call: InboundCall, worker: number) => this.#runInThread(call as ThreadCall, worker, threads, dispatcher!)
+      dispatcher = new ServiceDispatcher({
+        workers, queueLength, discipline, clock: this.#clock, run, reject: this.#reject, metrics,
+        holdWindowMs: threads === null ? undefined : THREAD_HOLD_WINDOW_MS
+      })
     }
+    if (threads !== null) this.#threadPools.push(threads)
     this.#services.set(def.fullName, {
       def: def as unknown as ServiceDef,
-      handlers: handlers as unknown as Record<string, Handler<Message, Message>>,
+      // In thread mode the handlers live in the threads; every method is known here.
+      handlers: threads === null
+        ? handlers as unknown as Record<string, Handler<Message, Message>>
+        : Object.fromEntries(Object.keys(def.methods).map(name => [name, inThread])),
       featureFlags: new Set(options.supportedFeatureFlags ?? []),
       metrics,
-      dispatcher
+      dispatcher,
+      threads
     })
     return this
+  }
+
+  /** Counters of a thread-mode service's threads (per-thread handled calls, restarts); undefined for other services. */
+  threadStats (service: string): ThreadPoolStats | undefined {
+    return this.#services.get(service)?.threads?.stats()
   }
 
   /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
@@ -204,16 +257,24 @@ export class Server {
 
   /**
    * Starts listening; resolves with the bound address (the real port when
-   * `port` is 0). Loopback by default. `reusePort` (Node ≥ 22.12) binds this
-   * process's own socket with SO_REUSEPORT, also in a cluster worker (see
-   * reactor/cluster.ts).
+   * `port` is 0). Loopback by default. With thread-mode services, first waits
+   * until their threads have loaded the handler module, and rejects if one
+   * could not. `reusePort` (Node ≥ 22.12) binds this process's own socket
+   * with SO_REUSEPORT, also in a cluster worker (see reactor/cluster.ts).
    */
   listen (port = 0, host = '127.0.0.1', options: { reusePort?: boolean } = {}): Promise<AddressInfo> {
+    if (this.#threadPools.length > 0) {
+      return Promise.all(this.#threadPools.map(pool => pool.ready)).then(() => this.#listen(port, host, options.reusePort === true))
+    }
+    return this.#listen(port, host, options.reusePort === true)
+  }
+
+  #listen (port: number, host: string, reusePort: boolean): Promise<AddressInfo> {
     return new Promise((resolve, reject) => {
       const onError = (err: Error): void => reject(err)
       this.#net.once('error', onError)
       // `reusePort` is not in Node 20's types; `exclusive` keeps a cluster worker from sharing the primary's handle.
-      const listenOptions = options.reusePort === true ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
+      const listenOptions = reusePort ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
       this.#net.listen(listenOptions, () => {
         this.#net.off('error', onError)
         this.#armIdleScan()
@@ -249,11 +310,12 @@ export class Server {
    * Stops accepting, answers calls that arrive from now on with
    * FATAL_SERVER_SHUTTING_DOWN, lets calls in flight finish (up to `graceMs`,
    * default 30 s; then their signals abort and their connections close), and
-   * resolves when every connection is closed.
+   * resolves when every connection is closed (and worker threads, if any,
+   * have been terminated).
    */
   close (options: { graceMs?: number } = {}): Promise<void> {
     if (this.#closing !== null) return this.#closing
-    this.#closing = new Promise<void>((resolve) => {
+    const closed = new Promise<void>((resolve) => {
       const graceMs = options.graceMs ?? 30_000
       this.#net.close(() => resolve())
       if (this.#idleTimer !== null) this.#clock.clearTimer(this.#idleTimer)
@@ -286,6 +348,9 @@ export class Server {
       }, graceMs)
       this.#maybeDrained()
     })
+    this.#closing = this.#threadPools.length === 0
+      ? closed
+      : closed.then(() => Promise.all(this.#threadPools.map(pool => pool.close()))).then(() => undefined)
     return this.#closing
   }
 
@@ -384,23 +449,40 @@ export class Server {
       const unsupported = required.filter(flag => !service.featureFlags.has(flag))
       if (unsupported.length > 0) return reply(KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
     }
-    const request = methodDef.requestType.decode(parsed.message)
-    if (request instanceof RpcError) {
-      return reply(KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
+    let call: InboundCall
+    if (service.threads === null) {
+      const request = methodDef.requestType.decode(parsed.message)
+      if (request instanceof RpcError) {
+        return reply(KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
+      }
+      call = new InboundCall({
+        service: remote.service_name,
+        method: remote.method_name,
+        callId,
+        user: sc.negotiated?.user ?? '',
+        remoteAddress: sc.remoteAddress,
+        receivedAt,
+        timeoutMs: header.timeout_millis ?? 0,
+        sidecars: parsed.sidecars,
+        methodDef,
+        request,
+        clock: this.#clock
+      })
+    } else {
+      // Thread mode: the thread decodes the request from the frame's bytes.
+      call = new ThreadCall({
+        service: remote.service_name,
+        method: remote.method_name,
+        callId,
+        user: sc.negotiated?.user ?? '',
+        remoteAddress: sc.remoteAddress,
+        receivedAt,
+        timeoutMs: header.timeout_millis ?? 0,
+        sidecars: parsed.sidecars,
+        methodDef,
+        clock: this.#clock
+      }, frame, parsed.message)
     }
-    const call = new InboundCall({
-      service: remote.service_name,
-      method: remote.method_name,
-      callId,
-      user: sc.negotiated?.user ?? '',
-      remoteAddress: sc.remoteAddress,
-      receivedAt,
-      timeoutMs: header.timeout_millis ?? 0,
-      sidecars: parsed.sidecars,
-      methodDef,
-      request,
-      clock: this.#clock
-    })
     call.owner = sc
     sc.inFlight.set(callId, call)
     if (service.dispatcher === null) this.#runHandler(call)
@@ -440,6 +522,22 @@ export class Server {
     return undefined
   }
 
+  // Runs the call in thread `worker` of the service's pool; the promise
+  // settles once the call is answered, which releases that thread's slot.
+  #runInThread (call: ThreadCall, worker: number, pool: ThreadPool, dispatcher: ServiceDispatcher): Promise<void> | undefined {
+    if (call.owner === null) return undefined
+    const service = this.#services.get(call.service)!
+    const now = this.#clock.now()
+    call.handledAt = now
+    call.metrics = service.metrics.get(call.method)!
+    call.metrics.queueTime.observe(now - call.receivedAt)
+    return pool.run(call, worker).then((result: ThreadResult) => {
+      if (result.error === undefined) this.#respondEncoded(call, result.body, result.sidecars)
+      else this.#respondError(call, result.error.krpcCode, result.error.message)
+      dispatcher.progressed()
+    })
+  }
+
   #handlerFailed (call: InboundCall, err: unknown): void {
     if (err instanceof RpcError && err.krpcCode !== undefined) {
       this.#respondError(call, err.krpcCode, stripCodePrefix(err.message))
@@ -456,6 +554,25 @@ export class Server {
     try {
       const body = call.methodDef.responseType.encode(response)
       slices = encodeResponseFrame(call.callId, false, body, call.responseSidecars)
+    } catch (err) {
+      this.#stats.callsFailed++
+      this.#send(sc, encodeErrorFrame(call.callId, KrpcCode.ERROR_APPLICATION,
+        `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`))
+      this.#maybeDrained()
+      return
+    }
+    this.#stats.callsSucceeded++
+    this.#send(sc, slices)
+    this.#maybeDrained()
+  }
+
+  // Answers a call whose response a worker thread has encoded already.
+  #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined): void {
+    const sc = this.#release(call)
+    if (sc === undefined) return
+    let slices: Buffer[]
+    try {
+      slices = encodeResponseFrame(call.callId, false, body, sidecars)
     } catch (err) {
       this.#stats.callsFailed++
       this.#send(sc, encodeErrorFrame(call.callId, KrpcCode.ERROR_APPLICATION,
@@ -542,6 +659,11 @@ export class Server {
     this.#log.info(`closing ${sc.remoteAddress}: it reached its maximum age of ${this.#options.maxConnectionAgeMs} ms`)
     sc.connection.destroy()
   }
+}
+
+// Stands for a thread-mode service's handlers on the main thread; never called.
+function inThread (): never {
+  throw new Error('thread-mode handlers run in worker threads')
 }
 
 function stripCodePrefix (message: string): string {

@@ -1,0 +1,304 @@
+/**
+ * The main side of the worker-thread handler mode (issue 3): N
+ * `worker_threads` threads, each with the service's handler module loaded
+ * (`thread-worker.ts`), serving as the N workers of the service's
+ * `WorkerPool`. The pool's EDF queue, LIFO parking, direct hand-off and the
+ * dispatcher's burst absorption therefore apply unchanged: `run(call, i)`
+ * posts the call to thread i and settles when its answer is back.
+ *
+ * Bytes cross without copying where that is safe. A request frame longer
+ * than one socket read was assembled by the frame decoder in a buffer of its
+ * own, so that whole buffer is transferred; a smaller frame is a view of the
+ * socket's read buffer, shared with its neighbours, and its body (message
+ * plus sidecars, contiguous) is copied once into a fresh buffer, which is
+ * transferred. The thread transfers the encoded response (and any request
+ * sidecars it echoes) back.
+ */
+import { existsSync } from 'node:fs'
+import { isAbsolute, resolve as resolvePath } from 'node:path'
+import { fileURLToPath, pathToFileURL } from 'node:url'
+import { Worker } from 'node:worker_threads'
+import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
+import type { Message } from '../codec/schema.js'
+import type { Clock } from '../scheduling/clock.js'
+import { InboundCall } from './inbound-call.js'
+import type { Logger } from './logger.js'
+import type { ThreadCallMessage, ThreadCancelMessage, ThreadReply, ThreadStatus, ThreadWorkerData } from './thread-worker.js'
+
+/** Where a thread-mode service's handlers come from. */
+export interface HandlerModule {
+  /** The module's URL (`new URL('./handlers.js', import.meta.url)`), or a file path (relative: to the working directory). */
+  module: string | URL
+  /** The export holding the handler object; default `handlers`. */
+  export?: string | undefined
+  /** The export holding the ServiceDef; default: the export whose `fullName` is the service's. */
+  serviceExport?: string | undefined
+}
+
+/** Counters of one service's threads. */
+export interface ThreadPoolStats {
+  threads: number
+  /** Threads running now (not exited, not failed to load). */
+  alive: number
+  /** Threads with a call on them now. */
+  busy: number
+  /** Calls answered by each thread (index = worker index); LIFO parking concentrates them on low indexes. */
+  handled: number[]
+  /** Threads started again after one exited or crashed. */
+  restarts: number
+  /** Requests whose frame buffer was moved to the thread without a copy. */
+  requestsMoved: number
+  /** Bytes copied out of shared read buffers for the other requests. */
+  requestBytesCopied: number
+}
+
+/** A thread's answer: the encoded response, or an error to send. */
+export type ThreadResult =
+  | { body: Uint8Array, sidecars: Uint8Array[] | undefined, error?: undefined }
+  | { error: { message: string, krpcCode: number } }
+
+/** Read size at or under which a frame may be a view of the socket's read buffer (libuv reads at most 64 KiB). */
+const SOCKET_READ_BYTES = 64 * 1024
+
+const NO_REQUEST: Message = Object.freeze({}) as Message
+
+/**
+ * A call for a thread-mode service: its request stays undecoded (the thread
+ * decodes it) and aborting it also cancels it in its thread.
+ */
+export class ThreadCall extends InboundCall {
+  /** The whole request frame and the request message within it; null once posted. */
+  frame: Buffer | null
+  message: Buffer | null
+  /** Set while the call is in a thread. Internal. */
+  onAbort: ((reason: RpcError) => void) | null = null
+  #aborted = false
+
+  constructor (fields: Omit<ConstructorParameters<typeof InboundCall>[0], 'request'>, frame: Buffer, message: Buffer) {
+    super({ ...fields, request: NO_REQUEST })
+    this.frame = frame
+    this.message = message
+  }
+
+  override abort (reason: RpcError): void {
+    super.abort(reason)
+    if (this.#aborted) return
+    this.#aborted = true
+    this.onAbort?.(reason)
+  }
+}
+
+/** The compiled worker entry beside this file, or the TypeScript source when running from sources (its loader is inherited through execArgv). */
+function workerEntry (): URL {
+  const js = new URL('./thread-worker.js', import.meta.url)
+  if (existsSync(fileURLToPath(js))) return js
+  return new URL('./thread-worker.ts', import.meta.url)
+}
+
+/** A module reference as a URL string. */
+export function moduleHref (module: string | URL): string {
+  if (module instanceof URL) return module.href
+  if (/^[a-z][a-z0-9+.-]*:/i.test(module) && !/^[a-z]:[\\/]/i.test(module)) return module
+  return pathToFileURL(isAbsolute(module) ? module : resolvePath(module)).href
+}
+
+interface Slot {
+  readonly index: number
+  worker: Worker | null
+  /** Loaded its module at least once. */
+  loaded: boolean
+  /** Why the module could not be loaded; such a thread is not restarted. */
+  failed: string | null
+  lastError: string | null
+  seq: number
+  call: ThreadCall | null
+  settle: ((result: ThreadResult) => void) | null
+  handled: number
+}
+
+export interface ThreadPoolOptions {
+  threads: number
+  handlers: HandlerModule
+  /** `package.Service` and its method names. */
+  service: string
+  methods: string[]
+  clock: Clock
+  logger: Logger
+}
+
+/** N threads running one service's handlers, one call per thread at a time. */
+export class ThreadPool {
+  /** Resolves once every thread has loaded the handler module; rejects with the first load failure. */
+  readonly ready: Promise<void>
+  readonly #slots: Slot[] = []
+  readonly #entry = workerEntry()
+  readonly #data: Omit<ThreadWorkerData, 'index'>
+  readonly #clock: Clock
+  readonly #log: Logger
+  readonly #readyWaiters: Array<{ resolve: () => void, reject: (err: Error) => void }> = []
+  #restarts = 0
+  #moved = 0
+  #copied = 0
+  #closing: Promise<void> | null = null
+
+  constructor (options: ThreadPoolOptions) {
+    const { threads } = options
+    if (!Number.isSafeInteger(threads) || threads < 1) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `threads must be a positive integer, got ${threads}`)
+    }
+    this.#clock = options.clock
+    this.#log = options.logger
+    this.#data = {
+      nyalaThread: true,
+      module: moduleHref(options.handlers.module),
+      handlersExport: options.handlers.export ?? 'handlers',
+      serviceExport: options.handlers.serviceExport,
+      service: options.service,
+      methods: options.methods
+    }
+    const loads: Array<Promise<void>> = []
+    for (let index = 0; index < threads; index++) {
+      const slot: Slot = { index, worker: null, loaded: false, failed: null, lastError: null, seq: 0, call: null, settle: null, handled: 0 }
+      this.#slots.push(slot)
+      loads.push(new Promise<void>((resolve, reject) => { this.#readyWaiters[index] = { resolve, reject } }))
+      this.#start(slot)
+    }
+    this.ready = Promise.all(loads).then(() => undefined)
+    // A load failure is reported through `ready` (Server.listen awaits it); never as an unhandled rejection.
+    this.ready.catch(() => {})
+  }
+
+  stats (): ThreadPoolStats {
+    let alive = 0
+    let busy = 0
+    for (const slot of this.#slots) {
+      if (slot.worker !== null && slot.failed === null) alive++
+      if (slot.settle !== null) busy++
+    }
+    return { threads: this.#slots.length, alive, busy, handled: this.#slots.map(s => s.handled), restarts: this.#restarts,
+      requestsMoved: this.#moved, requestBytesCopied: this.#copied
+    }
+  }
+
+  /**
+   * Runs `call` on thread `worker`; resolves with its answer (never rejects).
+   * The worker pool guarantees one call per worker at a time.
+   */
+  run (call: ThreadCall, worker: number): Promise<ThreadResult> {
+    const slot = this.#slots[worker]!
+    const frame = call.frame
+    const message = call.message
+    call.frame = null
+    call.message = null
+    if (slot.failed !== null || slot.worker === null || frame === null || message === null) {
+      const why = slot.failed ?? (slot.worker === null ? 'the server is shutting down' : 'the request was already handled')
+      return Promise.resolve({ error: { message: `cannot run ${call.service}.${call.method} in worker thread ${worker}: ${why}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
+    }
+    const seq = ++slot.seq
+    const sidecars = call.sidecars
+    const start = message.byteOffset
+    const last = sidecars.length > 0 ? sidecars[sidecars.length - 1]! : message
+    const end = last.byteOffset + last.byteLength
+    let buf: ArrayBuffer
+    let at: number
+    if (frame.length > SOCKET_READ_BYTES && frame.byteOffset === 0 && frame.byteLength === frame.buffer.byteLength && frame.buffer instanceof ArrayBuffer) {
+      // Assembled by the frame decoder in a buffer of its own: move it.
+      buf = frame.buffer
+      at = start
+      this.#moved++
+    } else {
+      // A view of a buffer shared with other frames: copy the body out (unpooled, so it can move).
+      const copy = Buffer.allocUnsafeSlow(end - start)
+      copy.set(frame.subarray(start - frame.byteOffset, end - frame.byteOffset))
+      buf = copy.buffer as ArrayBuffer
+      at = 0
+      this.#copied += end - start
+    }
+    const m: ThreadCallMessage = {
+      seq,
+      method: call.method,
+      buf,
+      at,
+      len: message.byteLength,
+      sidecars: sidecars.length > 0 ? sidecars.map(s => s.byteLength) : null,
+      remainingMs: call.deadline - this.#clock.now(),
+      callId: call.callId,
+      user: call.user,
+      remoteAddress: call.remoteAddress
+    }
+    const result = new Promise<ThreadResult>((resolve) => { slot.settle = resolve })
+    slot.call = call
+    const thread = slot.worker
+    call.onAbort = (reason) => {
+      if (slot.call === call && slot.worker === thread) {
+        thread.postMessage({ cancel: seq, code: reason.code, message: reason.message } satisfies ThreadCancelMessage)
+      }
+    }
+    thread.postMessage(m, [buf])
+    return result
+  }
+
+  /** Terminates every thread (a call still in one is answered with an error); resolves when all have exited. */
+  close (): Promise<void> {
+    this.#closing ??= Promise.all(this.#slots.map(async (slot) => {
+      const worker = slot.worker
+      if (worker !== null) await worker.terminate()
+    })).then(() => undefined)
+    return this.#closing
+  }
+
+  #start (slot: Slot): void {
+    const worker = new Worker(this.#entry, { workerData: { ...this.#data, index: slot.index } satisfies ThreadWorkerData })
+    // Sockets and timers keep the process alive, not idle threads.
+    worker.unref()
+    slot.worker = worker
+    slot.loaded = false
+    slot.lastError = null
+    worker.on('message', (m: ThreadReply | ThreadStatus) => {
+      if ('seq' in m) {
+        if (m.seq !== slot.seq) return
+        this.#settle(slot, m.error === undefined ? { body: m.body, sidecars: m.sidecars } : { error: m.error })
+      } else if ('ready' in m) {
+        slot.loaded = true
+        this.#readyWaiters[slot.index]?.resolve()
+      } else {
+        slot.failed = `handler module failed to load: ${m.failed}`
+        this.#log.error(`${this.#data.service}: worker thread ${slot.index}: ${slot.failed}`)
+        this.#readyWaiters[slot.index]?.reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${this.#data.service}: ${slot.failed}`))
+        void worker.terminate()
+      }
+    })
+    worker.on('error', (err) => {
+      slot.lastError = err.message
+      this.#log.error(`${this.#data.service}: worker thread ${slot.index} crashed: ${err.message}`)
+    })
+    worker.on('exit', (code) => {
+      if (slot.worker !== worker) return
+      slot.worker = null
+      if (slot.settle !== null) {
+        const detail = slot.lastError ?? slot.failed ?? `exit code ${code}`
+        this.#settle(slot, { error: { message: `worker thread ${slot.index} stopped while handling ${slot.call?.service ?? ''}.${slot.call?.method ?? ''}: ${detail}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
+      }
+      if (slot.failed === null && !slot.loaded) {
+        slot.failed = `worker thread exited before loading the handler module: ${slot.lastError ?? `exit code ${code}`}`
+        this.#readyWaiters[slot.index]?.reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${this.#data.service}: ${slot.failed}`))
+      }
+      if (this.#closing === null && slot.failed === null) {
+        this.#restarts++
+        this.#log.warn(`${this.#data.service}: restarting worker thread ${slot.index}`)
+        this.#start(slot)
+      }
+    })
+  }
+
+  #settle (slot: Slot, result: ThreadResult): void {
+    const settle = slot.settle
+    const call = slot.call
+    slot.settle = null
+    slot.call = null
+    if (call !== null) call.onAbort = null
+    if (settle === null) return
+    slot.handled++
+    settle(result)
+  }
+}

@@ -1,0 +1,5 @@
+/** A handler module for CalculatorService that lacks Echo: loading it in a thread must fail. */
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
+
+export { CalculatorService }
+export const handlers = { ...calculatorHandlers, Echo: undefined }

@@ -1,0 +1,40 @@
+/**
+ * Handlers for the worker-thread tests, loaded inside each thread: the demo
+ * handlers, with Echo keyed on its data to misbehave on purpose.
+ */
+import { threadId } from 'node:worker_threads'
+import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
+import type { ServiceHandlers } from '../../reactor/server.js'
+import { CalculatorService, calculatorHandlers, type CalculatorMethods, type EchoResponse } from '../../examples/calculator.js'
+
+// The thread finds the ServiceDef among the module's exports by its fullName.
+export { CalculatorService }
+
+function untilAborted (signal: AbortSignal): Promise<EchoResponse> {
+  return new Promise((resolve) => {
+    const done = (): void => resolve({ data: `aborted: ${(signal.reason as RpcError).code}` })
+    if (signal.aborted) done()
+    else signal.addEventListener('abort', done, { once: true })
+  })
+}
+
+export const handlers: ServiceHandlers<CalculatorMethods> = {
+  ...calculatorHandlers,
+  Echo: (request, ctx) => {
+    switch (request.data) {
+      case 'throw': throw new Error('boom in a thread')
+      case 'reject': return Promise.reject(new Error('async boom in a thread'))
+      case 'coded': throw new RpcError(ErrorCode.REMOTE, 'ERROR_INVALID_REQUEST: bad x', { krpcCode: KrpcCode.ERROR_INVALID_REQUEST })
+      case 'thread': return { data: String(threadId) }
+      case 'remaining': return { data: String(ctx.remainingMs()) }
+      case 'until-aborted': return untilAborted(ctx.signal)
+      case 'crash':
+        // An exception outside any promise: the thread dies.
+        setImmediate(() => { throw new Error('thread crashed on purpose') })
+        return new Promise<EchoResponse>(() => {})
+      case 'exit': process.exit(7)
+      // eslint-disable-next-line no-fallthrough
+      default: return { data: request.data }
+    }
+  }
+}
