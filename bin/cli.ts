@@ -17,14 +17,15 @@ Usage:
   nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
-              [--metrics-port P] [--verbose]
+              [--metrics-port P] [--threads N] [--verbose]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
       are answered, then it exits 0. Calls go through an earliest-deadline-
       first queue (--queue fifo: arrival order, the old behaviour) to
       --workers concurrent handlers. --metrics-port serves Prometheus text
-      at http://HOST:P/metrics.
+      at http://HOST:P/metrics. --threads N runs the handlers in N worker
+      threads (docs/threads.md) instead of on the event loop.
 
   nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW]
@@ -98,6 +99,7 @@ async function serve (args: string[]): Promise<number> {
       'queue-length': { type: 'string' },
       queue: { type: 'string' },
       'metrics-port': { type: 'string' },
+      threads: { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
@@ -114,7 +116,10 @@ async function serve (args: string[]): Promise<number> {
   if (workers !== undefined) options.workers = workers
   if (queueLength !== undefined) options.queueLength = queueLength
   if (values.queue !== undefined) options.queue = discipline(values.queue)
-  const server = new Server(options).addService(CalculatorService, calculatorHandlers)
+  const threads = intOption(values.threads, 'threads')
+  const server = threads === undefined
+    ? new Server(options).addService(CalculatorService, calculatorHandlers)
+    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
   const address = await server.listen(intOption(values.port, 'port', 7050), values.host)
   const shown = address.family === 'IPv6' ? `[${address.address}]` : address.address
   const metricsPort = intOption(values['metrics-port'], 'metrics-port')
