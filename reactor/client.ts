@@ -138,20 +138,30 @@ class OutboundCall implements OutboundTransfer {
   featureMissing = false
   readonly deadline: number
   readonly methodDef: MethodDef<Message, Message>
-  readonly label: string
-  readonly resolve: (result: CallResult<Message>) => void
+  readonly service: string
+  readonly target: { host: string, port: number }
+  /** Resolve with the response alone (typed stubs), not a CallResult. */
+  readonly responseOnly: boolean
+  readonly resolve: (result: CallResult<Message> | Message) => void
   /** `sent`: some of the request's bytes were handed to the socket, so the server may have run it. */
   readonly reject: (error: RpcError, sent: boolean) => void
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
 
-  constructor (methodDef: MethodDef<Message, Message>, label: string, deadline: number,
-    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void) {
+  constructor (methodDef: MethodDef<Message, Message>, service: string, target: { host: string, port: number }, deadline: number,
+    responseOnly: boolean, resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void) {
     this.methodDef = methodDef
-    this.label = label
+    this.service = service
+    this.target = target
     this.deadline = deadline
+    this.responseOnly = responseOnly
     this.resolve = resolve
     this.reject = reject
+  }
+
+  /** For messages: built only when an error needs it, never per call. */
+  get label (): string {
+    return `${this.service}.${this.methodDef.name} RPC to ${this.target.host}:${this.target.port}`
   }
 
   get isFinished (): boolean {
@@ -177,6 +187,10 @@ class OutboundCall implements OutboundTransfer {
 }
 
 const NO_SLICES: Buffer[] = []
+const NO_OPTIONS: CallOptions = {}
+// What a call resolves with: a CallResult, or the response alone for stubs (`responseOnly`).
+type AnyResolve = (result: CallResult<Message> | Message) => void
+const responseOf = (result: CallResult<Message>): Message => result.response
 
 /** One connection to one endpoint, shared by every call to it. */
 class ClientConnection {
@@ -258,7 +272,13 @@ export class Client {
     if (target === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: pass one to service() or to the Client')
     const stub: Record<string, (request: unknown, options?: CallOptions) => Promise<unknown>> = {}
     for (const name of Object.keys(def.methods)) {
-      stub[name] = async (request, options) => (await this.call(target, def, name, request as Message, options)).response
+      stub[name] = (request, options = NO_OPTIONS) => {
+        if (this.#retry !== null && options.retry !== false) return this.call(target, def, name, request as Message, options).then(responseOf)
+        // The common path: one promise per call, resolved with the response itself.
+        return new Promise((resolve, reject) => {
+          this.#start(target, def, name, request as Message, options, resolve as AnyResolve, reject, true)
+        })
+      }
     }
     return stub as Stub<M>
   }
@@ -267,7 +287,7 @@ export class Client {
   call<Res = Message> (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
     if (this.#retry !== null && options.retry !== false) return this.#callWithRetries(endpoint, def, method, request, options) as Promise<CallResult<Res>>
     return new Promise<CallResult<Message>>((resolve, reject) => {
-      this.#start(endpoint, def, method, request, options, resolve, reject)
+      this.#start(endpoint, def, method, request, options, resolve as AnyResolve, reject)
     }) as Promise<CallResult<Res>>
   }
 
@@ -291,7 +311,7 @@ export class Client {
       // A retry never starts after the deadline; 0 would mean "no deadline".
       const attemptTimeout = Number.isFinite(remaining) ? Math.max(1, remaining) : 0
       const outcome = await new Promise<CallResult<Message> | { error: RpcError, sent: boolean }>((resolve) => {
-        this.#attempt(endpoint, def, method, request, options, attemptTimeout, resolve, (error, sent) => resolve({ error, sent }))
+        this.#attempt(endpoint, def, method, request, options, attemptTimeout, resolve as AnyResolve, (error, sent) => resolve({ error, sent }))
       })
       if (!('error' in outcome)) return outcome
       const { error, sent } = outcome
@@ -351,13 +371,13 @@ export class Client {
   }
 
   #start (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions,
-    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
+    resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
-    this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject)
+    this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject, responseOnly)
   }
 
   #attempt (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions, timeoutMs: number,
-    resolve: (result: CallResult<Message>) => void, reject: (error: RpcError, sent: boolean) => void): void {
+    resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
     if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
     const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[method]
     if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`), false)
@@ -375,7 +395,7 @@ export class Client {
         if (balanced.resolving !== null) {
           // Names still resolving: this attempt starts once they are known.
           balanced.resolving.then(
-            () => this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject),
+            () => this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject, responseOnly),
             (error: RpcError) => reject(error, false))
           return
         }
@@ -391,10 +411,9 @@ export class Client {
     }
     const now = this.#clock.now()
     const deadline = timeoutMs > 0 ? now + timeoutMs : Number.POSITIVE_INFINITY
-    const label = `${def.fullName}.${method} RPC to ${target.host}:${target.port}`
-    const call = new OutboundCall(methodDef, label, deadline, resolve, reject)
+    const call = new OutboundCall(methodDef, def.fullName, target, deadline, responseOnly, resolve, reject)
     if (options.signal !== undefined) {
-      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${label} was cancelled before it started`), false)
+      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${call.label} was cancelled before it started`), false)
       call.signal = options.signal
       call.onAbort = () => this.#cancel(call)
       options.signal.addEventListener('abort', call.onAbort, { once: true })
@@ -430,7 +449,7 @@ export class Client {
     call.bytes = bytes
     call.sentHook = this.#onSentHook
     const accepted = cc.connection.send(call)
-    if (!accepted) this.#finishError(call, new RpcError(ErrorCode.QUEUE_FULL, `${label}: the connection's outbound queue is full`))
+    if (!accepted) this.#finishError(call, new RpcError(ErrorCode.QUEUE_FULL, `${call.label}: the connection's outbound queue is full`))
   }
 
   // The balancer for `endpoint`, or null when calls to it use one plain connection.
@@ -545,7 +564,7 @@ export class Client {
       return true
     }
     this.#finish(call)
-    call.resolve({ response, sidecars: parsed.sidecars })
+    call.resolve(call.responseOnly ? response : { response, sidecars: parsed.sidecars })
     return true
   }
 
