@@ -1,9 +1,13 @@
 import { createServer as createHttpServer, type Server as HttpServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { availableParallelism } from 'node:os'
+import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { Registry } from 'prom-client'
 import { RpcError } from '../codec/errors.js'
 import { ProtoSchema, type ServiceDef } from '../codec/schema.js'
 import { Client } from '../reactor/client.js'
+import { serveReactors, type Reactors } from '../reactor/cluster.js'
 import { consoleLogger } from '../reactor/logger.js'
 import { Server } from '../reactor/server.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
@@ -17,15 +21,20 @@ Usage:
   nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
-              [--metrics-port P] [--threads N] [--verbose]
+              [--metrics-port P] [--reactors N]
+              [--max-connection-age-ms N] [--verbose]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
       are answered, then it exits 0. Calls go through an earliest-deadline-
       first queue (--queue fifo: arrival order, the old behaviour) to
       --workers concurrent handlers. --metrics-port serves Prometheus text
-      at http://HOST:P/metrics. --threads N runs the handlers in N worker
-      threads (docs/threads.md) instead of on the event loop.
+      at http://HOST:P/metrics.
+      --reactors N serves from N processes sharing the port (default: the
+      available parallelism; 1 = this process only), supervised and
+      restarted with backoff; metrics are summed over them. Connections
+      older than --max-connection-age-ms are drained and closed so clients
+      rebalance. See docs/cluster.md.
 
   nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW]
@@ -99,7 +108,8 @@ async function serve (args: string[]): Promise<number> {
       'queue-length': { type: 'string' },
       queue: { type: 'string' },
       'metrics-port': { type: 'string' },
-      threads: { type: 'string' },
+      reactors: { type: 'string' },
+      'max-connection-age-ms': { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
@@ -116,19 +126,31 @@ async function serve (args: string[]): Promise<number> {
   if (workers !== undefined) options.workers = workers
   if (queueLength !== undefined) options.queueLength = queueLength
   if (values.queue !== undefined) options.queue = discipline(values.queue)
-  const threads = intOption(values.threads, 'threads')
-  const server = threads === undefined
-    ? new Server(options).addService(CalculatorService, calculatorHandlers)
-    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
-  const address = await server.listen(intOption(values.port, 'port', 7050), values.host)
-  const shown = address.family === 'IPv6' ? `[${address.address}]` : address.address
+  const build = (): Server => new Server(options).addService(CalculatorService, calculatorHandlers)
+  const reactorCount = intOption(values.reactors, 'reactors', availableParallelism())!
+  if (reactorCount < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactorCount}`)
+  const maxConnectionAgeMs = intOption(values['max-connection-age-ms'], 'max-connection-age-ms')
+  // In a reactor process (a cluster worker running REACTOR_ENTRY) this never resolves.
+  const reactors = await serveReactors({
+    reactors: reactorCount,
+    host: values.host,
+    port: intOption(values.port, 'port', 7050)!,
+    build,
+    ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
+    exec: REACTOR_ENTRY,
+    args: ['serve', ...args],
+    logger: consoleLogger(values.verbose)
+  })
+  const address = reactors.address
+  const shown = address.host.includes(':') ? `[${address.host}]` : address.host
   const metricsPort = intOption(values['metrics-port'], 'metrics-port')
-  const metricsServer = metricsPort === undefined ? null : await serveMetrics(server, values.host, metricsPort)
+  const metricsServer = metricsPort === undefined ? null : await serveMetrics(reactors, values.host, metricsPort)
   process.stdout.write(`listening on ${shown}:${address.port}\n`)
   if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
   if (process.env.npm_lifecycle_event === 'start') {
     process.stdout.write(`try: ./bin/nyala call ${shown}:${address.port} nyala.demo.CalculatorService.Add '{"x":1,"y":2}'\n`)
   }
+  const stopIpc = answerIpc(reactors)
   return await new Promise<number>((resolve) => {
     let stopping = false
     const stop = (signal: string): void => {
@@ -136,7 +158,8 @@ async function serve (args: string[]): Promise<number> {
       stopping = true
       process.stderr.write(`${signal}: closing; calls in flight are answered first\n`)
       metricsServer?.close()
-      server.close().then(() => resolve(0), () => resolve(1))
+      stopIpc()
+      reactors.close().then(() => resolve(0), () => resolve(1))
     }
     process.once('SIGINT', () => stop('SIGINT'))
     process.once('SIGTERM', () => stop('SIGTERM'))
@@ -148,15 +171,44 @@ function discipline (value: string): QueueDiscipline {
   return value
 }
 
-/** Serves `GET /metrics` (Prometheus text format) for `server`. */
-async function serveMetrics (server: Server, host: string, port: number): Promise<HttpServer> {
+/**
+ * The script a reactor process of `nyala serve --reactors N` runs: beside
+ * this file, `.ts` from the sources (the parent's loader flags are passed on)
+ * or `.js` from dist/. It runs `main` with the same arguments.
+ */
+const REACTOR_ENTRY = fileURLToPath(new URL(`./serve-reactor${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url))
+
+/**
+ * With an IPC channel (started by child_process.fork, as `nyala bench`
+ * does): reports `{ type: 'nyala:listening', host, port, pids }` and answers
+ * `{ type: 'nyala:usage', id }` with every serving process's resource usage.
+ * Returns a function that stops answering (and lets the channel go).
+ */
+function answerIpc (reactors: Reactors): () => void {
+  if (process.send === undefined) return () => {}
+  const send = (message: object): void => {
+    if (process.connected) process.send!(message, undefined, {}, () => {})
+  }
+  const onMessage = (message: { type?: unknown, id?: unknown }): void => {
+    if (message?.type !== 'nyala:usage') return
+    reactors.processUsage().then((usages) => {
+      send({ type: 'nyala:usage', id: message.id, usage: usages.map(u => u.usage), pids: usages.map(u => u.pid) })
+    }, () => {})
+  }
+  process.on('message', onMessage)
+  send({ type: 'nyala:listening', host: reactors.address.host, port: reactors.address.port, pids: reactors.pids() })
+  return () => { process.off('message', onMessage) }
+}
+
+/** Serves `GET /metrics` (Prometheus text format), summed over the reactors. */
+async function serveMetrics (reactors: Reactors, host: string, port: number): Promise<HttpServer> {
   const http = createHttpServer((req, res) => {
     if (req.method !== 'GET' || (req.url ?? '/').split('?')[0] !== '/metrics') {
       res.writeHead(404).end('not found: try /metrics\n')
       return
     }
-    server.metrics.text().then((text) => {
-      res.writeHead(200, { 'content-type': server.metrics.registry.contentType }).end(text)
+    reactors.metricsText().then((text) => {
+      res.writeHead(200, { 'content-type': Registry.PROMETHEUS_CONTENT_TYPE }).end(text)
     }, (err: Error) => {
       res.writeHead(500).end(`${err.message}\n`)
     })
