@@ -21,7 +21,7 @@ Usage:
   nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
-              [--metrics-port P] [--reactors N]
+              [--metrics-port P] [--threads N] [--reactors N]
               [--max-connection-age-ms N] [--verbose]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
@@ -29,7 +29,8 @@ Usage:
       are answered, then it exits 0. Calls go through an earliest-deadline-
       first queue (--queue fifo: arrival order, the old behaviour) to
       --workers concurrent handlers. --metrics-port serves Prometheus text
-      at http://HOST:P/metrics.
+      at http://HOST:P/metrics. --threads N runs the handlers in N worker
+      threads (docs/threads.md) instead of on the event loop.
       --reactors N serves from N processes sharing the port (default: the
       available parallelism; 1 = this process only), supervised and
       restarted with backoff; metrics are summed over them. Connections
@@ -108,6 +109,7 @@ async function serve (args: string[]): Promise<number> {
       'queue-length': { type: 'string' },
       queue: { type: 'string' },
       'metrics-port': { type: 'string' },
+      threads: { type: 'string' },
       reactors: { type: 'string' },
       'max-connection-age-ms': { type: 'string' },
       verbose: { type: 'boolean', default: false }
@@ -126,7 +128,10 @@ async function serve (args: string[]): Promise<number> {
   if (workers !== undefined) options.workers = workers
   if (queueLength !== undefined) options.queueLength = queueLength
   if (values.queue !== undefined) options.queue = discipline(values.queue)
-  const build = (): Server => new Server(options).addService(CalculatorService, calculatorHandlers)
+  const threads = intOption(values.threads, 'threads')
+  const build = (): Server => threads === undefined
+    ? new Server(options).addService(CalculatorService, calculatorHandlers)
+    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
   const reactorCount = intOption(values.reactors, 'reactors', availableParallelism())!
   if (reactorCount < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactorCount}`)
   const maxConnectionAgeMs = intOption(values['max-connection-age-ms'], 'max-connection-age-ms')
