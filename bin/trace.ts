@@ -8,8 +8,8 @@
  * tracer writes its summary. A second traced run does the same with zero
  * calls and stays idle as long as the first run's calls took, so startup,
  * connection set-up, teardown and the periodic timers (the idle-connection
- * scan wakes the loop every second) cancel out in the difference. A third,
- * untraced run times the calls (calls/s, MiB/s).
+ * scan wakes the loop every second) cancel out in the difference. An
+ * untraced run before both times the calls (calls/s, MiB/s).
  */
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
@@ -114,6 +114,8 @@ export interface TracePlan {
   /** EchoSidecars calls carrying one sidecar of this many bytes. */
   sidecarBytes: number | undefined
   tracer: Tracer
+  /** Also time the calls in an untraced run (calls/s, MiB/s). */
+  timing: boolean
 }
 
 /** The counters the server prints on SIGTERM. */
@@ -147,9 +149,9 @@ export interface TraceReport {
   sidecarBytes: number | null
   /** Server bytes written per write-group syscall, calls run minus zero-call run. */
   bytesPerWrite: number | null
-  /** Untraced run. */
-  callsPerSec: number
-  /** Untraced run; sidecar (or payload) bytes per second, each way. */
+  /** Untraced run (null with --no-timing). */
+  callsPerSec: number | null
+  /** Untraced run; sidecar (or payload) bytes per second, each way (null without sidecars or payload, or with --no-timing). */
   mibPerSec: number | null
   /** The same under the tracer. */
   tracedCallsPerSec: number
@@ -190,7 +192,7 @@ export async function trace (args: string[]): Promise<number> {
   }
 }
 
-function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
+export function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
   const { values } = parseArgs({
     args,
     options: {
@@ -201,6 +203,7 @@ function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
       'sidecar-bytes': { type: 'string' },
       system: { type: 'string', default: 'nyala' },
       tracer: { type: 'string', default: 'strace' },
+      'no-timing': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false }
     },
     strict: true
@@ -219,7 +222,7 @@ function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
   if (mode === 'transfer') sidecarBytes ??= DEFAULT_SIDECAR_BYTES
   if (sidecarBytes !== undefined && payloadBytes !== undefined) throw new Error('--payload-bytes and --sidecar-bytes exclude each other')
   const calls = values.calls === undefined ? DEFAULT_CALLS[mode] : count(values.calls, 'calls')
-  return { plan: { system, mode, calls, depth, payloadBytes, sidecarBytes, tracer }, json: values.json }
+  return { plan: { system, mode, calls, depth, payloadBytes, sidecarBytes, tracer, timing: !values['no-timing'] }, json: values.json }
 }
 
 function count (value: string, name: string): number {
@@ -269,11 +272,12 @@ export function tracerProblem (tracer: Tracer, path = process.env.PATH): string 
   return null
 }
 
-/** Runs the three runs (N calls traced, zero calls traced, N calls untraced) and builds the report. */
+/** Runs the three runs (N calls untraced, N calls traced, zero calls traced) and builds the report. */
 export async function runTrace (plan: TracePlan): Promise<TraceReport> {
+  // Untraced first: it also warms the file cache for both traced runs.
+  const untraced = plan.timing ? await oneRun(plan, null, plan.calls, 0) : null
   const measured = await oneRun(plan, plan.tracer, plan.calls, 0)
   const zero = await oneRun(plan, plan.tracer, 0, measured.elapsedMs)
-  const untraced = await oneRun(plan, null, plan.calls, 0)
   const calls = categorize(measured.counts!)
   const zeroCalls = categorize(zero.counts!)
   const perRpc = {} as Record<Category, number>
@@ -292,8 +296,8 @@ export async function runTrace (plan: TracePlan): Promise<TraceReport> {
     payloadBytes: plan.payloadBytes ?? null,
     sidecarBytes: plan.sidecarBytes ?? null,
     bytesPerWrite: writes > 0 ? Math.round(bytes / writes) : null,
-    callsPerSec: Math.round(plan.calls / (untraced.elapsedMs / 1000)),
-    mibPerSec: movedBytes === undefined ? null : round(plan.calls * movedBytes / MIB / (untraced.elapsedMs / 1000), 1),
+    callsPerSec: untraced === null ? null : Math.round(plan.calls / (untraced.elapsedMs / 1000)),
+    mibPerSec: untraced === null || movedBytes === undefined ? null : round(plan.calls * movedBytes / MIB / (untraced.elapsedMs / 1000), 1),
     tracedCallsPerSec: Math.round(plan.calls / (measured.elapsedMs / 1000)),
     raw: { calls, zeroCalls, bySyscall: { calls: measured.counts!, zeroCalls: zero.counts! } },
     connections: { server: measured.server?.connections ?? null, client: measured.client }
@@ -523,8 +527,8 @@ export function formatReport (r: TraceReport): string {
     .sort((a, b) => (b[1] - b[2]) - (a[1] - a[2]) || b[1] - a[1] || a[0].localeCompare(b[0]))
   for (const [n, a, b] of rows) lines.push(`  ${n.padEnd(20)}${String(a).padStart(10)}${String(b).padStart(10)}`)
   if (r.bytesPerWrite !== null) lines.push(`bytes per write syscall (server): ${r.bytesPerWrite}`)
-  const throughput = r.mibPerSec === null ? '' : `, ${r.mibPerSec} MiB/s each way`
-  lines.push(`throughput: ${r.callsPerSec} calls/s${throughput} untraced; ${r.tracedCallsPerSec} calls/s under ${r.tracer}`)
+  const untraced = r.callsPerSec === null ? '' : `${r.callsPerSec} calls/s${r.mibPerSec === null ? '' : ` (${r.mibPerSec} MiB/s each way)`} untraced; `
+  lines.push(`throughput: ${untraced}${r.tracedCallsPerSec} calls/s under ${r.tracer}`)
   for (const c of r.connections.server ?? []) lines.push(`server connection ${c.remoteAddress}: ${formatConnection(c)}`)
   for (const c of r.connections.client ?? []) lines.push(`client connection ${c.endpoint}: ${formatConnection(c)}`)
   return `${lines.join('\n')}\n`

@@ -1,0 +1,150 @@
+/**
+ * `nyala trace`: the strace -c and perf trace -s parsers on captured
+ * output, the message when strace is missing, and (when strace can trace
+ * here) a short synchronous run from the TypeScript sources whose counts,
+ * never timings, are checked: no epoll_ctl per RPC in steady state, and at
+ * least one read and one write per synchronous RPC.
+ */
+import t from 'tap'
+import { spawn, spawnSync } from 'node:child_process'
+import { fileURLToPath } from 'node:url'
+import { CATEGORIES, categorize, parsePerfTraceSummary, parsePlan, parseStraceSummary, trace, tracerProblem, type TraceReport } from '../../bin/trace.js'
+
+const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
+// Only the TypeScript loader: coverage and mocking hooks stay in this process.
+const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+
+function nyala (args: string[]): Promise<{ code: number | null, stdout: string, stderr: string }> {
+  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
+  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let stdout = ''
+  let stderr = ''
+  child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
+  child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
+  return new Promise((resolve) => child.once('close', (code) => resolve({ code, stdout, stderr })))
+}
+
+// strace 6.1, `strace -f -c` of node with a worker thread (rows cut).
+const STRACE_SAMPLE = `% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ------------------
+ 67.54    0.239229        1883       127         2 futex
+ 27.32    0.096754        3583        27           epoll_pwait
+  2.40    0.008484          68       124           munmap
+  0.34    0.001190          11       101           read
+  0.09    0.000308          44         7           clone3
+  0.07    0.000259           8        32         2 openat
+  0.04    0.000125           4        26        13 fcntl
+  0.01    0.000027           9         3           epoll_ctl
+  0.01    0.000020           6         3           write
+  0.00    0.000010           5         2           writev
+  0.00    0.000000           0         1           sched_getaffinity
+------ ----------- ----------- --------- --------- ------------------
+100.00    0.354209         304       453        17 total
+`
+
+// perf 6.1, `perf trace -s` of the same: one table per thread (rows cut).
+const PERF_SAMPLE = `
+ Summary of events:
+
+ node (1402), 1368 events, 57.7%
+
+   syscall            calls  errors  total       min       avg       max       stddev
+                                     (msec)    (msec)    (msec)    (msec)        (%)
+   --------------- --------  ------ -------- --------- --------- ---------     ------
+   epoll_pwait           20      0   208.956     0.009    10.448   104.596     58.19%
+   read                  88      0    33.370     0.009     0.379     2.634     21.82%
+   futex                 57      0     2.151     0.008     0.038     0.499     27.94%
+   sched_getaffinity        1      0     0.016     0.016     0.016     0.016      0.00%
+
+ node (1403), 46 events, 1.9%
+
+   syscall            calls  errors  total       min       avg       max       stddev
+                                     (msec)    (msec)    (msec)    (msec)        (%)
+   --------------- --------  ------ -------- --------- --------- ---------     ------
+   epoll_pwait            1      0   366.136   366.136   366.136   366.136      0.00%
+   epoll_ctl              2      0     0.025     0.009     0.013     0.016     29.39%
+   read                   1      0     0.051     0.051     0.051     0.051      0.00%
+`
+
+t.test('parses strace -c output, with and without an errors column', async t => {
+  const counts = parseStraceSummary(STRACE_SAMPLE)
+  t.same(counts, { futex: 127, epoll_pwait: 27, munmap: 124, read: 101, clone3: 7, openat: 32, fcntl: 26, epoll_ctl: 3, write: 3, writev: 2, sched_getaffinity: 1 })
+  t.same(categorize(counts), { epoll_ctl: 3, epoll_wait: 27, read: 101, write: 5, futex: 127, other: 190, total: 453 })
+  t.same(parseStraceSummary('strace: exec: No such file or directory\n'), {}, 'no table, no counts')
+})
+
+t.test('parses perf trace -s output, summing the threads', async t => {
+  const counts = parsePerfTraceSummary(PERF_SAMPLE)
+  t.same(counts, { epoll_pwait: 21, read: 89, futex: 57, sched_getaffinity: 1, epoll_ctl: 2 })
+  t.same(categorize(counts), { epoll_ctl: 2, epoll_wait: 21, read: 89, write: 0, futex: 57, other: 1, total: 170 })
+})
+
+// Runs `trace` in this process with stdout and stderr captured.
+async function traceHere (args: string[]): Promise<{ code: number, stdout: string, stderr: string }> {
+  let stdout = ''
+  let stderr = ''
+  const out = process.stdout.write
+  const err = process.stderr.write
+  process.stdout.write = ((chunk: string) => { stdout += chunk; return true }) as typeof process.stdout.write
+  process.stderr.write = ((chunk: string) => { stderr += chunk; return true }) as typeof process.stderr.write
+  try {
+    return { code: await trace(args), stdout, stderr }
+  } finally {
+    process.stdout.write = out
+    process.stderr.write = err
+  }
+}
+
+t.test('without strace: says so, how to install it, exits non-zero', async t => {
+  const problem = tracerProblem('strace', '/nonexistent')
+  t.match(problem, /strace is not installed/)
+  t.match(problem, /apt-get install strace/)
+  const path = process.env.PATH
+  process.env.PATH = '/nonexistent'
+  t.teardown(() => { process.env.PATH = path })
+  const run = await traceHere(['--calls', '10'])
+  t.equal(run.code, 1)
+  t.match(run.stderr, /strace is not installed[^]*apt-get install strace/)
+  t.equal(run.stdout, '')
+})
+
+t.test('flags', async t => {
+  t.match(parsePlan([]).plan, { mode: 'sync', depth: 1, calls: 20_000, sidecarBytes: undefined, tracer: 'strace', system: 'nyala', timing: true })
+  t.match(parsePlan(['--mode', 'async']).plan, { depth: 64 })
+  t.match(parsePlan(['--depth', '16']).plan, { mode: 'async', depth: 16 })
+  t.match(parsePlan(['--mode', 'transfer']).plan, { depth: 1, sidecarBytes: 8 * 1024 * 1024 })
+  t.match(parsePlan(['--sidecar-bytes', '64K', '--no-timing', '--json']), { plan: { mode: 'sync', sidecarBytes: 65536, timing: false }, json: true })
+  t.throws(() => parsePlan(['--mode', 'sync', '--depth', '8']), /--mode sync is synchronous/)
+  t.throws(() => parsePlan(['--calls', '0']), /--calls must be an integer >= 1/)
+  t.throws(() => parsePlan(['--tracer', 'dtrace']), /--tracer must be strace or perf/)
+  const run = await traceHere(['--system', 'grpc'])
+  t.equal(run.code, 2)
+  t.match(run.stderr, /--system must be/)
+})
+
+const straceWorks = spawnSync('strace', ['-f', '-c', '-o', '/dev/null', '--', 'true']).status === 0
+
+t.test('nyala trace --json --calls 200: the shape, and no epoll_ctl per RPC', { skip: straceWorks ? false : 'strace is not installed or cannot trace here' }, async t => {
+  const run = await nyala(['trace', '--json', '--calls', '200', '--no-timing'])
+  t.equal(run.code, 0, run.stderr)
+  const report = JSON.parse(run.stdout) as TraceReport
+  t.equal(report.calls, 200)
+  t.same(Object.keys(report.perRpc), [...CATEGORIES])
+  for (const c of CATEGORIES) t.type(report.perRpc[c], 'number', `perRpc.${c}`)
+  t.equal(report.mode, 'sync')
+  t.equal(report.depth, 1)
+  // Counts, not timings: steady state arms no epoll watcher per call...
+  t.ok(report.perRpc.epoll_ctl <= 0.01, `epoll_ctl per RPC ${report.perRpc.epoll_ctl} <= 0.01`)
+  // ...and a synchronous call needs a read and a write (give or take a few
+  // wake-ups of Node's threads that differ between the two runs).
+  t.ok(report.perRpc.read >= 0.9, `read per RPC ${report.perRpc.read}`)
+  t.ok(report.perRpc.write >= 0.9, `write per RPC ${report.perRpc.write}`)
+  t.ok(report.raw.calls.total > report.raw.zeroCalls.total)
+  const server = report.connections.server!
+  t.equal(server.length, 1, 'one server connection, counted at SIGTERM')
+  t.ok(server[0]!.framesRead >= 201, 'the 200 calls and the warm-up call were read')
+  t.equal(server[0]!.immediateWrites + server[0]!.batchedFrames, 201, 'one response each, sent through the transfer queue')
+  t.equal(server[0]!.drainWaits, 0)
+  t.equal(report.connections.client!.length, 1)
+  t.equal(report.callsPerSec, null, '--no-timing: no untraced run')
+})
