@@ -12,6 +12,7 @@ import { consoleLogger } from '../reactor/logger.js'
 import { Server } from '../reactor/server.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CALCULATOR_PROTO, CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { bench } from './bench.js'
 import { DEFAULT_FAIRNESS, formatFairness, runFairness, type FairnessResult } from './fairness.js'
 import { trace } from './trace.js'
 
@@ -66,6 +67,27 @@ Usage:
       calls (--no-timing skips it). Needs strace (apt-get install strace)
       or, with --tracer perf, perf trace. See docs/tracing.md.
 
+  nyala bench [--mode sync|async] [--client-threads 16]
+              [--async-call-concurrency 60] [--worker-threads W]
+              [--server-reactors 1] [--run-seconds 1] [--payload-bytes 0]
+              [--against nyala,raw,grpc] [--load-processes P] [--json]
+              [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
+              [--server-cpu-prof DIR]
+      Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
+      grpc-js (a devDependency), one system after the other in one run
+      (default --against nyala,raw). Sync: N client connections with one
+      call outstanding each. Async: C calls outstanding over N connections.
+      Server and load run in separate processes (one load process per
+      connection, at most one per core). One row per system: Reqs/sec,
+      server user/sys CPU us and context switches per request (all server
+      processes), client CPU us per request, p50/p99/p99.9 latency us.
+      --payload-bytes B calls Echo with B bytes instead of Add. --json
+      prints the rows as a JSON array. --repeat K runs K times and reports
+      medians; with --compare it runs configurations A and B alternately,
+      K times each, and prints Welch's t-test on Reqs/sec with the 95 %
+      confidence interval of A - B. --server-cpu-prof DIR writes the
+      servers' V8 CPU profiles (.cpuprofile) to DIR.
+
   nyala help
       This text.
 `
@@ -77,6 +99,7 @@ export async function main (argv: string[]): Promise<number> {
     case 'serve': return await serve(rest)
     case 'call': return await call(rest)
     case 'fairness': return await fairness(rest)
+    case 'bench': return await bench(rest)
     case 'trace': return await trace(rest)
     case undefined:
     case 'help':
