@@ -4,17 +4,21 @@
  *   bench-server nyala|raw|grpc [--workers W] [--reactors R]
  *
  * - `nyala`: the demo CalculatorService (`Add`, `Echo`) as `nyala serve
- *   --workers W` serves it, in one process.
+ *   --workers W --reactors R` serves it: `serveReactors` (reactor/cluster.ts),
+ *   in this process for R = 1, else in R node:cluster reactor processes
+ *   supervised by this one.
  * - `raw`: bench/raw-echo.ts's node:net echo server.
  * - `grpc`: the same calculator.proto served by @grpc/grpc-js (a
  *   devDependency), `Add` and `Echo`, unary.
  *
  * Each speaks `nyala serve`'s IPC contract (bench-ipc.ts): `nyala:listening`
- * once it accepts connections, `nyala:usage` answered with this process's
- * resource usage. SIGTERM or the end of the IPC channel stops it.
+ * once it accepts connections, `nyala:usage` answered with the resource
+ * usage of every server process (the primary and each reactor). SIGTERM or
+ * the end of the IPC channel stops it.
  */
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { serveReactors, type ProcessUsage } from '../reactor/cluster.js'
 import { Server } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
 import { startRawEchoServer } from './raw-echo.js'
@@ -23,13 +27,33 @@ import type { ListeningMessage, System, UsageAnswer, UsageRequest } from './benc
 
 const HOST = '127.0.0.1'
 
-async function startNyala (workers: number | undefined): Promise<{ port: number, close: () => Promise<void> }> {
-  const server = new Server(workers === undefined ? {} : { workers }).addService(CalculatorService, calculatorHandlers)
-  const address = await server.listen(0, HOST)
-  return { port: address.port, close: () => server.close() }
+/** A started server: its address, the usage of all its processes, and a graceful close. */
+interface Started {
+  port: number
+  usage: () => Promise<ProcessUsage[]>
+  close: () => Promise<void>
 }
 
-async function startGrpc (): Promise<{ port: number, close: () => Promise<void> }> {
+const ownUsage = async (): Promise<ProcessUsage[]> => [{ pid: process.pid, usage: process.resourceUsage() }]
+
+// `reactors` > 1: this script runs again in every reactor process, where
+// `serveReactors` builds the server and never resolves.
+async function startNyala (workers: number | undefined, reactors: number): Promise<Started> {
+  const served = await serveReactors({
+    reactors,
+    host: HOST,
+    port: 0,
+    build: () => new Server(workers === undefined ? {} : { workers }).addService(CalculatorService, calculatorHandlers)
+  })
+  return { port: served.address.port, usage: () => served.processUsage(), close: () => served.close() }
+}
+
+async function startRaw (): Promise<Started> {
+  const started = await startRawEchoServer(0, HOST)
+  return { port: started.port, usage: ownUsage, close: started.close }
+}
+
+async function startGrpc (): Promise<Started> {
   const { grpc, service } = await loadGrpc()
   const server = new grpc.Server()
   server.addService(service, {
@@ -43,31 +67,32 @@ async function startGrpc (): Promise<{ port: number, close: () => Promise<void> 
   const port = await new Promise<number>((resolve, reject) => {
     server.bindAsync(`${HOST}:0`, grpc.ServerCredentials.createInsecure(), (error, bound) => error === null ? resolve(bound) : reject(error))
   })
-  return { port, close: () => new Promise((resolve) => server.tryShutdown(() => resolve())) }
+  return { port, usage: ownUsage, close: () => new Promise((resolve) => server.tryShutdown(() => resolve())) }
 }
 
 async function main (): Promise<void> {
   const { values, positionals } = parseArgs({ options: { workers: { type: 'string' }, reactors: { type: 'string', default: '1' } }, allowPositionals: true, strict: true })
   const system = positionals[0] as System
   const workers = values.workers === undefined ? undefined : Number(values.workers)
-  if (Number(values.reactors) !== 1) throw new Error('--server-reactors above 1 needs reactor/cluster.ts')
-  const started = system === 'nyala' ? await startNyala(workers) : system === 'raw' ? await startRawEchoServer(0, HOST) : await startGrpc()
+  const started = system === 'nyala' ? await startNyala(workers, Number(values.reactors)) : system === 'raw' ? await startRaw() : await startGrpc()
   let stopping = false
   const stop = (): void => {
     if (stopping) return
     stopping = true
     started.close().then(() => process.exit(0), () => process.exit(1))
     // Clients that linger must not keep a finished run waiting.
-    setTimeout(() => process.exit(0), 2000).unref()
+    setTimeout(() => process.exit(0), 5000).unref()
   }
   process.on('message', (message: UsageRequest) => {
     if (message.type !== 'nyala:usage') return
-    const answer: UsageAnswer = { type: 'nyala:usage', id: message.id, usage: [process.resourceUsage()], pids: [process.pid] }
-    process.send!(answer)
+    started.usage().then((list) => {
+      const answer: UsageAnswer = { type: 'nyala:usage', id: message.id, usage: list.map((u) => u.usage), pids: list.map((u) => u.pid) }
+      process.send!(answer)
+    }, (err: Error) => process.stderr.write(`bench server: usage: ${err.message}\n`))
   })
   process.once('SIGTERM', stop)
   process.once('disconnect', stop)
-  const listening: ListeningMessage = { type: 'nyala:listening', host: HOST, port: started.port, pids: [process.pid] }
+  const listening: ListeningMessage = { type: 'nyala:listening', host: HOST, port: started.port, pids: (await started.usage()).map((u) => u.pid) }
   process.send!(listening)
 }
 
