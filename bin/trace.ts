@@ -61,18 +61,20 @@ export type SyscallCounts = Record<string, number>
 
 /**
  * Parses the table `strace -c` writes (`% time  seconds  usecs/call  calls
- * errors syscall`, errors blank when none) into calls per syscall. Several
- * tables (one per personality) are summed; the `total` row is left out.
+ * errors syscall`, errors blank when none) into calls per syscall; failed
+ * calls (EAGAIN mostly) go to `errors` when given. Several tables (one per
+ * personality) are summed; the `total` row is left out.
  */
-export function parseStraceSummary (text: string): SyscallCounts {
+export function parseStraceSummary (text: string, errors?: SyscallCounts): SyscallCounts {
   const counts: SyscallCounts = {}
-  const row = /^\s*\d+(?:\.\d+)?\s+\d+(?:\.\d+)?\s+\d+\s+(\d+)\s+(?:\d+\s+)?([a-z_][a-z0-9_]*)\s*$/
+  const row = /^\s*\d+(?:\.\d+)?\s+\d+(?:\.\d+)?\s+\d+\s+(\d+)\s+(?:(\d+)\s+)?([a-z_][a-z0-9_]*)\s*$/
   for (const line of text.split('\n')) {
     const match = row.exec(line)
     if (match === null) continue
-    const name = match[2]!
+    const name = match[3]!
     if (name === 'total') continue
     counts[name] = (counts[name] ?? 0) + Number(match[1])
+    if (errors !== undefined && match[2] !== undefined) errors[name] = (errors[name] ?? 0) + Number(match[2])
   }
   return counts
 }
@@ -82,13 +84,15 @@ export function parseStraceSummary (text: string): SyscallCounts {
  * errors  total  min  avg  max  stddev`) into calls per syscall, summed over
  * the threads.
  */
-export function parsePerfTraceSummary (text: string): SyscallCounts {
+export function parsePerfTraceSummary (text: string, errors?: SyscallCounts): SyscallCounts {
   const counts: SyscallCounts = {}
-  const row = /^\s+([a-z_][a-z0-9_]*)\s+(\d+)\s+\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+%\s*$/
+  const row = /^\s+([a-z_][a-z0-9_]*)\s+(\d+)\s+(\d+)\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\.\d+%\s*$/
   for (const line of text.split('\n')) {
     const match = row.exec(line)
     if (match === null) continue
-    counts[match[1]!] = (counts[match[1]!] ?? 0) + Number(match[2])
+    const name = match[1]!
+    counts[name] = (counts[name] ?? 0) + Number(match[2])
+    if (errors !== undefined && match[3] !== '0') errors[name] = (errors[name] ?? 0) + Number(match[3])
   }
   return counts
 }
@@ -128,6 +132,8 @@ interface ServerReport {
 interface RunResult {
   /** null when untraced. */
   counts: SyscallCounts | null
+  /** Failed calls per syscall (EAGAIN mostly); null when untraced. */
+  errors: SyscallCounts | null
   /** Wall time of the calls (or of the idle wait). */
   elapsedMs: number
   server: ServerReport | null
@@ -147,6 +153,8 @@ export interface TraceReport {
   tracer: Tracer
   payloadBytes: number | null
   sidecarBytes: number | null
+  /** Read and write syscalls per RPC that failed (EAGAIN: nothing to read, or the socket buffer full). */
+  failedPerRpc: { read: number, write: number }
   /** Server bytes written per write-group syscall, calls run minus zero-call run. */
   bytesPerWrite: number | null
   /** Untraced run (null with --no-timing). */
@@ -160,6 +168,8 @@ export interface TraceReport {
     calls: Record<Category, number>
     zeroCalls: Record<Category, number>
     bySyscall: { calls: SyscallCounts, zeroCalls: SyscallCounts }
+    /** Failed calls (mostly EAGAIN: the kernel buffer was empty or full), by syscall. */
+    errorsBySyscall: { calls: SyscallCounts, zeroCalls: SyscallCounts }
   }
   /** Per-connection counters at the end of the N-call run (server: taken at SIGTERM). */
   connections: { server: ServerConnectionStats[] | null, client: ClientConnectionStats[] | null }
@@ -283,6 +293,8 @@ export async function runTrace (plan: TracePlan): Promise<TraceReport> {
   const perRpc = {} as Record<Category, number>
   for (const c of CATEGORIES) perRpc[c] = round((calls[c] - zeroCalls[c]) / plan.calls, 4)
   const writes = calls.write - zeroCalls.write
+  const failed = categorize(measured.errors!)
+  const zeroFailed = categorize(zero.errors!)
   const bytes = measured.bytesFromServer - zero.bytesFromServer
   const movedBytes = plan.sidecarBytes ?? plan.payloadBytes
   return {
@@ -295,11 +307,20 @@ export async function runTrace (plan: TracePlan): Promise<TraceReport> {
     tracer: plan.tracer,
     payloadBytes: plan.payloadBytes ?? null,
     sidecarBytes: plan.sidecarBytes ?? null,
+    failedPerRpc: {
+      read: round((failed.read - zeroFailed.read) / plan.calls, 4),
+      write: round((failed.write - zeroFailed.write) / plan.calls, 4)
+    },
     bytesPerWrite: writes > 0 ? Math.round(bytes / writes) : null,
     callsPerSec: untraced === null ? null : Math.round(plan.calls / (untraced.elapsedMs / 1000)),
     mibPerSec: untraced === null || movedBytes === undefined ? null : round(plan.calls * movedBytes / MIB / (untraced.elapsedMs / 1000), 1),
     tracedCallsPerSec: Math.round(plan.calls / (measured.elapsedMs / 1000)),
-    raw: { calls, zeroCalls, bySyscall: { calls: measured.counts!, zeroCalls: zero.counts! } },
+    raw: {
+      calls,
+      zeroCalls,
+      bySyscall: { calls: measured.counts!, zeroCalls: zero.counts! },
+      errorsBySyscall: { calls: measured.errors!, zeroCalls: zero.errors! }
+    },
     connections: { server: measured.server?.connections ?? null, client: measured.client }
   }
 }
@@ -362,12 +383,14 @@ async function oneRun (plan: TracePlan, tracer: Tracer | null, calls: number, id
     const statsLine = /^server-stats (.*)$/m.exec(stdout)
     const serverReport = statsLine === null ? null : JSON.parse(statsLine[1]!) as ServerReport
     let counts: SyscallCounts | null = null
+    let errors: SyscallCounts | null = null
     if (tracer !== null) {
       const text = readFileSync(summaryFile, 'utf8')
-      counts = tracer === 'strace' ? parseStraceSummary(text) : parsePerfTraceSummary(text)
+      errors = {}
+      counts = tracer === 'strace' ? parseStraceSummary(text, errors) : parsePerfTraceSummary(text, errors)
       if (Object.keys(counts).length === 0) throw new TraceError(`no syscall summary from ${tracer} in ${summaryFile}:\n${text.slice(0, 2000)}`)
     }
-    return { counts, elapsedMs, server: serverReport, client, bytesFromServer }
+    return { counts, errors, elapsedMs, server: serverReport, client, bytesFromServer }
   } finally {
     driver?.close()
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
@@ -521,11 +544,16 @@ export function formatReport (r: TraceReport): string {
     lines.push(`  ${label[c].padEnd(12)}${fixed(r.perRpc[c]).padStart(10)}${String(r.raw.calls[c]).padStart(14)}${String(r.raw.zeroCalls[c]).padStart(10)}`)
   }
   lines.push('  (epoll_wait = epoll_wait + epoll_pwait; read = read, readv, recvfrom, recvmsg; write = write, writev, sendto, sendmsg)')
-  lines.push('raw counts by syscall (N-call run / 0-call run):')
+  lines.push(`failed per RPC (EAGAIN): read ${fixed(r.failedPerRpc.read)}, write ${fixed(r.failedPerRpc.write)}`)
+  lines.push('raw counts by syscall (N-call run / 0-call run; failed calls in brackets):')
   const names = new Set([...Object.keys(r.raw.bySyscall.calls), ...Object.keys(r.raw.bySyscall.zeroCalls)])
   const rows = [...names].map((n) => [n, r.raw.bySyscall.calls[n] ?? 0, r.raw.bySyscall.zeroCalls[n] ?? 0] as const)
     .sort((a, b) => (b[1] - b[2]) - (a[1] - a[2]) || b[1] - a[1] || a[0].localeCompare(b[0]))
-  for (const [n, a, b] of rows) lines.push(`  ${n.padEnd(20)}${String(a).padStart(10)}${String(b).padStart(10)}`)
+  const errors = r.raw.errorsBySyscall
+  for (const [n, a, b] of rows) {
+    const failed = errors.calls[n] !== undefined || errors.zeroCalls[n] !== undefined ? `  [${errors.calls[n] ?? 0} / ${errors.zeroCalls[n] ?? 0}]` : ''
+    lines.push(`  ${n.padEnd(20)}${String(a).padStart(10)}${String(b).padStart(10)}${failed}`)
+  }
   if (r.bytesPerWrite !== null) lines.push(`bytes per write syscall (server): ${r.bytesPerWrite}`)
   const untraced = r.callsPerSec === null ? '' : `${r.callsPerSec} calls/s${r.mibPerSec === null ? '' : ` (${r.mibPerSec} MiB/s each way)`} untraced; `
   lines.push(`throughput: ${untraced}${r.tracedCallsPerSec} calls/s under ${r.tracer}`)

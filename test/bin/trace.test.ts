@@ -63,18 +63,22 @@ const PERF_SAMPLE = `
    --------------- --------  ------ -------- --------- --------- ---------     ------
    epoll_pwait            1      0   366.136   366.136   366.136   366.136      0.00%
    epoll_ctl              2      0     0.025     0.009     0.013     0.016     29.39%
-   read                   1      0     0.051     0.051     0.051     0.051      0.00%
+   read                   1      3     0.051     0.051     0.051     0.051      0.00%
 `
 
 t.test('parses strace -c output, with and without an errors column', async t => {
-  const counts = parseStraceSummary(STRACE_SAMPLE)
+  const errors = {}
+  const counts = parseStraceSummary(STRACE_SAMPLE, errors)
   t.same(counts, { futex: 127, epoll_pwait: 27, munmap: 124, read: 101, clone3: 7, openat: 32, fcntl: 26, epoll_ctl: 3, write: 3, writev: 2, sched_getaffinity: 1 })
+  t.same(errors, { futex: 2, openat: 2, fcntl: 13 })
   t.same(categorize(counts), { epoll_ctl: 3, epoll_wait: 27, read: 101, write: 5, futex: 127, other: 190, total: 453 })
   t.same(parseStraceSummary('strace: exec: No such file or directory\n'), {}, 'no table, no counts')
 })
 
 t.test('parses perf trace -s output, summing the threads', async t => {
-  const counts = parsePerfTraceSummary(PERF_SAMPLE)
+  const errors = {}
+  const counts = parsePerfTraceSummary(PERF_SAMPLE, errors)
+  t.same(errors, { read: 3 })
   t.same(counts, { epoll_pwait: 21, read: 89, futex: 57, sched_getaffinity: 1, epoll_ctl: 2 })
   t.same(categorize(counts), { epoll_ctl: 2, epoll_wait: 21, read: 89, write: 0, futex: 57, other: 1, total: 170 })
 })
