@@ -55,7 +55,7 @@ export interface ReactorsOptions {
 export interface Reactors {
   readonly address: { host: string, port: number }
   readonly distribution: 'round-robin' | 'reusePort' | 'single'
-  /** Every process serving: the primary first in cluster mode, then the live reactors. */
+  /** Every process serving: the primary first in cluster mode, then the reactors that listen (not one still starting). */
   pids (): number[]
   /** `process.resourceUsage()` of every serving process, the primary included, in `pids()` order. */
   resourceUsage (): Promise<NodeJS.ResourceUsage[]>
@@ -278,9 +278,7 @@ class ClusterReactors implements Reactors {
   }
 
   pids (): number[] {
-    const pids = [process.pid]
-    for (const slot of this.#slots) if (slot.worker?.process.pid !== undefined) pids.push(slot.worker.process.pid)
-    return pids
+    return [process.pid, ...this.#live().map(worker => worker.process.pid!)]
   }
 
   async resourceUsage (): Promise<NodeJS.ResourceUsage[]> {

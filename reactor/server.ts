@@ -118,8 +118,14 @@ const DEFAULT_WORKERS = 10
 const DEFAULT_QUEUE_LENGTH = 50
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
 const THREAD_HOLD_WINDOW_MS = 10
-/** A retired connection that stays busy is closed this long after retirement once no call is in flight. */
-const RETIRE_QUIET_LIMIT_MS = 5000
+/**
+ * A retired connection closes once it has been quiet this long: its client
+ * stopped using it (the nyala client does on the first FATAL answer), so a
+ * call crossing the close on the wire is unlikely.
+ */
+const RETIRED_QUIET_MS = 1000
+/** A retired connection whose client keeps sending (each call answered FATAL) closes this long after retirement, between calls. */
+const RETIRED_BUSY_LIMIT_MS = 5000
 
 /** Per-connection state of the server. */
 class ServerConnection {
@@ -635,13 +641,12 @@ export class Server {
         if (activity !== sc.lastActivity || sc.inFlight.size > 0 || sc.connection.isBusy) {
           sc.lastActivity = activity
           sc.lastActiveAt = now
-          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !sc.connection.isBusy && now - sc.retiredAt >= RETIRE_QUIET_LIMIT_MS) this.#closeAged(sc)
+          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !sc.connection.isBusy && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
           else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.negotiated !== null) sc.retiredAt = now
           continue
         }
         if (sc.retiredAt >= 0) {
-          // Quiet for a whole scan period since it was retired: no call is on its way.
-          this.#closeAged(sc)
+          if (now - sc.lastActiveAt >= RETIRED_QUIET_MS) this.#closeAged(sc)
         } else if (now >= sc.retireAt && sc.negotiated !== null) {
           sc.retiredAt = now
         } else if (idleMs > 0 && sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
