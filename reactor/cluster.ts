@@ -225,6 +225,8 @@ interface Slot {
   /** Last failure the reactor reported before exiting. */
   failure: string | null
   listening: boolean
+  /** The port the reactor was told to listen on (0 or the real one). */
+  port: number
 }
 
 interface Pending { resolve: (reply: FromReactor | null) => void, timer: NodeJS.Timeout, worker: Worker }
@@ -269,7 +271,7 @@ class ClusterReactors implements Reactors {
     })
     const started = new Promise<void>((resolve, reject) => { this.#started = { resolve, reject } })
     for (let index = 0; index < this.#options.reactors; index++) {
-      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false })
+      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false, port: this.#options.port })
     }
     // With reusePort and port 0, the first reactor picks the port the others join.
     const first = this.distribution === 'reusePort' && this.#options.port === 0 ? [this.#slots[0]!] : this.#slots
@@ -303,6 +305,10 @@ class ClusterReactors implements Reactors {
 
   close (): Promise<void> {
     if (this.#closing !== null) return this.#closing
+    if (this.#started !== null) {
+      this.#started.reject(new Error('the reactors were closed before all of them listened'))
+      this.#started = null
+    }
     this.#closing = new Promise<void>((resolve) => {
       this.#closed = resolve
       const killAfterMs = (this.#options.graceMs ?? 30_000) + CLOSE_KILL_AFTER_MS
@@ -333,7 +339,8 @@ class ClusterReactors implements Reactors {
     slot.restartTimer = null
     slot.failure = null
     slot.listening = false
-    const port = this.#address !== null && this.distribution === 'reusePort' ? this.#address.port : this.#options.port
+    slot.port = this.#listenPort()
+    const port = slot.port
     const worker = cluster.fork({ [ENV_SLOT]: String(slot.index), [ENV_DISTRIBUTION]: this.distribution, [ENV_PORT]: String(port) })
     slot.worker = worker
     slot.startedAt = Date.now()
@@ -341,6 +348,17 @@ class ClusterReactors implements Reactors {
     // IPC errors (a channel closed under a send) surface as the exit below.
     worker.on('error', (err: Error) => this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}): ${err.message}`))
     worker.once('exit', (code: number | null, signal: string | null) => this.#onReactorExit(slot, worker, code, signal))
+  }
+
+  // The port a new reactor listens on. With reusePort, the real one. With
+  // round-robin, the one the live reactors asked for: the primary shares one
+  // handle per requested address, so a reactor asking for port 0 again joins
+  // them; once none is alive that handle is gone and the real port is bound anew.
+  #listenPort (): number {
+    if (this.#address === null) return this.#options.port
+    if (this.distribution === 'reusePort') return this.#address.port
+    const alive = this.#slots.find(s => s.worker !== null)
+    return alive === undefined ? this.#address.port : alive.port
   }
 
   #onReactorMessage (slot: Slot, worker: Worker, message: FromReactor): void {
@@ -406,7 +424,7 @@ class ClusterReactors implements Reactors {
     const ranMs = Date.now() - slot.startedAt
     if (ranMs >= Math.max(STABLE_AFTER_MS, this.#backoff.maxMs)) slot.deaths = 0
     slot.deaths++
-    const delayMs = Math.min(this.#backoff.maxMs, this.#backoff.baseMs * 2 ** (slot.deaths - 1))
+    const delayMs = restartDelayMs(slot.deaths, this.#backoff)
     this.#supervisor.restarts.inc()
     this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} after ${ranMs} ms${why}; restarting it in ${delayMs} ms`)
     slot.restartTimer = setTimeout(() => this.#fork(slot), delayMs)
@@ -431,6 +449,15 @@ class ClusterReactors implements Reactors {
       send(worker, { type, id })
     })
   }
+}
+
+/**
+ * Delay before the restart that follows a reactor's `deaths`-th death in a
+ * row: `baseMs`, doubling per death, at most `maxMs`. Deaths in a row are
+ * counted until a reactor runs for `max(10 s, maxMs)`.
+ */
+export function restartDelayMs (deaths: number, backoff: { baseMs: number, maxMs: number }): number {
+  return Math.min(backoff.maxMs, backoff.baseMs * 2 ** Math.max(0, deaths - 1))
 }
 
 function send (worker: Worker, message: ToReactor): void {

@@ -14,7 +14,7 @@ import { availableParallelism } from 'node:os'
 import { fileURLToPath } from 'node:url'
 import { RpcError } from '../../codec/errors.js'
 import { Client } from '../../reactor/client.js'
-import { reactorExecArgv, reusePortSupported, serveReactors } from '../../reactor/cluster.js'
+import { reactorExecArgv, restartDelayMs, reusePortSupported, serveReactors } from '../../reactor/cluster.js'
 import { Server } from '../../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
 import { ReactorService, reactorHandlers } from '../helpers/reactor-service.js'
@@ -114,6 +114,11 @@ t.test('reusePort is used from Node 22.12 and 23.1 on, on Linux only', async t =
   t.equal(reusePortSupported('24.0.0', 'darwin'), false)
 })
 
+t.test('restart delays double from baseMs up to maxMs', async t => {
+  const backoff = { baseMs: 100, maxMs: 1000 }
+  t.same([1, 2, 3, 4, 5, 9].map((deaths) => restartDelayMs(deaths, backoff)), [100, 200, 400, 800, 1000, 1000])
+})
+
 t.test('one reactor serves in this process with the same interface', async t => {
   let server: Server | null = null
   const reactors = await serveReactors({
@@ -204,6 +209,18 @@ t.test('two reactors serve; a killed one is replaced; SIGTERM drains both and ex
     t.ok(replaced.includes(pid), `client ${i} is served by a live reactor`)
   }
 
+  // Both at once: with port 0 the primary's shared handle goes with the last
+  // reactor; the replacements bind the same real port again.
+  for (const pid of replaced) process.kill(pid, 'SIGKILL')
+  const fresh = await until('two replacement reactors', run, async () => {
+    const live = (await livePids()).slice(1)
+    return live.length === 2 && !live.some((pid) => replaced.includes(pid)) ? live : undefined
+  })
+  for (const pid of fresh) pids.add(pid)
+  const after = clients(t, endpoint, 2)
+  t.same((await Promise.all(after.map(async (c) => (await c.service(ReactorService).Pid({})).pid))).sort(), [...fresh].sort(), 'the same endpoint reaches both replacements')
+  t.equal(sample(await scrape(), 'nyala_reactor_restarts_total'), 3)
+
   // SIGTERM to the primary: calls in flight on both reactors are answered, then exit 0.
   const sleepers = clients(t, endpoint, 4)
   const sleepersBy = new Set<number>()
@@ -220,7 +237,7 @@ t.test('two reactors serve; a killed one is replaced; SIGTERM drains both and ex
   const outcomes = await Promise.allSettled(sleeps)
   t.same(outcomes.map((o) => o.status), ['fulfilled', 'fulfilled', 'fulfilled', 'fulfilled'], 'every call in flight was answered')
   t.equal(await run.exit, 0)
-  for (const pid of replaced) t.notOk(isAlive(pid), `reactor ${pid} exited`)
+  for (const pid of fresh) t.notOk(isAlive(pid), `reactor ${pid} exited`)
 })
 
 t.test('connections older than the maximum age are drained so one client reaches both reactors', async t => {
