@@ -174,8 +174,14 @@ export class Connection {
       chunk = this.#takePreamble(chunk)
       if (chunk.length === 0 || this.#closed) return
     }
-    const error = this.#decoder.push(chunk, this.#onFrame)
-    if (error !== null) this.destroy(error)
+    // Answers produced while this read's frames are handled go out in one write.
+    this.#queue.beginRead()
+    try {
+      const error = this.#decoder.push(chunk, this.#onFrame)
+      if (error !== null) this.destroy(error)
+    } finally {
+      this.#queue.endRead()
+    }
   }
 
   // Collects the client preamble (server side) before any frame.

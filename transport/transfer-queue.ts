@@ -74,6 +74,10 @@ const BATCH_BYTES = 1024 * 1024
  *
  * - A lone frame, with nothing queued and the socket not backed up, is
  *   written at once, in the caller's stack: no deferral.
+ * - While the connection handles one read (`beginRead`..`endRead`), the
+ *   frames it answers wait and go out together when the read is handled:
+ *   one write per read, however many pipelined requests it carried. A read
+ *   that carried one request is answered by one immediate write, as before.
  * - Frames that arrive later in the same event-loop turn are queued and
  *   written together at the end of the turn (`process.nextTick`) as one
  *   write, so N pipelined responses cost one `writev`, not N `write`s.
@@ -98,6 +102,7 @@ export class TransferQueue {
   #held = false
   #waitingDrain = false
   #flushScheduled = false
+  #reading = false
   #closedError: RpcError | null = null
   readonly #flush = (): void => { this.#flushScheduled = false; this.#drainQueue() }
   #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0 }
@@ -116,7 +121,7 @@ export class TransferQueue {
     }
     const backlog = this.#queuedBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes) return false
-    if (this.#held || this.#waitingDrain || this.#flushScheduled) {
+    if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
       this.#queue.push(transfer)
       this.#queuedBytes += transfer.bytes
       return true
@@ -126,11 +131,42 @@ export class TransferQueue {
     if (this.#dropIfCancelled(transfer)) return true
     this.#stats.immediateWrites++
     this.#writeTransfer(transfer)
-    if (!this.#waitingDrain) {
-      this.#flushScheduled = true
-      process.nextTick(this.#flush)
-    }
+    this.#scheduleFlush()
     return true
+  }
+
+  /**
+   * The connection starts handling one read: frames enqueued until `endRead`
+   * are held back and written together then (one write for the read's
+   * answers instead of one for the first and one for the rest).
+   */
+  beginRead (): void {
+    this.#reading = true
+  }
+
+  /** The read is handled: its answers go out now, a lone one as an immediate write, several as one batch. */
+  endRead (): void {
+    if (!this.#reading) return
+    this.#reading = false
+    const queue = this.#queue
+    if (queue.length === 0 || this.#held || this.#waitingDrain || this.#flushScheduled || this.#closedError !== null) return
+    if (queue.length === 1) {
+      const transfer = queue.shift()!
+      this.#queuedBytes -= transfer.bytes
+      if (this.#dropIfCancelled(transfer)) return
+      this.#stats.immediateWrites++
+      this.#writeTransfer(transfer)
+    } else {
+      this.#drainQueue()
+    }
+    this.#scheduleFlush()
+  }
+
+  // Frames enqueued later in this turn wait for one write at its end.
+  #scheduleFlush (): void {
+    if (this.#waitingDrain || this.#flushScheduled) return
+    this.#flushScheduled = true
+    process.nextTick(this.#flush)
   }
 
   /** Holds writes (queued, not sent) until `release`: used while the connection negotiates. */
