@@ -47,7 +47,11 @@ export interface BenchConfig {
   against: System[]
   /** Load processes; default min(connections, availableParallelism()). */
   loadProcesses?: number
-  /** Warm-up before each window; default min(1 s, max(0.1 s, runSeconds / 5)). */
+  /**
+   * Warm-up before each window; default min(3 s, max(0.1 s, runSeconds / 2)).
+   * grpc-js needs seconds of JIT warm-up: its calls/s still doubled between
+   * the 2nd and the 6th second of a run on this machine.
+   */
   warmupSeconds?: number
   /** Node options of the server processes (e.g. `--cpu-prof`). */
   serverExecArgv?: string[]
@@ -103,7 +107,7 @@ export function chainsPerConnection (config: Pick<BenchConfig, 'mode' | 'clientT
 
 /** The warm-up before the measured window, in seconds. */
 export function warmupSeconds (config: Pick<BenchConfig, 'runSeconds' | 'warmupSeconds'>): number {
-  return config.warmupSeconds ?? Math.min(1, Math.max(0.1, config.runSeconds / 5))
+  return config.warmupSeconds ?? Math.min(3, Math.max(0.1, config.runSeconds / 2))
 }
 
 /** Runs every system of `config.against` once, in order; one row each. */

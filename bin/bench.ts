@@ -13,6 +13,7 @@ const CONFIG_OPTIONS = {
   'worker-threads': { type: 'string' },
   'server-reactors': { type: 'string' },
   'run-seconds': { type: 'string' },
+  'warmup-seconds': { type: 'string' },
   'payload-bytes': { type: 'string' },
   against: { type: 'string' },
   'load-processes': { type: 'string' }
@@ -59,6 +60,11 @@ export function applyConfig (base: BenchConfig, values: ConfigValues): BenchConf
     const s = Number(values['run-seconds'])
     if (!(s > 0) || !Number.isFinite(s)) throw invalid(`--run-seconds must be a number > 0, got '${values['run-seconds']}'`)
     config.runSeconds = s
+  }
+  if (values['warmup-seconds'] !== undefined) {
+    const s = Number(values['warmup-seconds'])
+    if (!(s >= 0) || !Number.isFinite(s)) throw invalid(`--warmup-seconds must be a number >= 0, got '${values['warmup-seconds']}'`)
+    config.warmupSeconds = s
   }
   if (values.against !== undefined) {
     const against = values.against.split(',').map((s) => s.trim()).filter((s) => s !== '')

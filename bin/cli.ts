@@ -69,8 +69,9 @@ Usage:
 
   nyala bench [--mode sync|async] [--client-threads 16]
               [--async-call-concurrency 60] [--worker-threads W]
-              [--server-reactors 1] [--run-seconds 1] [--payload-bytes 0]
-              [--against nyala,raw,grpc] [--load-processes P] [--json]
+              [--server-reactors 1] [--run-seconds 1] [--warmup-seconds W]
+              [--payload-bytes 0] [--against nyala,raw,grpc]
+              [--load-processes P] [--json]
               [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
               [--server-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
@@ -81,7 +82,8 @@ Usage:
       connection, at most one per core). One row per system: Reqs/sec,
       server user/sys CPU us and context switches per request (all server
       processes), client CPU us per request, p50/p99/p99.9 latency us.
-      --payload-bytes B calls Echo with B bytes instead of Add. --json
+      Each window follows a warm-up (default: half the window, 0.1 to 3
+      s). --payload-bytes B calls Echo with B bytes instead of Add. --json
       prints the rows as a JSON array. --repeat K runs K times and reports
       medians; with --compare it runs configurations A and B alternately,
       K times each, and prints Welch's t-test on Reqs/sec with the 95 %
