@@ -19,6 +19,7 @@ import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
 import type { Server } from './server.js'
 import { consoleLogger, type Logger } from './logger.js'
+import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 
 export interface ReactorsOptions {
   /** Reactor processes; 1 serves in this process, without forking (the embedded default). */
@@ -77,22 +78,6 @@ const CLOSE_KILL_AFTER_MS = 10_000
 /** How long the primary waits for a reactor's answer to a usage or metrics request. */
 const REQUEST_TIMEOUT_MS = 5000
 
-// Environment of a reactor process, set by the primary.
-const ENV_SLOT = 'NYALA_REACTOR'
-const ENV_DISTRIBUTION = 'NYALA_REACTOR_DISTRIBUTION'
-const ENV_PORT = 'NYALA_REACTOR_PORT'
-
-type ToReactor =
-  | { type: 'nyala:reactor-usage', id: number }
-  | { type: 'nyala:reactor-metrics', id: number }
-  | { type: 'nyala:reactor-close' }
-
-type FromReactor =
-  | { type: 'nyala:reactor-listening', host: string, port: number }
-  | { type: 'nyala:reactor-failed', message: string }
-  | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
-  | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
-
 /** True in a reactor process forked by `serveReactors`. */
 export function isReactorWorker (): boolean {
   return cluster.isWorker && process.env[ENV_SLOT] !== undefined
@@ -143,73 +128,6 @@ async function serveInProcess (options: ReactorsOptions): Promise<Reactors> {
       return closing
     }
   }
-}
-
-// ---------------------------------------------------------------------------
-// The reactor process.
-
-function runReactor (options: ReactorsOptions): Promise<never> {
-  const distribution = process.env[ENV_DISTRIBUTION] === 'reusePort' ? 'reusePort' : 'round-robin'
-  const port = Number(process.env[ENV_PORT] ?? options.port)
-  let server: Server | null = null
-  let listening = false
-  let closing = false
-  const send = (message: FromReactor, then?: () => void): void => {
-    if (process.send === undefined || !process.connected) {
-      then?.()
-      return
-    }
-    process.send(message, undefined, {}, () => then?.())
-  }
-  // Drains and exits; a reactor that is not listening yet has no calls to drain.
-  const close = (): void => {
-    if (closing) return
-    closing = true
-    if (server === null || !listening) process.exit(0)
-    server.close(options.graceMs === undefined ? {} : { graceMs: options.graceMs }).then(() => process.exit(0), () => process.exit(1))
-  }
-  process.on('message', (message: ToReactor) => {
-    switch (message?.type) {
-      case 'nyala:reactor-usage':
-        send({ type: 'nyala:reactor-usage', id: message.id, usage: process.resourceUsage() })
-        break
-      case 'nyala:reactor-metrics':
-        if (server === null) send({ type: 'nyala:reactor-metrics', id: message.id, metrics: [] })
-        else {
-          server.metrics.registry.getMetricsAsJSON().then(
-            (metrics) => send({ type: 'nyala:reactor-metrics', id: message.id, metrics }),
-            () => send({ type: 'nyala:reactor-metrics', id: message.id, metrics: [] }))
-        }
-        break
-      case 'nyala:reactor-close':
-        close()
-        break
-    }
-  })
-  // A signal to the process group (Ctrl-C) reaches the reactors too; the
-  // primary's own close request then finds them draining already. A primary
-  // that died leaves its reactors without a channel: they drain and exit.
-  process.on('SIGTERM', close)
-  process.on('SIGINT', close)
-  process.on('disconnect', close)
-
-  const start = async (): Promise<void> => {
-    server = await options.build()
-    if (options.maxConnectionAgeMs !== undefined) server.setMaxConnectionAgeMs(options.maxConnectionAgeMs)
-    const bound = await server.listen(port, options.host, { reusePort: distribution === 'reusePort' })
-    listening = true
-    if (closing) {
-      closing = false
-      close()
-      return
-    }
-    send({ type: 'nyala:reactor-listening', host: bound.address, port: bound.port })
-  }
-  start().catch((err: unknown) => {
-    const message = err instanceof Error ? err.message : String(err)
-    send({ type: 'nyala:reactor-failed', message }, () => process.exit(1))
-  })
-  return new Promise<never>(() => {})
 }
 
 // ---------------------------------------------------------------------------
