@@ -60,6 +60,9 @@ export class ServiceDispatcher {
   #progressMark = 0
   readonly #check = (): void => this.#offerHeld()
   readonly #holdWindowMs: number | undefined
+  // The window's timer defers the check: after a stall the timer phase comes
+  // before the poll phase, and the threads' answers waiting there must count.
+  readonly #deferCheck = (): void => this.#clock.defer(this.#check)
   #feedScheduled = false
   readonly #feed = (): void => {
     this.#feedScheduled = false
@@ -114,7 +117,7 @@ export class ServiceDispatcher {
 
   #scheduleCheck (): void {
     if (this.#holdWindowMs === undefined) this.#clock.defer(this.#check)
-    else this.#clock.setTimer(this.#check, this.#holdWindowMs)
+    else this.#clock.setTimer(this.#deferCheck, this.#holdWindowMs)
   }
 
   /** Stops taking calls: held calls are judged now, queued ones drain within `graceMs`, the rest get FATAL_SERVER_SHUTTING_DOWN. */

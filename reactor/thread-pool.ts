@@ -6,6 +6,14 @@
  * dispatcher's burst absorption therefore apply unchanged: `run(call, i)`
  * posts the call to thread i and settles when its answer is back.
  *
+ * With `callsPerThread` k > 1 the pool has N·k workers and worker i posts to
+ * thread i mod N (so two concurrent calls still land on two threads): a
+ * thread then has up to k calls, the next one waiting in its message port
+ * while it computes the current one, so it does not go to sleep and get
+ * woken between calls. Waking a thread costs tens of microseconds of CPU per
+ * message, more than many handlers; the price is that a call committed to a
+ * busy thread waits behind its predecessors even if another thread frees up.
+ *
  * Bytes cross without copying where that is safe. A request frame longer
  * than one socket read was assembled by the frame decoder in a buffer of its
  * own, so that whole buffer is transferred; a smaller frame is a view of the
@@ -38,9 +46,11 @@ export interface HandlerModule {
 /** Counters of one service's threads. */
 export interface ThreadPoolStats {
   threads: number
+  /** Calls a thread may hold at once (the pool's workers are threads x this). */
+  callsPerThread: number
   /** Threads running now (not exited, not failed to load). */
   alive: number
-  /** Threads with a call on them now. */
+  /** Calls in the threads now. */
   busy: number
   /** Calls answered by each thread (index = worker index); LIFO parking concentrates them on low indexes. */
   handled: number[]
@@ -111,13 +121,20 @@ interface Slot {
   failed: string | null
   lastError: string | null
   seq: number
-  call: ThreadCall | null
-  settle: ((result: ThreadResult) => void) | null
+  /** Calls posted to this thread and not answered yet, by seq. */
+  readonly pending: Map<number, Pending>
   handled: number
+}
+
+interface Pending {
+  readonly call: ThreadCall
+  readonly settle: (result: ThreadResult) => void
 }
 
 export interface ThreadPoolOptions {
   threads: number
+  /** Default 1. */
+  callsPerThread?: number | undefined
   handlers: HandlerModule
   /** `package.Service` and its method names. */
   service: string
@@ -126,11 +143,12 @@ export interface ThreadPoolOptions {
   logger: Logger
 }
 
-/** N threads running one service's handlers, one call per thread at a time. */
+/** N threads running one service's handlers, up to `callsPerThread` calls per thread at a time. */
 export class ThreadPool {
   /** Resolves once every thread has loaded the handler module; rejects with the first load failure. */
   readonly ready: Promise<void>
   readonly #slots: Slot[] = []
+  readonly #callsPerThread: number
   readonly #entry = workerEntry()
   readonly #data: Omit<ThreadWorkerData, 'index'>
   readonly #clock: Clock
@@ -146,6 +164,11 @@ export class ThreadPool {
     if (!Number.isSafeInteger(threads) || threads < 1) {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `threads must be a positive integer, got ${threads}`)
     }
+    const callsPerThread = options.callsPerThread ?? 1
+    if (!Number.isSafeInteger(callsPerThread) || callsPerThread < 1) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `callsPerThread must be a positive integer, got ${callsPerThread}`)
+    }
+    this.#callsPerThread = callsPerThread
     this.#clock = options.clock
     this.#log = options.logger
     this.#data = {
@@ -158,7 +181,7 @@ export class ThreadPool {
     }
     const loads: Array<Promise<void>> = []
     for (let index = 0; index < threads; index++) {
-      const slot: Slot = { index, worker: null, loaded: false, failed: null, lastError: null, seq: 0, call: null, settle: null, handled: 0 }
+      const slot: Slot = { index, worker: null, loaded: false, failed: null, lastError: null, seq: 0, pending: new Map(), handled: 0 }
       this.#slots.push(slot)
       loads.push(new Promise<void>((resolve, reject) => { this.#readyWaiters[index] = { resolve, reject } }))
       this.#start(slot)
@@ -168,31 +191,37 @@ export class ThreadPool {
     this.ready.catch(() => {})
   }
 
+  /** The pool's workers: threads x callsPerThread. */
+  get workers (): number {
+    return this.#slots.length * this.#callsPerThread
+  }
+
   stats (): ThreadPoolStats {
     let alive = 0
     let busy = 0
     for (const slot of this.#slots) {
       if (slot.worker !== null && slot.failed === null) alive++
-      if (slot.settle !== null) busy++
+      busy += slot.pending.size
     }
-    return { threads: this.#slots.length, alive, busy, handled: this.#slots.map(s => s.handled), restarts: this.#restarts,
+    return { threads: this.#slots.length, callsPerThread: this.#callsPerThread, alive, busy, handled: this.#slots.map(s => s.handled), restarts: this.#restarts,
       requestsMoved: this.#moved, requestBytesCopied: this.#copied
     }
   }
 
   /**
-   * Runs `call` on thread `worker`; resolves with its answer (never rejects).
-   * The worker pool guarantees one call per worker at a time.
+   * Runs `call` for pool worker `worker` on thread `worker mod threads`;
+   * resolves with its answer (never rejects). The worker pool guarantees one
+   * call per worker at a time.
    */
   run (call: ThreadCall, worker: number): Promise<ThreadResult> {
-    const slot = this.#slots[worker]!
+    const slot = this.#slots[worker % this.#slots.length]!
     const frame = call.frame
     const message = call.message
     call.frame = null
     call.message = null
     if (slot.failed !== null || slot.worker === null || frame === null || message === null) {
       const why = slot.failed ?? (slot.worker === null ? 'the server is shutting down' : 'the request was already handled')
-      return Promise.resolve({ error: { message: `cannot run ${call.service}.${call.method} in worker thread ${worker}: ${why}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
+      return Promise.resolve({ error: { message: `cannot run ${call.service}.${call.method} in worker thread ${slot.index}: ${why}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
     }
     const seq = ++slot.seq
     const sidecars = call.sidecars
@@ -226,11 +255,10 @@ export class ThreadPool {
       user: call.user,
       remoteAddress: call.remoteAddress
     }
-    const result = new Promise<ThreadResult>((resolve) => { slot.settle = resolve })
-    slot.call = call
+    const result = new Promise<ThreadResult>((resolve) => { slot.pending.set(seq, { call, settle: resolve }) })
     const thread = slot.worker
     call.onAbort = (reason) => {
-      if (slot.call === call && slot.worker === thread) {
+      if (slot.pending.get(seq)?.call === call && slot.worker === thread) {
         thread.postMessage({ cancel: seq, code: reason.code, message: reason.message } satisfies ThreadCancelMessage)
       }
     }
@@ -256,8 +284,7 @@ export class ThreadPool {
     slot.lastError = null
     worker.on('message', (m: ThreadReply | ThreadStatus) => {
       if ('seq' in m) {
-        if (m.seq !== slot.seq) return
-        this.#settle(slot, m.error === undefined ? { body: m.body, sidecars: m.sidecars } : { error: m.error })
+        this.#settle(slot, m.seq, m.error === undefined ? { body: m.body, sidecars: m.sidecars } : { error: m.error })
       } else if ('ready' in m) {
         slot.loaded = true
         this.#readyWaiters[slot.index]?.resolve()
@@ -275,9 +302,9 @@ export class ThreadPool {
     worker.on('exit', (code) => {
       if (slot.worker !== worker) return
       slot.worker = null
-      if (slot.settle !== null) {
-        const detail = slot.lastError ?? slot.failed ?? `exit code ${code}`
-        this.#settle(slot, { error: { message: `worker thread ${slot.index} stopped while handling ${slot.call?.service ?? ''}.${slot.call?.method ?? ''}: ${detail}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
+      const detail = slot.lastError ?? slot.failed ?? `exit code ${code}`
+      for (const [seq, { call }] of [...slot.pending]) {
+        this.#settle(slot, seq, { error: { message: `worker thread ${slot.index} stopped while handling ${call.service}.${call.method}: ${detail}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
       }
       if (slot.failed === null && !slot.loaded) {
         slot.failed = `worker thread exited before loading the handler module: ${slot.lastError ?? `exit code ${code}`}`
@@ -291,14 +318,12 @@ export class ThreadPool {
     })
   }
 
-  #settle (slot: Slot, result: ThreadResult): void {
-    const settle = slot.settle
-    const call = slot.call
-    slot.settle = null
-    slot.call = null
-    if (call !== null) call.onAbort = null
-    if (settle === null) return
+  #settle (slot: Slot, seq: number, result: ThreadResult): void {
+    const pending = slot.pending.get(seq)
+    if (pending === undefined) return
+    slot.pending.delete(seq)
+    pending.call.onAbort = null
     slot.handled++
-    settle(result)
+    pending.settle(result)
   }
 }

@@ -1,7 +1,8 @@
 /**
  * The thread side of the worker-thread handler mode (issue 3; the main side
  * is `thread-pool.ts`). Each `worker_threads` thread imports the handler
- * module once, then handles one call at a time: it decodes the request bytes
+ * module once, then handles the calls posted to it (one at a time, unless
+ * `callsPerThread` > 1 and the handlers are async): it decodes the request bytes
  * with the method's request type, runs the handler with a `CallContext` of
  * its own, encodes the response and posts the bytes back, transferring their
  * ArrayBuffers rather than copying them where it owns them.
@@ -199,7 +200,8 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
   const service = data.service
   let methods: Map<string, Method> | null = null
   let backlog: ThreadCallMessage[] | null = []
-  let current: { seq: number, ctx: ThreadContext } | null = null
+  /** Calls being handled, by seq (more than one with callsPerThread > 1 and async handlers). */
+  const current = new Map<number, ThreadContext>()
 
   const fail = (seq: number, message: string, krpcCode: number): void => {
     port.postMessage({ seq, error: { message, krpcCode } } satisfies ThreadReply)
@@ -207,7 +209,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
 
   const failed = (seq: number, ctx: ThreadContext, err: unknown): void => {
     ctx.finish()
-    if (current?.ctx === ctx) current = null
+    current.delete(seq)
     const code = (err as { krpcCode?: unknown } | null)?.krpcCode
     if (typeof code === 'number') fail(seq, stripCodePrefix((err as Error).message), code)
     else fail(seq, err instanceof Error ? err.message : String(err), KrpcCode.ERROR_APPLICATION)
@@ -215,7 +217,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
 
   const succeeded = (seq: number, ctx: ThreadContext, method: Method, requestBuf: ArrayBuffer, response: unknown): void => {
     ctx.finish()
-    if (current?.ctx === ctx) current = null
+    current.delete(seq)
     let body: Uint8Array
     try {
       body = method.def.responseType.encode(response as Message)
@@ -271,7 +273,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
       return
     }
     const ctx = new ThreadContext(service, m, sidecars)
-    current = { seq, ctx }
+    current.set(seq, ctx)
     let result: unknown
     try {
       result = method.handler(request, ctx)
@@ -288,7 +290,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
 
   port.on('message', (m: ThreadCallMessage | ThreadCancelMessage) => {
     if ('cancel' in m) {
-      if (current !== null && current.seq === m.cancel) current.ctx.abort(new RpcError(m.code as ErrorCode, m.message))
+      current.get(m.cancel)?.abort(new RpcError(m.code as ErrorCode, m.message))
       return
     }
     if (backlog !== null) backlog.push(m)

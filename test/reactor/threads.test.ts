@@ -144,6 +144,29 @@ t.test('handler errors, crashed threads, LIFO reuse, queue overflow and cancella
   })
 })
 
+t.test('callsPerThread: a thread holds several calls; each is cancelled on its own', async (t) => {
+  const server = new Server().addService(CalculatorService, TEST_MODULE, { threads: 1, callsPerThread: 3 })
+  const { port } = await server.listen(0)
+  t.teardown(() => server.close({ graceMs: 0 }))
+  const endpoint = `127.0.0.1:${port}`
+  t.match(server.threadStats(SERVICE), { threads: 1, callsPerThread: 3 })
+  t.equal(server.metrics.snapshot()[SERVICE]!.workers, 3, 'the pool has threads x callsPerThread workers')
+  const blocker = newClient(t, { endpoint })
+  const echo = (c: typeof blocker, data: string): Promise<string> =>
+    c.call<{ data: string }>(endpoint, calculatorDef, 'Echo', { data }, { timeoutMs: 0 }).then(r => r.response.data)
+  const blocked = [settle(echo(blocker, 'until-aborted')), settle(echo(blocker, 'until-aborted'))]
+  await until(() => server.threadStats(SERVICE)!.busy === 2)
+  const client = newClient(t, { endpoint })
+  t.equal(await echo(client, 'beside two waiting calls'), 'beside two waiting calls', 'the third slot still serves')
+  blocker.close()
+  t.notOk((await Promise.all(blocked)).includes('OK'))
+  await until(() => server.threadStats(SERVICE)!.busy === 0)
+  const many = await Promise.all(Array.from({ length: 100 }, (_, i) =>
+    client.call<{ result: number }>(endpoint, calculatorDef, 'Add', { x: i, y: 1 }).then(r => r.response.result)))
+  t.same(many, Array.from({ length: 100 }, (_, i) => i + 1), 'a pipelined burst through one thread')
+  t.same(server.threadStats(SERVICE)!.handled, [103])
+})
+
 t.test('close() lets a call in a thread finish, then terminates the threads', async (t) => {
   const server = new Server().addService(CalculatorService, DEMO_MODULE, { threads: 1 })
   const { port } = await server.listen(0)
