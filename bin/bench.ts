@@ -120,7 +120,7 @@ export async function bench (args: string[]): Promise<number> {
     progress.done()
     const rows = base.against.map((_, i) => medianRow(rounds.map((runs) => runs[i]!.row)))
     if (values.json) process.stdout.write(`${JSON.stringify(rows)}\n`)
-    else process.stdout.write(formatReport(base, rows, repeat, rounds[0]!))
+    else process.stdout.write(formatReport(base, rows, repeat, rounds.flat()))
     return reportErrors(rounds.flat())
   } finally {
     progress.done()
@@ -242,6 +242,10 @@ export function formatReport (config: BenchConfig, rows: readonly BenchRow[], re
       out += `\nnyala / ${other.system}: ${fixed(nyala.reqsPerSec / other.reqsPerSec, 2)}x Reqs/sec, ${fixed(cpu, 2)}x server CPU per request`
     }
     if (rows.length > 1) out += '\n'
+  }
+  if (repeat > 1) {
+    out += '\nReqs/sec per run:\n'
+    for (const r of rows) out += `  ${r.system}: ${runs.filter((run) => run.row.system === r.system).map((run) => GROUP.format(run.row.reqsPerSec)).join(' ')}\n`
   }
   const failed = runs.filter((r) => r.errors > 0)
   for (const r of failed) out += `\n${r.row.system}: ${r.errors} call(s) failed`
