@@ -84,13 +84,15 @@ export function parseCompareFlags (base: BenchConfig, flags: string): BenchConfi
 
 /** Runs `nyala bench ARGS`; resolves with the exit code. */
 export async function bench (args: string[]): Promise<number> {
+  // `--compare 'FLAGS A' 'FLAGS B'` is taken out first: its operands start
+  // with dashes, which parseArgs would read as options.
+  const { rest, compareFlags } = takeCompare(args)
   const { values, positionals } = parseArgs({
-    args,
+    args: rest,
     options: {
       ...CONFIG_OPTIONS,
       json: { type: 'boolean', default: false },
       repeat: { type: 'string' },
-      compare: { type: 'string' },
       'server-cpu-prof': { type: 'string' }
     },
     allowPositionals: true,
@@ -101,14 +103,12 @@ export async function bench (args: string[]): Promise<number> {
   const repeat = values.repeat === undefined ? 1 : positiveInt(values.repeat, 'repeat')
   const progress = new ProgressBar()
   try {
-    if (values.compare !== undefined) {
-      if (positionals.length !== 1) throw invalid(`--compare takes two quoted flag lists: --compare 'FLAGS A' 'FLAGS B'`)
-      if (repeat < 2) throw invalid('--compare needs --repeat K with K >= 2 (Welch\'s t-test needs two runs of each)')
-      const a = parseCompareFlags(base, values.compare)
-      const b = parseCompareFlags(base, positionals[0]!)
-      return await compare(a, b, values.compare, positionals[0]!, repeat, values.json, progress)
-    }
     if (positionals.length > 0) throw invalid(`unexpected argument '${positionals[0]}'`)
+    if (compareFlags !== null) {
+      if (repeat < 2) throw invalid('--compare needs --repeat K with K >= 2 (Welch\'s t-test needs two runs of each)')
+      const [flagsA, flagsB] = compareFlags
+      return await compare(parseCompareFlags(base, flagsA), parseCompareFlags(base, flagsB), flagsA, flagsB, repeat, values.json, progress)
+    }
     progress.plan(repeat * base.against.length)
     const rounds: BenchRun[][] = []
     for (let round = 0; round < repeat; round++) {
@@ -125,6 +125,15 @@ export async function bench (args: string[]): Promise<number> {
   } finally {
     progress.done()
   }
+}
+
+/** `args` without `--compare A B`, and A and B (null without `--compare`). */
+export function takeCompare (args: readonly string[]): { rest: string[], compareFlags: [string, string] | null } {
+  const at = args.indexOf('--compare')
+  if (at === -1) return { rest: [...args], compareFlags: null }
+  if (at + 2 >= args.length) throw invalid(`--compare takes two quoted flag lists: --compare 'FLAGS A' 'FLAGS B'`)
+  if (args.indexOf('--compare', at + 1) !== -1) throw invalid('--compare may be given once')
+  return { rest: [...args.slice(0, at), ...args.slice(at + 3)], compareFlags: [args[at + 1]!, args[at + 2]!] }
 }
 
 function reportErrors (runs: readonly BenchRun[]): number {

@@ -10,8 +10,13 @@ import { fileURLToPath } from 'node:url'
 import { regularizedIncompleteBeta, studentTCdf, studentTQuantile, welchTest } from '../../bench/welch.js'
 import { createLatencyHistogram, encodeLatencies, mergeLatencies, recordLatency, summarizeLatencies } from '../../bench/latency.js'
 import { chainsPerConnection, computeRun } from '../../bench/rpc-bench.js'
-import { DEFAULT_CONFIG, applyConfig, medianRow, parseCompareFlags } from '../../bin/bench.js'
+import { DEFAULT_CONFIG, applyConfig, medianRow, parseCompareFlags, takeCompare } from '../../bin/bench.js'
 import type { LoadDone } from '../../bench/bench-ipc.js'
+
+// The smoke run forks a server and load processes per system, each compiling
+// the TypeScript sources through the loader: about 20 s on a quiet 2-core
+// machine, over a minute beside other test files.
+t.setTimeout(300_000)
 
 const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
 // Only the TypeScript loader: coverage and mocking hooks stay in this process.
@@ -118,6 +123,11 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(b.workerThreads, 2)
   t.equal(b.runSeconds, 0.5)
   t.equal(b.mode, 'async')
+  // The operands start with dashes: they are taken out before the other flags are parsed.
+  t.same(takeCompare(['--json', '--compare', '--worker-threads 1', '--worker-threads 10', '--repeat', '3']),
+    { rest: ['--json', '--repeat', '3'], compareFlags: ['--worker-threads 1', '--worker-threads 10'] })
+  t.same(takeCompare(['--json']), { rest: ['--json'], compareFlags: null })
+  t.throws(() => takeCompare(['--compare', '--mode async']), { code: 'RPC_ERR_INVALID_ARGUMENT' })
   t.throws(() => applyConfig(DEFAULT_CONFIG, { against: 'nyala,thrift' }), { code: 'RPC_ERR_INVALID_ARGUMENT' })
   t.throws(() => applyConfig(DEFAULT_CONFIG, { mode: 'batch' }), { code: 'RPC_ERR_INVALID_ARGUMENT' })
   t.throws(() => applyConfig(DEFAULT_CONFIG, { 'client-threads': '0' }), { code: 'RPC_ERR_INVALID_ARGUMENT' })
