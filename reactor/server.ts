@@ -123,6 +123,8 @@ export interface ServerStats {
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_WORKERS = 10
+// Placeholder until the request is decoded (thread mode never decodes it here).
+const EMPTY_REQUEST: Message = Object.freeze({})
 const DEFAULT_QUEUE_LENGTH = 50
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
 const THREAD_HOLD_WINDOW_MS = 10
@@ -466,39 +468,30 @@ export class Server {
       const unsupported = required.filter(flag => !service.featureFlags.has(flag))
       if (unsupported.length > 0) return reply(KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
     }
+    const fields = {
+      service: remote.service_name,
+      method: remote.method_name,
+      callId,
+      user: sc.negotiated?.user ?? '',
+      remoteAddress: sc.remoteAddress,
+      receivedAt,
+      timeoutMs: header.timeout_millis ?? 0,
+      sidecars: parsed.sidecars,
+      methodDef,
+      clock: this.#clock,
+      request: EMPTY_REQUEST
+    }
     let call: InboundCall
     if (service.threads === null) {
       const request = methodDef.requestType.decode(parsed.message)
       if (request instanceof RpcError) {
         return reply(KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
       }
-      call = new InboundCall({
-        service: remote.service_name,
-        method: remote.method_name,
-        callId,
-        user: sc.negotiated?.user ?? '',
-        remoteAddress: sc.remoteAddress,
-        receivedAt,
-        timeoutMs: header.timeout_millis ?? 0,
-        sidecars: parsed.sidecars,
-        methodDef,
-        request,
-        clock: this.#clock
-      })
+      fields.request = request
+      call = new InboundCall(fields)
     } else {
       // Thread mode: the thread decodes the request from the frame's bytes.
-      call = new ThreadCall({
-        service: remote.service_name,
-        method: remote.method_name,
-        callId,
-        user: sc.negotiated?.user ?? '',
-        remoteAddress: sc.remoteAddress,
-        receivedAt,
-        timeoutMs: header.timeout_millis ?? 0,
-        sidecars: parsed.sidecars,
-        methodDef,
-        clock: this.#clock
-      }, frame, parsed.message)
+      call = new ThreadCall(fields, frame, parsed.message)
     }
     call.owner = sc
     sc.inFlight.set(callId, call)
