@@ -445,28 +445,23 @@ export class Server {
     if (sc.inFlight.has(callId)) return this.#badFrame(sc, `received duplicate call id ${callId}`)
     this.#stats.callsReceived++
 
-    const reply = (code: number, message: string, unsupported?: number[]): boolean => {
-      this.#stats.callsFailed++
-      this.#send(sc, encodeErrorFrame(callId, code, message, unsupported))
-      return true
-    }
-    if (this.#closing !== null) return reply(KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
-    if (sc.retiredAt >= 0) return reply(KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'connection reached its maximum age; reconnect')
+    if (this.#closing !== null) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
+    if (sc.retiredAt >= 0) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'connection reached its maximum age; reconnect')
     const service = this.#services.get(remote.service_name)
     if (service === undefined) {
       return this.#ready
-        ? reply(KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
-        : reply(KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
+        ? this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
+        : this.#reply(sc, callId, KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
     }
     const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
     const handler = service.handlers[remote.method_name]
     if (methodDef === undefined || handler === undefined) {
-      return reply(KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
+      return this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
     }
     const required = header.required_feature_flags
     if (required !== undefined && required.length > 0) {
       const unsupported = required.filter(flag => !service.featureFlags.has(flag))
-      if (unsupported.length > 0) return reply(KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
+      if (unsupported.length > 0) return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
     }
     const fields = {
       service: remote.service_name,
@@ -485,7 +480,7 @@ export class Server {
     if (service.threads === null) {
       const request = methodDef.requestType.decode(parsed.message)
       if (request instanceof RpcError) {
-        return reply(KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
+        return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
       }
       fields.request = request
       call = new InboundCall(fields)
@@ -498,6 +493,13 @@ export class Server {
     if (service.dispatcher === null) this.#runHandler(call)
     else service.dispatcher.submit(call)
     return !sc.connection.isClosed
+  }
+
+  // Answers a call refused before it became an InboundCall (a method, not a closure per frame).
+  #reply (sc: ServerConnection, callId: number, code: number, message: string, unsupported?: number[]): boolean {
+    this.#stats.callsFailed++
+    this.#send(sc, encodeErrorFrame(callId, code, message, unsupported))
+    return true
   }
 
   #badFrame (sc: ServerConnection, reason: string): false {
@@ -558,40 +560,36 @@ export class Server {
   }
 
   #respond (call: InboundCall, response: Message): void {
-    const sc = this.#release(call)
-    if (sc === undefined) return
-    let slices: Buffer[]
+    let body: Uint8Array
     try {
-      const body = call.methodDef.responseType.encode(response)
-      slices = encodeResponseFrame(call.callId, false, body, call.responseSidecars)
+      body = call.methodDef.responseType.encode(response)
     } catch (err) {
-      this.#stats.callsFailed++
-      this.#send(sc, encodeErrorFrame(call.callId, KrpcCode.ERROR_APPLICATION,
-        `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`))
-      this.#maybeDrained()
+      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
     }
-    this.#stats.callsSucceeded++
-    this.#send(sc, slices)
-    this.#maybeDrained()
+    this.#respondEncoded(call, body, call.responseSidecars)
   }
 
-  // Answers a call whose response a worker thread has encoded already.
+  // Answers with an encoded response (encoded here, or by a worker thread).
+  // The frame goes out first; the bookkeeping (metrics, in-flight table)
+  // follows, off the path of a synchronous caller waiting for the answer.
   #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined): void {
-    const sc = this.#release(call)
-    if (sc === undefined) return
+    const sc = call.owner as ServerConnection | null
+    if (sc === null || sc.connection.isClosed) {
+      this.#release(call)
+      return
+    }
     let slices: Buffer[]
     try {
       slices = encodeResponseFrame(call.callId, false, body, sidecars)
     } catch (err) {
-      this.#stats.callsFailed++
-      this.#send(sc, encodeErrorFrame(call.callId, KrpcCode.ERROR_APPLICATION,
-        `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`))
-      this.#maybeDrained()
+      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
     }
     this.#stats.callsSucceeded++
+    const settledAt = call.metrics === null ? 0 : this.#clock.now()
     this.#send(sc, slices)
+    this.#release(call, settledAt)
     this.#maybeDrained()
   }
 
@@ -604,13 +602,13 @@ export class Server {
   }
 
   // Ends the call's life on its connection; undefined when the connection is gone.
-  #release (call: InboundCall): ServerConnection | undefined {
+  #release (call: InboundCall, settledAt?: number): ServerConnection | undefined {
     call.finish()
     const metrics = call.metrics
     if (metrics !== null) {
       // The handler ran: record its latency and whether it overran the deadline.
       call.metrics = null
-      const now = this.#clock.now()
+      const now = settledAt ?? this.#clock.now()
       metrics.handled++
       metrics.handlerLatency.observe(now - call.handledAt)
       if (now > call.deadline) metrics.timedOutOnResponse++
