@@ -1,4 +1,5 @@
 import { lookup } from 'node:dns/promises'
+import Denque from 'denque'
 import { connect as netConnect } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
@@ -133,6 +134,8 @@ class OutboundCall implements OutboundTransfer {
   callId = -1
   conn: ClientConnection | null = null
   timer: TimerHandle | null = null
+  /** The shared deadline list the call waits in, instead of a timer of its own; null once out of it. */
+  deadlines: DeadlineList | null = null
   cancelPending: RpcError | null = null
   needsApplicationFeatures = false
   featureMissing = false
@@ -248,6 +251,7 @@ export class Client {
   readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
   readonly #endpoints = new Map<string, { host: string, port: number }>()
   readonly #balancers = new Map<string, BalancedTarget>()
+  readonly #deadlines = new Map<number, DeadlineList>()
   readonly #onSentHook = (call: OutboundCall, error: RpcError | undefined): void => this.#onSent(call, error)
   #closed = false
   readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
@@ -418,7 +422,7 @@ export class Client {
       call.onAbort = () => this.#cancel(call)
       options.signal.addEventListener('abort', call.onAbort, { once: true })
     }
-    if (timeoutMs > 0) call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
+    if (timeoutMs > 0) this.#armDeadline(call, timeoutMs)
 
     const cc = this.#connectionFor(target, key)
     if (slot !== undefined && cc.slot === null) {
@@ -582,6 +586,60 @@ export class Client {
     // with the connection's reason.
   }
 
+  // Calls with the same (whole-millisecond) timeout share one timer: their
+  // deadlines are in arrival order, since the clock is monotonic. That spares
+  // a timer and a closure per call. Other timeouts (a retry's remaining
+  // time) get a timer of their own.
+  #armDeadline (call: OutboundCall, timeoutMs: number): void {
+    let list = this.#deadlines.get(timeoutMs)
+    if (list === undefined) {
+      if (!Number.isInteger(timeoutMs) || this.#deadlines.size >= MAX_DEADLINE_LISTS) {
+        call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
+        return
+      }
+      list = new DeadlineList(timeoutMs)
+      this.#deadlines.set(timeoutMs, list)
+    }
+    list.calls.push(call)
+    list.live++
+    call.deadlines = list
+    if (list.timer === null) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), timeoutMs)
+  }
+
+  #onDeadlines (list: DeadlineList): void {
+    list.timer = null
+    const now = this.#clock.now()
+    const calls = list.calls
+    for (let head = calls.peekFront(); head !== undefined; head = calls.peekFront()) {
+      if (head.deadlines !== list) { calls.shift(); continue }
+      if (head.deadline > now) break
+      calls.shift()
+      head.deadlines = null
+      list.live--
+      this.#onTimer(head, list.timeoutMs)
+    }
+    const next = calls.peekFront()
+    if (next !== undefined) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), next.deadline - now)
+  }
+
+  // A finished call leaves its list: finished calls at the front go at once,
+  // the rest when they reach it, or when they outnumber the live ones.
+  #leaveDeadlines (call: OutboundCall, list: DeadlineList): void {
+    call.deadlines = null
+    list.live--
+    const calls = list.calls
+    while (calls.length > 0 && calls.peekFront()!.deadlines !== list) calls.shift()
+    if (calls.length > 64 && calls.length > 4 * list.live) {
+      const live = calls.toArray().filter((c) => c.deadlines === list)
+      calls.clear()
+      for (const c of live) calls.push(c)
+    }
+    if (calls.length === 0 && list.timer !== null) {
+      this.#clock.clearTimer(list.timer)
+      list.timer = null
+    }
+  }
+
   #onTimer (call: OutboundCall, timeoutMs: number): void {
     call.timer = null
     if (call.isFinished) return
@@ -617,6 +675,7 @@ export class Client {
       this.#clock.clearTimer(call.timer)
       call.timer = null
     }
+    if (call.deadlines !== null) this.#leaveDeadlines(call, call.deadlines)
     if (call.signal !== undefined && call.onAbort !== undefined) call.signal.removeEventListener('abort', call.onAbort)
     const cc = call.conn
     if (cc !== null) {
@@ -705,5 +764,21 @@ class BalancedTarget {
     }
     this.#resolvedAt = this.#clock.now()
     this.balancer.setAddresses(addresses)
+  }
+}
+
+// Distinct timeouts with a shared list each; beyond, calls get their own timer.
+const MAX_DEADLINE_LISTS = 32
+
+/** The pending calls of one timeout value, in deadline order, and their one timer. */
+class DeadlineList {
+  readonly timeoutMs: number
+  readonly calls = new Denque<OutboundCall>()
+  /** Calls in `calls` not finished yet. */
+  live = 0
+  timer: TimerHandle | null = null
+
+  constructor (timeoutMs: number) {
+    this.timeoutMs = timeoutMs
   }
 }
