@@ -19,6 +19,7 @@ import { Client } from '../reactor/client.js'
 import { Server } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
 import { runRawClient, startRawEchoServer } from './raw-echo.js'
+import { median } from './welch.js'
 
 /** `nyala-direct`: handlers dispatched directly, bypassing the service queue and workers (to price the scheduler). */
 type System = 'nyala' | 'nyala-direct' | 'raw'
@@ -72,11 +73,6 @@ async function measure (system: System, depth: number, seconds: number, workers:
   return { callsPerSec: calls / elapsed, serverCpuUsPerCall: Number.NaN }
 }
 
-function median (values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
 
 async function main (): Promise<void> {
   const { values } = parseArgs({

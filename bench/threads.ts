@@ -26,6 +26,7 @@ import { RpcError } from '../codec/errors.js'
 import { Client } from '../reactor/client.js'
 import { Server } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers, crc32 } from '../examples/calculator.js'
+import { median } from './welch.js'
 
 type Workload = 'add' | 'crc4k' | 'crc64k'
 const WORKLOADS: readonly Workload[] = ['add', 'crc4k', 'crc64k']
@@ -126,11 +127,6 @@ async function measure (mode: Mode, workload: Workload, depth: number, seconds: 
   return { callsPerSec: result.completed / elapsed, serverCpuUsPerCall: cpuUs / Math.max(1, result.completed), tooBusy: result.tooBusy, handled }
 }
 
-function median (values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
 
 async function main (): Promise<void> {
   const { values } = parseArgs({

@@ -28,6 +28,13 @@ export interface WelchResult {
   high: number
 }
 
+/** The median (the mean of the two middle values for an even count). */
+export function median (values: readonly number[]): number {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = Math.floor(sorted.length / 2)
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
 /** Arithmetic mean. */
 export function mean (values: readonly number[]): number {
   let sum = 0

@@ -3,7 +3,7 @@ import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
 import { SYSTEMS, type System } from '../bench/bench-ipc.js'
 import { chainsPerConnection, runBench, warmupSeconds, type BenchConfig, type BenchHooks, type BenchRow, type BenchRun } from '../bench/rpc-bench.js'
-import { welchTest, type WelchResult } from '../bench/welch.js'
+import { median, welchTest, type WelchResult } from '../bench/welch.js'
 
 /** Flags that make up a configuration (also the ones `--compare` takes). */
 const CONFIG_OPTIONS = {
@@ -165,11 +165,6 @@ export function medianRow (rows: readonly BenchRow[]): BenchRow {
   }
 }
 
-function median (values: readonly number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
 
 /** One system's outcome of `--compare`. */
 export interface CompareRow extends WelchResult {
