@@ -54,8 +54,10 @@ class Reader {
     return 0
   }
 
+  // uint32 keeps the low 32 bits of the varint, as protobufjs and Kudu do;
+  // summing all 10 bytes as a float would lose them.
   uint32 (): number {
-    return this.varint() % 0x100000000
+    return this.int32() >>> 0
   }
 
   lengthDelimited (): [number, number] {

@@ -31,7 +31,11 @@ export const headerSchema = ProtoSchema.load(assetPath(import.meta.url, 'rpc_hea
 /** KRPC framing: a 4-byte big-endian length of what follows. */
 export const krpcFraming: Framing = {
   prefixBytes: 4,
-  frameBytes: (buf, offset) => buf.readUInt32BE(offset) + 4
+  frameBytes: (buf, offset) => {
+    const length = buf.readUInt32BE(offset)
+    // An empty frame has no header: Kudu refuses it at the prefix too.
+    return length === 0 ? malformed('frame with a length of 0: no header') : length + 4
+  }
 }
 
 /** A frame split into its header PB and body (body PB plus sidecars), both views of the frame. */
