@@ -218,9 +218,17 @@ export function encodeRequestFrame (fields: RequestFrameFields, body: Uint8Array
   }
   let headerBytes = 1 + int32Bytes(callId)
   if (remoteMethod !== undefined) headerBytes += remoteMethod.length
-  const timeout = timeoutMs ?? 0
+  // timeout_millis is a uint32: a longer timeout (over 49 days) is clamped.
+  const timeout = Math.min(Math.floor(timeoutMs ?? 0), 0xffffffff)
   if (timeout > 0) headerBytes += 1 + varintBytes(timeout)
-  if (requiredFeatureFlags !== undefined) for (const f of requiredFeatureFlags) headerBytes += 1 + varintBytes(f)
+  if (requiredFeatureFlags !== undefined) {
+    for (const f of requiredFeatureFlags) {
+      if (!Number.isInteger(f) || f < 0 || f > 0xffffffff) {
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `required feature flag ${f} is not a uint32`)
+      }
+      headerBytes += 1 + varintBytes(f)
+    }
+  }
   headerBytes += offsetsBytes(2, body.length, sidecars)
   return assemble(headerBytes, (out, at) => {
     out[at++] = 0x18 // field 3, call_id
