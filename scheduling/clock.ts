@@ -24,16 +24,53 @@ export interface Clock {
 /** An opaque timer handle. */
 export interface TimerHandle { readonly id?: unknown }
 
+const MAX_TIMEOUT_MS = 2 ** 31 - 1
+
+/** A timer longer than setTimeout allows, as a chain of maximal steps. */
+class LongTimer implements TimerHandle {
+  readonly id = 'long-timer'
+  #timer: NodeJS.Timeout | null = null
+
+  constructor (callback: () => void, ms: number, keepAlive: boolean) {
+    const due = performance.now() + ms
+    const step = (): void => {
+      const left = due - performance.now()
+      if (left > 0) {
+        this.#timer = setTimeout(step, Math.min(left, MAX_TIMEOUT_MS))
+        if (!keepAlive) this.#timer.unref()
+        return
+      }
+      this.#timer = null
+      callback()
+    }
+    this.#timer = setTimeout(step, MAX_TIMEOUT_MS)
+    if (!keepAlive) this.#timer.unref()
+  }
+
+  clear (): void {
+    if (this.#timer !== null) clearTimeout(this.#timer)
+    this.#timer = null
+  }
+}
+
+function longTimer (callback: () => void, ms: number, keepAlive: boolean): TimerHandle {
+  return new LongTimer(callback, ms, keepAlive)
+}
+
 /** The process's monotonic clock and timers. */
 export const realClock: Clock = {
   now: () => performance.now(),
   setTimer (callback, ms, keepAlive) {
+    // setTimeout cuts a delay over 2^31-1 ms to 1 ms: such a wait is made of
+    // maximal steps.
+    if (ms > MAX_TIMEOUT_MS) return longTimer(callback, ms, keepAlive === true)
     const timer = setTimeout(callback, Math.max(0, ms))
     if (keepAlive !== true) timer.unref()
     return timer as unknown as TimerHandle
   },
   clearTimer (handle) {
-    clearTimeout(handle as unknown as NodeJS.Timeout)
+    if (handle instanceof LongTimer) handle.clear()
+    else clearTimeout(handle as unknown as NodeJS.Timeout)
   },
   defer (callback) {
     setImmediate(callback)

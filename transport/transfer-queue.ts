@@ -286,8 +286,11 @@ export class TransferQueue {
       slices += transfer.slices.length
     }
     if (batch.length === 0) return
-    this.#stats.batchedWrites++
-    this.#stats.batchedFrames += batch.length
+    // A batch cut to one frame by cancellations is a lone write, not a batch.
+    if (batch.length > 1) {
+      this.#stats.batchedWrites++
+      this.#stats.batchedFrames += batch.length
+    }
     let ok: boolean
     if (bytes <= CONCAT_BYTES) {
       const out = Buffer.allocUnsafe(bytes)
