@@ -143,6 +143,8 @@ class ServerConnection {
   readonly remoteAddress: string
   readonly inFlight = new Map<number, InboundCall>()
   negotiated: Negotiated | null = null
+  /** Closed by #badFrame (already counted). */
+  badFrame = false
   lastActivity = -1
   lastActiveAt: number
   /** When the connection reaches its maximum age; Infinity without one. */
@@ -426,6 +428,11 @@ export class Server {
 
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
     this.#connections.delete(sc)
+    // A frame the decoder refused at its prefix is a bad frame too.
+    if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) {
+      this.#stats.badFrames++
+      this.#log.warn(`received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`)
+    }
     if (sc.inFlight.size > 0) {
       const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
       for (const call of sc.inFlight.values()) call.abort(reason)
@@ -505,6 +512,7 @@ export class Server {
   #badFrame (sc: ServerConnection, reason: string): false {
     // The stream can no longer be trusted: close without a reply (wire-contract §6).
     this.#stats.badFrames++
+    sc.badFrame = true
     this.#log.warn(`received bad data from ${sc.remoteAddress}: ${reason}; closing the connection`)
     sc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, reason))
     return false
