@@ -102,7 +102,8 @@ export class ExponentialBackoff implements Backoff {
     const ceiling = Math.min(this.capMs, this.baseMs * 2 ** Math.min(attempt, this.maxExponent))
     switch (this.jitter) {
       case 'full': return unit(this.#random) * ceiling
-      case 'equal': return ceiling / 2 + unit(this.#random) * (ceiling / 2)
+      // min(): with subnormal ceilings, halving and adding back can round above the ceiling.
+      case 'equal': return Math.min(ceiling, ceiling / 2 + unit(this.#random) * (ceiling / 2))
       case 'none': return ceiling
     }
   }

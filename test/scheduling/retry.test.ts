@@ -117,6 +117,11 @@ t.test('option and attempt validation', async t => {
   t.throws(() => new RetryBudget(new FakeClock(), { buckets: 2.5 }), RangeError)
 })
 
+t.test('equal jitter never rounds above a subnormal cap (a fast-check counterexample)', async t => {
+  const backoff = new ExponentialBackoff({ baseMs: 5e-324, maxExponent: 4, capMs: 7.4e-323, jitter: 'equal', random: () => 0.9375 })
+  t.ok(backoff.delayMs(4) <= 7.4e-323)
+})
+
 t.test('property: exponential delays are finite and within [0, cap]', async t => {
   fc.assert(fc.property(
     fc.record({
