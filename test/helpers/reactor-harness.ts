@@ -78,6 +78,17 @@ export function outcomeOf (error: unknown): Outcome {
   return `THROWN:${error instanceof Error ? error.message : String(error)}`
 }
 
+/** The RpcError a call failed with; throws if it succeeded or failed otherwise. */
+export async function rejection (promise: Promise<unknown>): Promise<RpcError> {
+  try {
+    await promise
+  } catch (error) {
+    if (error instanceof RpcError) return error
+    throw error
+  }
+  throw new Error('expected the call to fail')
+}
+
 export function settle (promise: Promise<unknown>): Promise<Outcome> {
   return promise.then(() => 'OK', outcomeOf)
 }

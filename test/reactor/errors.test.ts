@@ -6,23 +6,12 @@ import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
 import type { MethodDef, ServiceDef } from '../../codec/schema.js'
 import { ErrorStatusType } from '../../codec/krpc.js'
 import {
-  CalculatorService, Probe, calculatorDef, calculatorHandlers, newClient, settle, startServer, tally, turns
-} from '../helpers/reactor-harness.js'
+  CalculatorService, Probe, calculatorDef, calculatorHandlers, newClient, settle, startServer, tally, turns, rejection } from '../helpers/reactor-harness.js'
 import { FakeServer, RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
 
 const SERVICE = CalculatorService.fullName
 const AddRequest = CalculatorService.methods.Add.requestType
 const AddResponse = CalculatorService.methods.Add.responseType
-
-async function rejection (promise: Promise<unknown>): Promise<RpcError> {
-  try {
-    await promise
-  } catch (error) {
-    if (error instanceof RpcError) return error
-    throw error
-  }
-  throw new Error('expected the call to fail')
-}
 
 const unknownService: ServiceDef = { fullName: 'nyala.demo.NoSuchService', methods: calculatorDef.methods }
 const unknownMethod: ServiceDef = {

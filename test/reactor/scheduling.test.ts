@@ -19,8 +19,7 @@ import type { Server, ServiceHandlers } from '../../reactor/server.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import type { SleepResponse } from '../../examples/calculator.js'
 import {
-  CalculatorService, calculatorHandlers, newClient, settle, startServer, tally, track, turns, type CalculatorMethods
-} from '../helpers/reactor-harness.js'
+  CalculatorService, calculatorHandlers, newClient, settle, startServer, tally, track, turns, type CalculatorMethods, rejection } from '../helpers/reactor-harness.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
 
 const SERVICE = CalculatorService.fullName
@@ -40,16 +39,6 @@ async function until (condition: () => boolean, what: string, maxTurns = 20_000)
     if (i >= maxTurns) throw new Error(`gave up waiting for ${what}`)
     await turns(1)
   }
-}
-
-async function rejection (promise: Promise<unknown>): Promise<RpcError> {
-  try {
-    await promise
-  } catch (error) {
-    if (error instanceof RpcError) return error
-    throw error
-  }
-  throw new Error('expected the call to fail')
 }
 
 /**

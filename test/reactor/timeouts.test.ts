@@ -6,20 +6,10 @@ import t from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { FakeClock } from '../../scheduling/clock.js'
-import { CalculatorService, Probe, newClient, settle, startServer, track, turns } from '../helpers/reactor-harness.js'
+import { CalculatorService, Probe, newClient, settle, startServer, track, turns, rejection } from '../helpers/reactor-harness.js'
 import { FakeServer, ManualClock } from '../helpers/krpc-peers.js'
 
 const AddResponse = CalculatorService.methods.Add.responseType
-
-async function rejection (promise: Promise<unknown>): Promise<RpcError> {
-  try {
-    await promise
-  } catch (error) {
-    if (error instanceof RpcError) return error
-    throw error
-  }
-  throw new Error('expected the call to fail')
-}
 
 t.test('a call times out exactly at its deadline, not before; the late answer is ignored', async (t) => {
   const fake = await FakeServer.start()
