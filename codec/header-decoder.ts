@@ -137,9 +137,9 @@ function fail (what: string, detail: string): RpcError {
   return new RpcError(ErrorCode.MALFORMED_FRAME, `bad ${what}: ${detail}`)
 }
 
-/** Decodes a ResponseHeader; a malformed one or a missing `call_id` is returned as an error. */
-export function decodeResponseHeader (buf: Uint8Array): ResponseHeader | RpcError {
-  const r = new Reader(buf, 0, buf.length)
+/** Decodes a ResponseHeader (of `buf[start, end)`); a malformed one or a missing `call_id` is returned as an error. */
+export function decodeResponseHeader (buf: Uint8Array, start = 0, end = buf.length): ResponseHeader | RpcError {
+  const r = new Reader(buf, start, end)
   let callId: number | undefined
   let isError: boolean | undefined
   let offsets: number[] | undefined
@@ -162,9 +162,9 @@ export function decodeResponseHeader (buf: Uint8Array): ResponseHeader | RpcErro
   return header
 }
 
-/** Decodes a RequestHeader; a malformed one or a missing required field is returned as an error. */
-export function decodeRequestHeader (buf: Uint8Array): RequestHeader | RpcError {
-  const r = new Reader(buf, 0, buf.length)
+/** Decodes a RequestHeader (of `buf[start, end)`); a malformed one or a missing required field is returned as an error. */
+export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.length): RequestHeader | RpcError {
+  const r = new Reader(buf, start, end)
   const header: RequestHeader = { call_id: 0 }
   let hasCallId = false
   while (r.pos < r.end && r.error === null) {

@@ -47,8 +47,15 @@ function malformed (message: string, cause?: unknown): RpcError {
   return new RpcError(ErrorCode.MALFORMED_FRAME, message, cause === undefined ? undefined : { cause })
 }
 
-/** Splits a whole frame (length prefix included); a frame whose parts do not add up exactly is an error. */
-export function splitFrame (frame: Buffer): FrameParts | RpcError {
+/** Where a frame's parts lie in it: header PB and body (body PB plus sidecars). */
+interface FrameBounds { headerStart: number, headerEnd: number, bodyStart: number }
+
+const bounds: FrameBounds = { headerStart: 0, headerEnd: 0, bodyStart: 0 }
+
+// Finds the parts of a whole frame (length prefix included) without making
+// views of them; a frame whose parts do not add up exactly is an error. The
+// answer is a shared object, valid until the next call.
+function frameBounds (frame: Buffer): FrameBounds | RpcError {
   const end = frame.length
   if (end < 4 || frame.readUInt32BE(0) !== end - 4) return malformed('frame length does not match its prefix')
   const header = readVarint32(frame, 4, end, scratch)
@@ -62,7 +69,17 @@ export function splitFrame (frame: Buffer): FrameParts | RpcError {
   const bodyEnd = bodyStart + body.value
   if (bodyEnd > end) return malformed('data too short: truncated body')
   if (bodyEnd < end) return malformed(`${end - bodyEnd} extra bytes at end of packet`)
-  return { header: frame.subarray(headerStart, headerEnd), body: frame.subarray(bodyStart, bodyEnd) }
+  bounds.headerStart = headerStart
+  bounds.headerEnd = headerEnd
+  bounds.bodyStart = bodyStart
+  return bounds
+}
+
+/** Splits a whole frame (length prefix included); a frame whose parts do not add up exactly is an error. */
+export function splitFrame (frame: Buffer): FrameParts | RpcError {
+  const b = frameBounds(frame)
+  if (b instanceof RpcError) return b
+  return { header: frame.subarray(b.headerStart, b.headerEnd), body: frame.subarray(b.bodyStart) }
 }
 
 /** The main message and sidecars of a body, given the header's sidecar offsets. */
@@ -72,17 +89,28 @@ const NO_SIDECARS: Buffer[] = []
 
 /** Cuts `body` at `offsets` (wire-contract §2); offsets must not decrease or pass the body's end. */
 export function splitSidecars (body: Buffer, offsets: readonly number[] | undefined): Payload | RpcError {
-  if (offsets === undefined || offsets.length === 0) return { message: body, sidecars: NO_SIDECARS }
+  const sidecars = sidecarsOf(body, 0, offsets)
+  if (sidecars instanceof RpcError) return sidecars
+  return { message: body.subarray(0, messageLength(body.length, offsets)), sidecars }
+}
+
+// The sidecars of the body that starts at `bodyStart` in `frame`, as views.
+function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[] | undefined): Buffer[] | RpcError {
+  if (offsets === undefined || offsets.length === 0) return NO_SIDECARS
   if (offsets.length > MAX_SIDECARS) return malformed(`${offsets.length} sidecars, more than the ${MAX_SIDECARS} allowed`)
-  const end = body.length
+  const end = frame.length - bodyStart
   const sidecars = new Array<Buffer>(offsets.length)
   for (let i = 0; i < offsets.length; i++) {
     const start = offsets[i]!
     const stop = i + 1 < offsets.length ? offsets[i + 1]! : end
     if (stop < start || stop > end) return malformed(`bad sidecar offsets at index ${i}`)
-    sidecars[i] = body.subarray(start, stop)
+    sidecars[i] = frame.subarray(bodyStart + start, bodyStart + stop)
   }
-  return { message: body.subarray(0, offsets[0]!), sidecars }
+  return sidecars
+}
+
+function messageLength (bodyBytes: number, offsets: readonly number[] | undefined): number {
+  return offsets === undefined || offsets.length === 0 ? bodyBytes : offsets[0]!
 }
 
 // ---------------------------------------------------------------------------
@@ -277,38 +305,59 @@ export function encodeErrorFrame (callId: number, code: number, message: string,
   return encodeResponseFrame(callId, true, ErrorStatusType.encode(status))
 }
 
-/** A request as the server reads it off one frame. Buffers are views of the frame. */
-export interface RequestFrame {
-  header: RequestHeader
-  message: Buffer
-  sidecars: Buffer[]
+/**
+ * A frame as a peer reads it: its header, where its main message lies in
+ * the frame, and its sidecars (views of the frame). The message is decoded
+ * from `frame[messageStart, messageEnd)` (`MessageType.decodeRange`), or
+ * taken as a view with `message`.
+ */
+export class ParsedFrame<H> {
+  readonly header: H
+  readonly frame: Buffer
+  readonly messageStart: number
+  readonly messageEnd: number
+  readonly sidecars: Buffer[]
+
+  constructor (header: H, frame: Buffer, messageStart: number, messageEnd: number, sidecars: Buffer[]) {
+    this.header = header
+    this.frame = frame
+    this.messageStart = messageStart
+    this.messageEnd = messageEnd
+    this.sidecars = sidecars
+  }
+
+  /** The main message's bytes, a view of the frame. */
+  get message (): Buffer {
+    return this.frame.subarray(this.messageStart, this.messageEnd)
+  }
 }
+
+/** A request as the server reads it off one frame. */
+export type RequestFrame = ParsedFrame<RequestHeader>
+
+/** A response as the client reads it off one frame. */
+export type ResponseFrame = ParsedFrame<ResponseHeader>
 
 /** Parses a client→server frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
-  const parts = splitFrame(frame)
-  if (parts instanceof RpcError) return parts
-  const header = decodeRequestHeader(parts.header)
+  const b = frameBounds(frame)
+  if (b instanceof RpcError) return b
+  const bodyStart = b.bodyStart
+  const header = decodeRequestHeader(frame, b.headerStart, b.headerEnd)
   if (header instanceof RpcError) return header
-  const payload = splitSidecars(parts.body, header.sidecar_offsets)
-  if (payload instanceof RpcError) return payload
-  return { header, message: payload.message, sidecars: payload.sidecars }
-}
-
-/** A response as the client reads it off one frame. */
-export interface ResponseFrame {
-  header: ResponseHeader
-  message: Buffer
-  sidecars: Buffer[]
+  const sidecars = sidecarsOf(frame, bodyStart, header.sidecar_offsets)
+  if (sidecars instanceof RpcError) return sidecars
+  return new ParsedFrame(header, frame, bodyStart, bodyStart + messageLength(frame.length - bodyStart, header.sidecar_offsets), sidecars)
 }
 
 /** Parses a server→client frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
-  const parts = splitFrame(frame)
-  if (parts instanceof RpcError) return parts
-  const header = decodeResponseHeader(parts.header)
+  const b = frameBounds(frame)
+  if (b instanceof RpcError) return b
+  const bodyStart = b.bodyStart
+  const header = decodeResponseHeader(frame, b.headerStart, b.headerEnd)
   if (header instanceof RpcError) return header
-  const payload = splitSidecars(parts.body, header.sidecar_offsets)
-  if (payload instanceof RpcError) return payload
-  return { header, message: payload.message, sidecars: payload.sidecars }
+  const sidecars = sidecarsOf(frame, bodyStart, header.sidecar_offsets)
+  if (sidecars instanceof RpcError) return sidecars
+  return new ParsedFrame(header, frame, bodyStart, bodyStart + messageLength(frame.length - bodyStart, header.sidecar_offsets), sidecars)
 }

@@ -15,8 +15,16 @@ export interface MessageType<T = Message> {
   readonly fullName: string
   /** Encodes a message; throws RPC_ERR_INVALID_ARGUMENT when it lacks a required field or has a wrong type. */
   encode: (message: T) => Uint8Array
+  /**
+   * As `encode`, into a scratch buffer the codec reuses: the bytes are valid
+   * only until the next encode on this thread, so copy them at once (as the
+   * frame encoders do). Spares a writer and a buffer per message.
+   */
+  encodeScratch: (message: T) => Uint8Array
   /** Decodes bytes; a parse failure or a missing required field is returned as an error naming the fields. */
   decode: (bytes: Uint8Array) => T | RpcError
+  /** As `decode`, of `bytes[start, end)`, without making a view of them. */
+  decodeRange: (bytes: Uint8Array, start: number, end: number) => T | RpcError
   /** Converts plain JSON (as typed on a command line) into a message. */
   fromJSON: (json: unknown) => T
   /** Converts a message into JSON-friendly plain data. */
@@ -44,38 +52,72 @@ export interface ServiceDef<M extends MethodMap = MethodMap> {
 
 type PbType = protobuf.Type
 
-function requiredFieldsMissing (type: PbType, instance: unknown): string[] {
+function requiredFieldsMissing (required: readonly protobuf.Field[], instance: unknown): string[] {
   const missing: string[] = []
   if (instance === null || typeof instance !== 'object') return missing
-  for (const field of type.fieldsArray) {
-    if (field.required && (!Object.prototype.hasOwnProperty.call(instance, field.name) || (instance as Record<string, unknown>)[field.name] == null)) missing.push(field.name)
+  for (const field of required) {
+    if (!Object.prototype.hasOwnProperty.call(instance, field.name) || (instance as Record<string, unknown>)[field.name] == null) missing.push(field.name)
   }
   return missing
 }
 
+// The writer `encodeScratch` reuses; replaced after a message that grew it
+// past this size, so one large message does not pin its buffer forever.
+const SCRATCH_KEEP_BYTES = 64 * 1024
+let scratchWriter: protobuf.Writer | null = null
+
 function wrapType<T> (type: PbType): MessageType<T> {
   const fullName = type.fullName.replace(/^\./, '')
-  return {
-    fullName,
-    encode (message: T): Uint8Array {
-      const missing = requiredFieldsMissing(type, message)
+  const required = type.fieldsArray.filter((field) => field.required)
+  // Checks what protobufjs would encode silently wrong (or not at all).
+  const check = (message: T): void => {
+    if (required.length > 0) {
+      const missing = requiredFieldsMissing(required, message)
       if (missing.length > 0) {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: missing fields: ${missing.join(', ')}`)
       }
-      const problem = type.verify(message as Record<string, unknown>)
-      if (problem !== null) {
-        throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)
-      }
+    }
+    const problem = type.verify(message as Record<string, unknown>)
+    if (problem !== null) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)
+    }
+  }
+  const decodeFailure = (err: unknown): RpcError => {
+    const instance = (err as { instance?: unknown }).instance
+    const missing = requiredFieldsMissing(required, instance)
+    const detail = missing.length > 0 ? `missing fields: ${missing.join(', ')}` : (err as Error).message
+    return new RpcError(ErrorCode.INVALID_ARGUMENT, detail, { cause: err })
+  }
+  return {
+    fullName,
+    encode (message: T): Uint8Array {
+      check(message)
       return type.encode(message as Record<string, unknown>).finish()
+    },
+    encodeScratch (message: T): Uint8Array {
+      check(message)
+      const writer = scratchWriter ?? protobuf.Writer.create()
+      scratchWriter = null
+      writer.reset()
+      type.encode(message as Record<string, unknown>, writer)
+      // Taken out while in use: an encode that throws midway leaves no half-written writer behind.
+      if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
+      return writer.finish(true)
     },
     decode (bytes: Uint8Array): T | RpcError {
       try {
         return type.decode(bytes) as unknown as T
       } catch (err) {
-        const instance = (err as { instance?: unknown }).instance
-        const missing = requiredFieldsMissing(type, instance)
-        const detail = missing.length > 0 ? `missing fields: ${missing.join(', ')}` : (err as Error).message
-        return new RpcError(ErrorCode.INVALID_ARGUMENT, detail, { cause: err })
+        return decodeFailure(err)
+      }
+    },
+    decodeRange (bytes: Uint8Array, start: number, end: number): T | RpcError {
+      try {
+        const reader = protobuf.Reader.create(bytes)
+        reader.pos = start
+        return type.decode(reader, end - start) as unknown as T
+      } catch (err) {
+        return decodeFailure(err)
       }
     },
     fromJSON (json: unknown): T {

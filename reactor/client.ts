@@ -409,7 +409,9 @@ export class Client {
         target = slot.address
         key = slot.key
       }
-      body = methodDef.requestType.encode(request)
+      // In the codec's scratch buffer: nothing below encodes again before
+      // encodeRequestFrame copies it into the frame.
+      body = methodDef.requestType.encodeScratch(request)
     } catch (err) {
       return reject(err as RpcError, false)
     }
@@ -562,7 +564,7 @@ export class Client {
       }
       return true
     }
-    const response = call.methodDef.responseType.decode(parsed.message)
+    const response = call.methodDef.responseType.decodeRange(frame, parsed.messageStart, parsed.messageEnd)
     if (response instanceof RpcError) {
       this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: invalid RPC response, ${response.message}`))
       return true

@@ -29,6 +29,12 @@ export interface CallContext {
   addSidecar: (data: Uint8Array) => number
 }
 
+/** What the server resolved a call's method to: its handler and metrics. Internal. */
+export interface CallRoute {
+  readonly handler: (request: Message, ctx: CallContext) => unknown
+  readonly metrics: MethodMetrics
+}
+
 /**
  * One call being handled by the server, from the moment its whole frame
  * arrived until its response is queued on the connection. The deadline is
@@ -46,6 +52,8 @@ export class InboundCall implements CallContext {
   readonly sidecars: readonly Buffer[]
   readonly methodDef: MethodDef<Message, Message>
   readonly request: Message
+  /** Its handler and metrics. Internal. */
+  readonly route: CallRoute | null
   /** When a handler started on it (for queue-time metrics); NaN until then. */
   handledAt = Number.NaN
   responseSidecars: Uint8Array[] | undefined
@@ -61,7 +69,8 @@ export class InboundCall implements CallContext {
 
   constructor (fields: {
     service: string, method: string, callId: number, user: string, remoteAddress: string,
-    receivedAt: number, timeoutMs: number, sidecars: readonly Buffer[], methodDef: MethodDef<Message, Message>, request: Message, clock: Clock
+    receivedAt: number, timeoutMs: number, sidecars: readonly Buffer[], methodDef: MethodDef<Message, Message>, request: Message, clock: Clock,
+    route?: CallRoute | null
   }) {
     this.service = fields.service
     this.method = fields.method
@@ -73,6 +82,7 @@ export class InboundCall implements CallContext {
     this.sidecars = fields.sidecars
     this.methodDef = fields.methodDef
     this.request = fields.request
+    this.route = fields.route ?? null
     this.#clock = fields.clock
   }
 

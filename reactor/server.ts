@@ -2,14 +2,14 @@ import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame } from '../codec/krpc.js'
+import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, type RequestHeader } from '../codec/krpc.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
-import { InboundCall, type CallContext } from './inbound-call.js'
+import { InboundCall, type CallContext, type CallRoute } from './inbound-call.js'
 import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
 import { ServerMetrics, type MethodMetrics } from './metrics.js'
 import { type Logger, silentLogger } from './logger.js'
@@ -100,6 +100,20 @@ interface RegisteredService {
   threads: ThreadPool | null
 }
 
+/** A method a request named, resolved to what runs it; cached per RemoteMethod object. */
+interface Route extends CallRoute {
+  readonly handler: Handler<Message, Message>
+  readonly service: RegisteredService
+  readonly methodDef: MethodDef<Message, Message>
+}
+
+// Routes remembered by the identity of the codec's shared RemoteMethod
+// objects (one per distinct method on the wire), so a request finds its
+// handler and metrics without string lookups.
+const ROUTE_CACHE_SIZE = 8
+
+type RemoteMethod = NonNullable<RequestHeader['remote_method']>
+
 /** Counters of one open connection of the server (`Server.connectionStats`). */
 export interface ServerConnectionStats extends ConnectionStats {
   remoteAddress: string
@@ -182,6 +196,11 @@ export class Server {
   readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
   readonly #threadPools: ThreadPool[] = []
+  readonly #routeKeys: object[] = []
+  readonly #routes: Route[] = []
+  #routeNext = 0
+  /** The call `#onFrame` is submitting, so a handler it starts at once reuses its receipt time. */
+  #submitting: InboundCall | null = null
 
   constructor (options: ServerOptions = {}) {
     this.#options = {
@@ -246,6 +265,8 @@ export class Server {
       })
     }
     if (threads !== null) this.#threadPools.push(threads)
+    this.#routeKeys.length = 0
+    this.#routes.length = 0
     this.#services.set(def.fullName, {
       def: def as unknown as ServiceDef,
       // In thread mode the handlers live in the threads; every method is known here.
@@ -454,17 +475,9 @@ export class Server {
 
     if (this.#closing !== null) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
     if (sc.retiredAt >= 0) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'connection reached its maximum age; reconnect')
-    const service = this.#services.get(remote.service_name)
-    if (service === undefined) {
-      return this.#ready
-        ? this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
-        : this.#reply(sc, callId, KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
-    }
-    const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
-    const handler = service.handlers[remote.method_name]
-    if (methodDef === undefined || handler === undefined) {
-      return this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
-    }
+    const route = this.#route(remote)
+    if (route === undefined) return this.#unrouted(sc, callId, remote)
+    const service = route.service
     const required = header.required_feature_flags
     if (required !== undefined && required.length > 0) {
       const unsupported = required.filter(flag => !service.featureFlags.has(flag))
@@ -479,13 +492,14 @@ export class Server {
       receivedAt,
       timeoutMs: header.timeout_millis ?? 0,
       sidecars: parsed.sidecars,
-      methodDef,
+      methodDef: route.methodDef,
+      route,
       clock: this.#clock,
       request: EMPTY_REQUEST
     }
     let call: InboundCall
     if (service.threads === null) {
-      const request = methodDef.requestType.decode(parsed.message)
+      const request = route.methodDef.requestType.decodeRange(frame, parsed.messageStart, parsed.messageEnd)
       if (request instanceof RpcError) {
         return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
       }
@@ -497,9 +511,39 @@ export class Server {
     }
     call.owner = sc
     sc.inFlight.set(callId, call)
+    this.#submitting = call
     if (service.dispatcher === null) this.#runHandler(call)
     else service.dispatcher.submit(call)
+    this.#submitting = null
     return !sc.connection.isClosed
+  }
+
+  #route (remote: RemoteMethod): Route | undefined {
+    const keys = this.#routeKeys
+    for (let i = 0; i < keys.length; i++) if (keys[i] === remote) return this.#routes[i]
+    const service = this.#services.get(remote.service_name)
+    if (service === undefined) return undefined
+    const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
+    const handler = service.handlers[remote.method_name]
+    if (methodDef === undefined || handler === undefined) return undefined
+    const route: Route = { service, methodDef, handler, metrics: service.metrics.get(remote.method_name)! }
+    // The codec hands out one frozen object per method it has cached; others are new each time.
+    if (Object.isFrozen(remote)) {
+      keys[this.#routeNext] = remote
+      this.#routes[this.#routeNext] = route
+      this.#routeNext = (this.#routeNext + 1) % ROUTE_CACHE_SIZE
+    }
+    return route
+  }
+
+  // Answers a call whose service or method is not here.
+  #unrouted (sc: ServerConnection, callId: number, remote: RemoteMethod): boolean {
+    if (!this.#services.has(remote.service_name)) {
+      return this.#ready
+        ? this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
+        : this.#reply(sc, callId, KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
+    }
+    return this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
   }
 
   // Answers a call refused before it became an InboundCall (a method, not a closure per frame).
@@ -522,12 +566,13 @@ export class Server {
   // settles when the call is answered, which releases its worker.
   #runHandler (call: InboundCall): Promise<void> | undefined {
     if (call.owner === null) return undefined
-    const service = this.#services.get(call.service)!
-    const now = this.#clock.now()
+    const route = call.route as Route
+    // Handed straight from its frame to a worker: no time passed in between.
+    const now = call === this.#submitting ? call.receivedAt : this.#clock.now()
     call.handledAt = now
-    call.metrics = service.metrics.get(call.method)!
-    call.metrics.queueTime.observe(now - call.receivedAt)
-    const handler = service.handlers[call.method]!
+    call.metrics = route.metrics
+    route.metrics.queueTime.observe(now - call.receivedAt)
+    const handler = route.handler
     let result: Message | Promise<Message>
     try {
       result = handler(call.request, call)
@@ -546,10 +591,9 @@ export class Server {
   // settles once the call is answered, which releases that thread's slot.
   #runInThread (call: ThreadCall, worker: number, pool: ThreadPool, dispatcher: ServiceDispatcher): Promise<void> | undefined {
     if (call.owner === null) return undefined
-    const service = this.#services.get(call.service)!
     const now = this.#clock.now()
     call.handledAt = now
-    call.metrics = service.metrics.get(call.method)!
+    call.metrics = (call.route as Route).metrics
     call.metrics.queueTime.observe(now - call.receivedAt)
     return pool.run(call, worker).then((result: ThreadResult) => {
       if (result.error === undefined) this.#respondEncoded(call, result.body, result.sidecars)
@@ -570,7 +614,8 @@ export class Server {
   #respond (call: InboundCall, response: Message): void {
     let body: Uint8Array
     try {
-      body = call.methodDef.responseType.encode(response)
+      // Copied into the frame at once by encodeResponseFrame.
+      body = call.methodDef.responseType.encodeScratch(response)
     } catch (err) {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return

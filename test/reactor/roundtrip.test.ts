@@ -2,9 +2,10 @@
 // multiplexing on one reused connection, frame reassembly under short reads
 // and pipelining, and connection reuse keyed by endpoint and credentials.
 import t from 'tap'
+import { KrpcCode, type RpcError } from '../../codec/errors.js'
 import { Client } from '../../reactor/client.js'
 import {
-  CalculatorService, Probe, crc32, newClient, settle, startServer, tally
+  CalculatorService, Probe, calculatorHandlers, crc32, newClient, settle, startServer, tally
 } from '../helpers/reactor-harness.js'
 import { FakeServer, RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
 
@@ -208,4 +209,20 @@ t.test('after its connection fails, the next call opens a new one', async (t) =>
   peer1.respond(call.header.call_id, AddResponse, { result: 4 })
   t.same(await second, { result: 4 })
   t.equal(fake.peers.length, 2)
+})
+
+t.test('routes stay right as services are added, and with names too long to cache', async (t) => {
+  const { server, endpoint } = await startServer(t)
+  const client = newClient(t, { endpoint })
+  const calc = client.service(CalculatorService)
+  t.equal((await calc.Add({ x: 1, y: 2 })).result, 3)
+  const longName = `pkg.${'L'.repeat(300)}`
+  const longDef = { fullName: longName, methods: CalculatorService.methods } as unknown as typeof CalculatorService
+  const refused = await client.service(longDef).Add({ x: 1, y: 1 }).then(() => null, (error: RpcError) => error)
+  t.equal(refused?.krpcCode, KrpcCode.ERROR_NO_SUCH_SERVICE, 'not registered yet')
+  // Registered after calls were routed: the route cache must not hide it.
+  server.addService(longDef, { ...calculatorHandlers, Add: (request) => ({ result: request.x * 10 + request.y }) })
+  const long = client.service(longDef)
+  for (let i = 0; i < 3; i++) t.equal((await long.Add({ x: 4, y: i })).result, 40 + i, 'the long-named service answers')
+  for (let i = 0; i < 3; i++) t.equal((await calc.Add({ x: 4, y: i })).result, 4 + i, 'the first service still answers')
 })
