@@ -60,12 +60,17 @@ class Reader {
     return this.int32() >>> 0
   }
 
-  lengthDelimited (): [number, number] {
+  /** End of the last length-delimited field read. */
+  fieldEnd = 0
+
+  // Skips a length-delimited field; returns where its bytes start (they end at `fieldEnd`).
+  lengthDelimited (): number {
     const length = this.varint()
     const start = this.pos
     if (this.error === null && start + length > this.end) this.error = 'truncated length-delimited field'
     this.pos = start + length
-    return [start, start + length]
+    this.fieldEnd = this.pos
+    return start
   }
 
   skip (wireType: number): void {
@@ -86,7 +91,8 @@ class Reader {
       return
     }
     if (wireType !== 2) { this.error = 'bad wire type for a repeated uint32'; return }
-    const [start, stop] = this.lengthDelimited()
+    const start = this.lengthDelimited()
+    const stop = this.fieldEnd
     if (this.error !== null) return
     const inner = new Reader(this.buf, start, stop)
     while (inner.pos < stop && inner.error === null) into.push(inner.uint32())
@@ -94,7 +100,8 @@ class Reader {
   }
 
   string (): string {
-    const [start, stop] = this.lengthDelimited()
+    const start = this.lengthDelimited()
+    const stop = this.fieldEnd
     if (this.error !== null) return ''
     return Buffer.from(this.buf.buffer, this.buf.byteOffset + start, stop - start).toString('utf8')
   }
@@ -107,17 +114,24 @@ const REMOTE_CACHE_SIZE = 8
 const remoteBytes: Array<Uint8Array | undefined> = []
 const remoteValues: Array<RemoteMethod | undefined> = []
 let remoteNext = 0
+// Where the last lookup hit: a connection's calls mostly repeat one method.
+let remoteLastHit = 0
 
 type RemoteMethod = NonNullable<RequestHeader['remote_method']>
 
 function cachedRemoteMethod (buf: Uint8Array, start: number, stop: number): RemoteMethod | undefined {
   const length = stop - start
-  for (let i = 0; i < remoteBytes.length; i++) {
+  const entries = remoteBytes.length
+  for (let k = 0; k < entries; k++) {
+    const i = (remoteLastHit + k) % entries
     const bytes = remoteBytes[i]!
     if (bytes.length !== length) continue
     let j = 0
     while (j < length && bytes[j] === buf[start + j]) j++
-    if (j === length) return remoteValues[i]
+    if (j === length) {
+      remoteLastHit = i
+      return remoteValues[i]
+    }
   }
   return undefined
 }
@@ -176,7 +190,8 @@ export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.lengt
       header.call_id = r.int32()
       hasCallId = true
     } else if (field === 6 && wireType === 2) {
-      const [start, stop] = r.lengthDelimited()
+      const start = r.lengthDelimited()
+      const stop = r.fieldEnd
       if (r.error !== null) break
       const cached = cachedRemoteMethod(buf, start, stop)
       if (cached !== undefined) {

@@ -33,6 +33,12 @@ export interface OutboundTransfer {
 export interface TransferQueueOptions {
   /** Bound on bytes queued here plus bytes the socket still buffers; default 100 MiB. */
   maxOutboundBytes?: number | undefined
+  /**
+   * A batch held for the end of a read or turn is written as soon as it
+   * holds this many frames (default 32), so the peer starts on them while
+   * the rest are produced instead of the two sides taking turns.
+   */
+  batchFrames?: number | undefined
 }
 
 /** Counters a connection exposes, as Kudu's `DumpConnections` does. */
@@ -62,6 +68,12 @@ export interface TransferQueueStats {
 }
 
 export const DEFAULT_MAX_OUTBOUND_BYTES = 100 * 1024 * 1024
+/**
+ * Frames per batch write. Measured (100 Add calls pipelined on one
+ * connection, client and server on 2 cores): unbounded batches 297-311 k
+ * calls/s, 32 frames 345-372 k, 16 frames 298-342 k.
+ */
+export const DEFAULT_BATCH_FRAMES = 32
 // Frames of a batch are copied into one buffer up to this size; a larger
 // batch goes to writev as separate slices.
 const CONCAT_BYTES = 64 * 1024
@@ -81,6 +93,9 @@ const BATCH_BYTES = 1024 * 1024
  * - Frames that arrive later in the same event-loop turn are queued and
  *   written together at the end of the turn (`process.nextTick`) as one
  *   write, so N pipelined responses cost one `writev`, not N `write`s.
+ * - A held batch goes out early once it has `batchFrames` frames: a long
+ *   pipelined burst is answered in a few writes the peer can start on
+ *   while the rest is produced, rather than all at the end of the read.
  * - Only when `write()` returns false (the kernel did not take the bytes and
  *   the socket's own buffer is over its high-water mark) does the queue wait
  *   for 'drain'.
@@ -97,6 +112,7 @@ const BATCH_BYTES = 1024 * 1024
 export class TransferQueue {
   readonly #sink: WritableSink
   readonly #maxOutboundBytes: number
+  readonly #batchFrames: number
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
   #held = false
@@ -110,6 +126,7 @@ export class TransferQueue {
   constructor (sink: WritableSink, options: TransferQueueOptions = {}) {
     this.#sink = sink
     this.#maxOutboundBytes = options.maxOutboundBytes ?? DEFAULT_MAX_OUTBOUND_BYTES
+    this.#batchFrames = Math.max(2, options.batchFrames ?? DEFAULT_BATCH_FRAMES)
   }
 
   /** Queues `transfer`, writing it at once when possible; false when the bound is exceeded (nothing was queued). */
@@ -124,6 +141,7 @@ export class TransferQueue {
     if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
       this.#queue.push(transfer)
       this.#queuedBytes += transfer.bytes
+      if (this.#queue.length >= this.#batchFrames && !this.#held && !this.#waitingDrain) this.#drainQueue()
       return true
     }
     // Nothing queued and not backed up: write now, and batch whatever else

@@ -139,6 +139,42 @@ t.test('the answers to one read go out in one write when the read is handled', a
   t.match(queue.stats(), { immediateWrites: 0, batchedWrites: 2, batchedFrames: 5 })
 })
 
+t.test('a held batch goes out as soon as it has batchFrames frames, the rest at the end of the read or turn', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { batchFrames: 4 })
+  queue.beginRead()
+  for (let id = 1; id <= 10; id++) queue.enqueue(transfer(id))
+  t.same(sink.writes.map(w => ids(w.chunk)), [[1, 2, 3, 4], [5, 6, 7, 8]], 'two full batches written during the read')
+  queue.endRead()
+  t.same(sink.writes.map(w => ids(w.chunk)), [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]], 'the rest when the read is handled')
+  for (let id = 11; id <= 16; id++) queue.enqueue(transfer(id))
+  t.same(sink.writes.slice(3).map(w => ids(w.chunk)), [[11, 12, 13, 14]], 'later in the turn, a full batch goes out at once')
+  await nextTick()
+  t.same(sink.writes.slice(3).map(w => ids(w.chunk)), [[11, 12, 13, 14], [15, 16]], 'the remainder at the end of the turn')
+  t.match(queue.stats(), { batchedWrites: 5, batchedFrames: 16, queuedTransfers: 0 })
+
+  // The default: 32 frames a batch.
+  const sink2 = new FakeSink()
+  const queue2 = new TransferQueue(sink2)
+  queue2.beginRead()
+  for (let id = 0; id < 100; id++) queue2.enqueue(transfer(id % 250))
+  queue2.endRead()
+  t.same(sink2.writes.map(w => w.chunk.length / 8), [32, 32, 32, 4])
+
+  // While waiting for drain, full batches stay queued: the bound, not the batch size, limits them.
+  const sink3 = new FakeSink()
+  const queue3 = new TransferQueue(sink3, { batchFrames: 2 })
+  sink3.writeReturns = false
+  queue3.enqueue(transfer(1))
+  sink3.writeReturns = true
+  for (let id = 2; id <= 6; id++) queue3.enqueue(transfer(id))
+  t.equal(sink3.writes.length, 1, 'nothing more until drain')
+  t.equal(queue3.stats().queuedTransfers, 5)
+  queue3.onSocketDrain()
+  t.same(ids(sink3.bytes()), [1, 2, 3, 4, 5, 6], 'all of it after drain, in order')
+  await nextTick()
+})
+
 t.test('a read answered by one frame writes it at once; a read answered by none writes nothing', async t => {
   const sink = new FakeSink()
   const queue = new TransferQueue(sink)
