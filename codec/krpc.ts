@@ -82,17 +82,7 @@ export function splitFrame (frame: Buffer): FrameParts | RpcError {
   return { header: frame.subarray(b.headerStart, b.headerEnd), body: frame.subarray(b.bodyStart) }
 }
 
-/** The main message and sidecars of a body, given the header's sidecar offsets. */
-export interface Payload { message: Buffer, sidecars: Buffer[] }
-
 const NO_SIDECARS: Buffer[] = []
-
-/** Cuts `body` at `offsets` (wire-contract §2); offsets must not decrease or pass the body's end. */
-export function splitSidecars (body: Buffer, offsets: readonly number[] | undefined): Payload | RpcError {
-  const sidecars = sidecarsOf(body, 0, offsets)
-  if (sidecars instanceof RpcError) return sidecars
-  return { message: body.subarray(0, messageLength(body.length, offsets)), sidecars }
-}
 
 // The sidecars of the body that starts at `bodyStart` in `frame`, as views.
 function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[] | undefined): Buffer[] | RpcError {
@@ -107,10 +97,6 @@ function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[
     sidecars[i] = frame.subarray(bodyStart + start, bodyStart + stop)
   }
   return sidecars
-}
-
-function messageLength (bodyBytes: number, offsets: readonly number[] | undefined): number {
-  return offsets === undefined || offsets.length === 0 ? bodyBytes : offsets[0]!
 }
 
 // ---------------------------------------------------------------------------
@@ -338,26 +324,27 @@ export type RequestFrame = ParsedFrame<RequestHeader>
 /** A response as the client reads it off one frame. */
 export type ResponseFrame = ParsedFrame<ResponseHeader>
 
-/** Parses a client→server frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
-export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
+// Parses a frame whose header `decodeHeader` reads; any malformation is RPC_ERR_MALFORMED_FRAME.
+function parseFrame<H extends { sidecar_offsets?: number[] }> (frame: Buffer,
+  decodeHeader: (buf: Buffer, start: number, end: number) => H | RpcError): ParsedFrame<H> | RpcError {
   const b = frameBounds(frame)
   if (b instanceof RpcError) return b
   const bodyStart = b.bodyStart
-  const header = decodeRequestHeader(frame, b.headerStart, b.headerEnd)
+  const header = decodeHeader(frame, b.headerStart, b.headerEnd)
   if (header instanceof RpcError) return header
-  const sidecars = sidecarsOf(frame, bodyStart, header.sidecar_offsets)
+  const offsets = header.sidecar_offsets
+  const sidecars = sidecarsOf(frame, bodyStart, offsets)
   if (sidecars instanceof RpcError) return sidecars
-  return new ParsedFrame(header, frame, bodyStart, bodyStart + messageLength(frame.length - bodyStart, header.sidecar_offsets), sidecars)
+  const messageEnd = offsets === undefined || offsets.length === 0 ? frame.length : bodyStart + offsets[0]!
+  return new ParsedFrame(header, frame, bodyStart, messageEnd, sidecars)
+}
+
+/** Parses a client→server frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
+export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
+  return parseFrame(frame, decodeRequestHeader)
 }
 
 /** Parses a server→client frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
-  const b = frameBounds(frame)
-  if (b instanceof RpcError) return b
-  const bodyStart = b.bodyStart
-  const header = decodeResponseHeader(frame, b.headerStart, b.headerEnd)
-  if (header instanceof RpcError) return header
-  const sidecars = sidecarsOf(frame, bodyStart, header.sidecar_offsets)
-  if (sidecars instanceof RpcError) return sidecars
-  return new ParsedFrame(header, frame, bodyStart, bodyStart + messageLength(frame.length - bodyStart, header.sidecar_offsets), sidecars)
+  return parseFrame(frame, decodeResponseHeader)
 }

@@ -141,7 +141,8 @@ export class TransferQueue {
     if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
       this.#queue.push(transfer)
       this.#queuedBytes += transfer.bytes
-      if (this.#queue.length >= this.#batchFrames && !this.#held && !this.#waitingDrain) this.#drainQueue()
+      // #drainQueue writes nothing while held or waiting for drain.
+      if (this.#queue.length >= this.#batchFrames) this.#drainQueue()
       return true
     }
     // Nothing queued and not backed up: write now, and batch whatever else
