@@ -167,7 +167,7 @@ export async function runSystem (system: System, config: BenchConfig, hooks: Ben
   hooks.onRunStart?.(system, warmupMs + runMs)
   // The load processes start while the server does (they wait for their plan).
   const loads: ChildProcess[] = []
-  for (let p = 0; p < processes; p++) loads.push(forkSibling('bench-load', []))
+  for (let p = 0; p < processes; p++) loads.push(forkSibling('bench-load', [], (process.env.NYALA_LOAD_EXEC_ARGV ?? '').split(' ').filter(Boolean)))
   let server: { child: ChildProcess, host: string, port: number }
   try {
     server = await startServer(system, config)

@@ -7,6 +7,7 @@ import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, p
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { CallTable } from './call-table.js'
 import { Balancer, type Address, type BalancePolicy, type Slot } from './balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
 import { Connection, type ConnectionStats } from '../transport/connection.js'
@@ -199,7 +200,7 @@ const responseOf = (result: CallResult<Message>): Message => result.response
 class ClientConnection {
   readonly key: string
   readonly connection: Connection
-  readonly outstanding = new Map<number, OutboundCall>()
+  readonly outstanding = new CallTable<OutboundCall>()
   negotiated: Negotiated | null = null
   nextCallId = 0
   closed = false
@@ -701,7 +702,7 @@ export class Client {
   #failConnection (cc: ClientConnection, error: RpcError): void {
     if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
     cc.closed = true
-    const calls = [...cc.outstanding.values()]
+    const calls = cc.outstanding.values()
     cc.outstanding.clear()
     for (const call of calls) {
       call.conn = null

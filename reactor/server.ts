@@ -13,6 +13,7 @@ import { InboundCall, type CallContext, type CallRoute } from './inbound-call.js
 import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
 import { ServerMetrics, type MethodMetrics } from './metrics.js'
 import { type Logger, silentLogger } from './logger.js'
+import { CallTable } from './call-table.js'
 
 /** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
 export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
@@ -155,7 +156,7 @@ const RETIRED_BUSY_LIMIT_MS = 5000
 class ServerConnection {
   readonly connection: Connection
   readonly remoteAddress: string
-  readonly inFlight = new Map<number, InboundCall>()
+  readonly inFlight = new CallTable<InboundCall>()
   negotiated: Negotiated | null = null
   /** Closed by #badFrame (already counted). */
   badFrame = false
