@@ -32,6 +32,7 @@ import type { Clock } from '../scheduling/clock.js'
 import { InboundCall } from './inbound-call.js'
 import type { Logger } from './logger.js'
 import type { ThreadCallMessage, ThreadCancelMessage, ThreadReply, ThreadStatus, ThreadWorkerData } from './thread-worker.js'
+import { CallTable } from './call-table.js'
 
 /** Where a thread-mode service's handlers come from. */
 export interface HandlerModule {
@@ -122,11 +123,12 @@ interface Slot {
   lastError: string | null
   seq: number
   /** Calls posted to this thread and not answered yet, by seq. */
-  readonly pending: Map<number, Pending>
+  readonly pending: CallTable<Pending>
   handled: number
 }
 
 interface Pending {
+  readonly seq: number
   readonly call: ThreadCall
   readonly settle: (result: ThreadResult) => void
 }
@@ -181,7 +183,7 @@ export class ThreadPool {
     }
     const loads: Array<Promise<void>> = []
     for (let index = 0; index < threads; index++) {
-      const slot: Slot = { index, worker: null, loaded: false, failed: null, lastError: null, seq: 0, pending: new Map(), handled: 0 }
+      const slot: Slot = { index, worker: null, loaded: false, failed: null, lastError: null, seq: 0, pending: new CallTable<Pending>(), handled: 0 }
       this.#slots.push(slot)
       loads.push(new Promise<void>((resolve, reject) => { this.#readyWaiters[index] = { resolve, reject } }))
       this.#start(slot)
@@ -223,7 +225,8 @@ export class ThreadPool {
       const why = slot.failed ?? (slot.worker === null ? 'the server is shutting down' : 'the request was already handled')
       return Promise.resolve({ error: { message: `cannot run ${call.service}.${call.method} in worker thread ${slot.index}: ${why}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
     }
-    const seq = ++slot.seq
+    // A 31-bit sequence: wraps after 2^31 calls, long after any of them is pending.
+    const seq = slot.seq = (slot.seq + 1) & 0x7fffffff
     const sidecars = call.sidecars
     const start = message.byteOffset
     const last = sidecars.length > 0 ? sidecars[sidecars.length - 1]! : message
@@ -255,7 +258,7 @@ export class ThreadPool {
       user: call.user,
       remoteAddress: call.remoteAddress
     }
-    const result = new Promise<ThreadResult>((resolve) => { slot.pending.set(seq, { call, settle: resolve }) })
+    const result = new Promise<ThreadResult>((resolve) => { slot.pending.set(seq, { seq, call, settle: resolve }) })
     const thread = slot.worker
     call.onAbort = (reason) => {
       if (slot.pending.get(seq)?.call === call && slot.worker === thread) {
@@ -303,7 +306,7 @@ export class ThreadPool {
       if (slot.worker !== worker) return
       slot.worker = null
       const detail = slot.lastError ?? slot.failed ?? `exit code ${code}`
-      for (const [seq, { call }] of [...slot.pending]) {
+      for (const { seq, call } of slot.pending.values()) {
         this.#settle(slot, seq, { error: { message: `worker thread ${slot.index} stopped while handling ${call.service}.${call.method}: ${detail}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
       }
       if (slot.failed === null && !slot.loaded) {

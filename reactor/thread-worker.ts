@@ -14,6 +14,7 @@ import { isMainThread, parentPort, workerData, type MessagePort } from 'node:wor
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import type { Message, MethodDef, ServiceDef } from '../codec/schema.js'
 import type { CallContext } from './inbound-call.js'
+import { CallTable } from './call-table.js'
 
 /** What the main side tells a new thread. */
 export interface ThreadWorkerData {
@@ -201,7 +202,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
   let methods: Map<string, Method> | null = null
   let backlog: ThreadCallMessage[] | null = []
   /** Calls being handled, by seq (more than one with callsPerThread > 1 and async handlers). */
-  const current = new Map<number, ThreadContext>()
+  const current = new CallTable<ThreadContext>()
 
   const fail = (seq: number, message: string, krpcCode: number): void => {
     port.postMessage({ seq, error: { message, krpcCode } } satisfies ThreadReply)
