@@ -373,6 +373,10 @@ export class Client {
     this.#closed = true
     const error = new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed with the call pending')
     for (const cc of [...this.#connections.values()]) this.#failConnection(cc, error)
+    for (const list of this.#deadlines.values()) {
+      if (list.timer !== null) this.#clock.clearTimer(list.timer)
+      list.timer = null
+    }
   }
 
   #start (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions,
@@ -637,10 +641,10 @@ export class Client {
       calls.clear()
       for (const c of live) calls.push(c)
     }
-    if (calls.length === 0 && list.timer !== null) {
-      this.#clock.clearTimer(list.timer)
-      list.timer = null
-    }
+    // An emptied list keeps its timer: one call after another (sync callers)
+    // would otherwise set and clear a timer per call (1.3 us each here). It
+    // fires at most once per timeout, finds nothing due, and re-arms only for
+    // calls still waiting.
   }
 
   #onTimer (call: OutboundCall, timeoutMs: number): void {

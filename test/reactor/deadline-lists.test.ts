@@ -2,8 +2,9 @@
  * Client calls with the same timeout share one deadline timer: many calls
  * arm one timer, calls answered out of order leave the list, the rest time
  * out exactly at their deadlines, mixed timeouts expire in deadline order, a
- * stuck call at the front does not keep hundreds of finished ones, and no
- * timer is left behind.
+ * stuck call at the front does not keep hundreds of finished ones, calls
+ * made one after another share one timer that outlives them harmlessly,
+ * and no timer is left behind.
  */
 import t, { type Test } from 'tap'
 import { ErrorCode } from '../../codec/errors.js'
@@ -13,12 +14,12 @@ import { CalculatorService, newClient, settle, tally, turns } from '../helpers/r
 
 const AddResponse = CalculatorService.methods.Add.responseType
 
-async function setup (t: Test): Promise<{ fake: FakeServer, clock: FakeClock, calc: ReturnType<typeof calcOf> }> {
+async function setup (t: Test): Promise<{ fake: FakeServer, clock: FakeClock, calc: ReturnType<typeof calcOf>, client: ReturnType<typeof newClient> }> {
   const fake = await FakeServer.start()
   t.teardown(() => fake.close())
   const clock = new FakeClock()
   const client = newClient(t, { endpoint: fake.endpoint, clock })
-  return { fake, clock, calc: calcOf(client) }
+  return { fake, clock, calc: calcOf(client), client }
 }
 
 function calcOf (client: ReturnType<typeof newClient>) {
@@ -84,4 +85,40 @@ t.test('fractional timeouts (a retry\'s remaining time) get timers of their own 
   clock.advance(21)
   t.same([await a, await b], [ErrorCode.DEADLINE_EXCEEDED, ErrorCode.DEADLINE_EXCEEDED])
   t.equal(clock.pendingTimers, 0)
+})
+
+t.test('calls made one after another share one timer; it outlives them, fires once harmlessly, and close() clears it', async t => {
+  const { fake, clock, calc, client } = await setup(t)
+  const first = calc.Add({ x: 0, y: 1 }, { timeoutMs: 1000 })
+  const peer = await fake.peer()
+  await peer.callsReceived(1)
+  peer.respond(peer.calls[0]!.header.call_id, AddResponse, { result: 1 })
+  t.same(await first, { result: 1 })
+  t.equal(clock.pendingTimers, 1, 'the emptied list keeps its timer')
+  // A sync caller: each call waits for the previous one.
+  for (let i = 1; i <= 20; i++) {
+    clock.advance(10)
+    const call = calc.Add({ x: i, y: 1 }, { timeoutMs: 1000 })
+    await peer.callsReceived(i + 1)
+    peer.respond(peer.calls[i]!.header.call_id, AddResponse, { result: i + 1 })
+    t.same(await call, { result: i + 1 })
+    t.equal(clock.pendingTimers, 1, `call ${i}: still the one timer`)
+  }
+  // One call still waiting when the first deadline passes: the timer re-arms for it alone.
+  const last = settle(calc.Add({ x: 0, y: 0 }, { timeoutMs: 1000 }))
+  await peer.callsReceived(22)
+  clock.advance(800)
+  await turns(2)
+  t.equal(clock.pendingTimers, 1, 'fired once at the first deadline, re-armed for the waiting call')
+  clock.advance(1000)
+  t.equal(await last, ErrorCode.DEADLINE_EXCEEDED)
+  t.equal(clock.pendingTimers, 0, 'nothing left to wait for: no timer')
+  // After another call, close() takes the list's timer with it.
+  const again = calc.Add({ x: 2, y: 2 }, { timeoutMs: 1000 })
+  await peer.callsReceived(23)
+  peer.respond(peer.calls[22]!.header.call_id, AddResponse, { result: 4 })
+  t.same(await again, { result: 4 })
+  t.equal(clock.pendingTimers, 1)
+  client.close()
+  t.equal(clock.pendingTimers, 0, 'close() clears the timer')
 })
