@@ -39,6 +39,14 @@ export interface ConnectionOptions {
   maxFrameBytes?: number | undefined
   /** Bound on outbound bytes queued or buffered. */
   maxOutboundBytes?: number | undefined
+  /**
+   * A frame sent with nothing queued waits for the end of the current
+   * microtask checkpoint (the same event-loop turn) to go out with the
+   * frames sent by the other continuations of that checkpoint, e.g. the
+   * callers resumed by one read's responses. Default true; see
+   * TransferQueueOptions.coalesceMicrotasks.
+   */
+  coalesceMicrotasks?: boolean | undefined
 }
 
 /** Counters of one connection. */
@@ -74,7 +82,7 @@ export class Connection {
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
     this.#decoder = new FrameDecoder(options.framing, options.maxFrameBytes)
-    this.#queue = new TransferQueue(socket, { maxOutboundBytes: options.maxOutboundBytes })
+    this.#queue = new TransferQueue(socket, { maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true })
     socket.setNoDelay(true)
     socket.on('data', (chunk: Buffer) => this.#onSocketData(chunk))
     socket.on('drain', () => this.#queue.onSocketDrain())

@@ -39,6 +39,14 @@ export interface TransferQueueOptions {
    * the rest are produced instead of the two sides taking turns.
    */
   batchFrames?: number | undefined
+  /**
+   * A frame enqueued with nothing queued goes out at the end of the current
+   * microtask checkpoint instead of in the caller's stack: still in the same
+   * event-loop turn, before any I/O wait, but together with the frames the
+   * other continuations of that checkpoint produce (a client whose
+   * responses resumed many awaiting callers). Default false.
+   */
+  coalesceMicrotasks?: boolean | undefined
 }
 
 /** Counters a connection exposes, as Kudu's `DumpConnections` does. */
@@ -85,7 +93,11 @@ const BATCH_BYTES = 1024 * 1024
  * with the 2020 "avoid an extra epoll cycle" change, seed 002).
  *
  * - A lone frame, with nothing queued and the socket not backed up, is
- *   written at once, in the caller's stack: no deferral.
+ *   written at once, in the caller's stack: no deferral. With
+ *   `coalesceMicrotasks` (what connections use), "at once" is the end of
+ *   the current microtask checkpoint: the same turn, before any I/O wait,
+ *   and together with whatever the other continuations of that checkpoint
+ *   send.
  * - While the connection handles one read (`beginRead`..`endRead`), the
  *   frames it answers wait and go out together when the read is handled:
  *   one write per read, however many pipelined requests it carried. A read
@@ -113,6 +125,7 @@ export class TransferQueue {
   readonly #sink: WritableSink
   readonly #maxOutboundBytes: number
   readonly #batchFrames: number
+  readonly #coalesceMicrotasks: boolean
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
   #held = false
@@ -121,12 +134,27 @@ export class TransferQueue {
   #reading = false
   #closedError: RpcError | null = null
   readonly #flush = (): void => { this.#flushScheduled = false; this.#drainQueue() }
+  // The end of a microtask checkpoint that began with an idle queue: a lone
+  // frame is an immediate write; several go out as batches.
+  readonly #flushMicrotask = (): void => {
+    this.#flushScheduled = false
+    if (this.#queue.length === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) {
+      const transfer = this.#queue.shift()!
+      this.#queuedBytes -= transfer.bytes
+      if (this.#dropIfCancelled(transfer)) return
+      this.#stats.immediateWrites++
+      this.#writeTransfer(transfer)
+      return
+    }
+    this.#drainQueue()
+  }
   #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0 }
 
   constructor (sink: WritableSink, options: TransferQueueOptions = {}) {
     this.#sink = sink
     this.#maxOutboundBytes = options.maxOutboundBytes ?? DEFAULT_MAX_OUTBOUND_BYTES
     this.#batchFrames = Math.max(2, options.batchFrames ?? DEFAULT_BATCH_FRAMES)
+    this.#coalesceMicrotasks = options.coalesceMicrotasks === true
   }
 
   /** Queues `transfer`, writing it at once when possible; false when the bound is exceeded (nothing was queued). */
@@ -143,6 +171,14 @@ export class TransferQueue {
       this.#queuedBytes += transfer.bytes
       // #drainQueue writes nothing while held or waiting for drain.
       if (this.#queue.length >= this.#batchFrames) this.#drainQueue()
+      return true
+    }
+    if (this.#coalesceMicrotasks) {
+      // Written by #flushMicrotask once this checkpoint's continuations ran.
+      this.#queue.push(transfer)
+      this.#queuedBytes += transfer.bytes
+      this.#flushScheduled = true
+      queueMicrotask(this.#flushMicrotask)
       return true
     }
     // Nothing queued and not backed up: write now, and batch whatever else

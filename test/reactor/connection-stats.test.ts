@@ -18,8 +18,12 @@ t.test('8 MiB sidecars: partial writes, drain waits and queued transfers are vis
   await client.service(CalculatorService).Add({ x: 1, y: 2 })
   const sidecar = Buffer.alloc(8 * MIB, 0x61)
   const calls = [0, 1, 2].map(() => client.call(endpoint, calculatorDef, 'EchoSidecars', {}, { sidecars: [sidecar] }))
-  // Same turn: the first request is in the socket, the kernel took part of
-  // it; the other two wait in the transfer queue for 'drain'.
+  // Nothing is written in the caller's stack: the requests go out at the end
+  // of this microtask checkpoint, together.
+  t.match(client.connectionStats()[0], { queuedTransfers: 3, socketBufferedBytes: 0 })
+  await Promise.resolve()
+  // Same turn, checkpoint done: the first request is in the socket, the
+  // kernel took part of it; the other two wait in the transfer queue for 'drain'.
   const [during] = client.connectionStats()
   t.match(during, { endpoint, pendingCalls: 3, queuedTransfers: 2 })
   t.ok(during!.queuedBytes > 16 * MIB, `queued bytes ${during!.queuedBytes}`)

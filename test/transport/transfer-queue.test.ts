@@ -596,3 +596,67 @@ t.test('property: order, drops and onSent under any sequence of operations', asy
   }), { numRuns: 300 })
   t.pass('300 random operation sequences')
 })
+
+t.test('coalesceMicrotasks: a lone frame goes out at the end of the microtask checkpoint, as an immediate write', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { coalesceMicrotasks: true })
+  const a = transfer(1)
+  t.equal(queue.enqueue(a), true)
+  t.equal(sink.writes.length, 0, 'not in the caller\'s stack')
+  t.same(a.sent, [])
+  t.equal(queue.stats().queuedTransfers, 1)
+  await Promise.resolve()
+  t.equal(sink.writes.length, 1, 'written once the checkpoint ran, before any later tick')
+  t.same(a.sent, [undefined])
+  t.match(queue.stats(), { immediateWrites: 1, batchedWrites: 0, queuedTransfers: 0, queuedBytes: 0 })
+  await nextTick()
+  t.equal(sink.writes.length, 1, 'nothing more at the end of the turn')
+})
+
+t.test('coalesceMicrotasks: frames sent by the continuations of one checkpoint share one write', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { coalesceMicrotasks: true })
+  const sent: Tracked[] = []
+  // Five awaiting callers resumed by one read: each sends its next frame.
+  const resumed = Array.from({ length: 5 }, (_, i) => Promise.resolve().then(() => {
+    const next = transfer(i + 1)
+    sent.push(next)
+    queue.enqueue(next)
+  }))
+  await Promise.all(resumed)
+  await Promise.resolve()
+  t.equal(sink.writes.length, 1, 'one write')
+  t.same(ids(sink.writes[0]!.chunk), [1, 2, 3, 4, 5], 'in order')
+  t.ok(sent.every((s) => s.sent.length === 1 && s.sent[0] === undefined), 'each reported sent once')
+  t.match(queue.stats(), { immediateWrites: 0, batchedWrites: 1, batchedFrames: 5 })
+})
+
+t.test('coalesceMicrotasks: a frame cancelled before the checkpoint ends is dropped; hold and close are respected', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { coalesceMicrotasks: true })
+  let cancelled = false
+  const a = transfer(1, 8, { cancelled: () => cancelled })
+  queue.enqueue(a)
+  cancelled = true
+  await Promise.resolve()
+  t.equal(sink.writes.length, 0)
+  t.equal(a.sent.length, 1)
+  t.equal(a.sent[0]?.code, ErrorCode.CANCELLED)
+  t.equal(queue.stats().dropped, 1)
+
+  const b = transfer(2)
+  queue.enqueue(b)
+  queue.hold()
+  await Promise.resolve()
+  t.equal(sink.writes.length, 0, 'held: nothing written')
+  queue.release()
+  t.equal(sink.writes.length, 1)
+  t.same(b.sent, [undefined])
+
+  const c = transfer(3)
+  queue.enqueue(c)
+  queue.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'gone'))
+  await Promise.resolve()
+  t.equal(sink.writes.length, 1, 'closed: nothing more written')
+  t.equal(c.sent[0]?.code, ErrorCode.CONNECTION_CLOSED)
+})
