@@ -19,10 +19,14 @@
  * Open addressing: linear probing from a Fibonacci hash of the id, at most
  * half full; deletion shifts the entries that follow back (no tombstones),
  * so steady churn allocates nothing. The table is rebuilt into new arrays,
- * which keep no link to the old ones, when it grows past half full or
- * shrinks below an eighth.
+ * which keep no link to the old ones, when it grows past half full or,
+ * above 256 slots, falls below an eighth.
  */
 const MIN_CAPACITY = 16
+// Tables up to this size never shrink: a connection whose calls come and go
+// in bursts (all of a read's responses, then as many new calls) would
+// otherwise shrink and grow again on every read.
+const SHRINK_FLOOR = 256
 
 export class CallTable<T> {
   #keys: Int32Array
@@ -41,6 +45,11 @@ export class CallTable<T> {
 
   get size (): number {
     return this.#size
+  }
+
+  /** Slots allocated (a power of two, at least twice the size). */
+  get capacity (): number {
+    return this.#values.length
   }
 
   // Fibonacci hashing: rising ids land far apart, so probes stay short.
@@ -102,7 +111,7 @@ export class CallTable<T> {
         j = (j + 1) & mask
         if (values[j] === undefined) {
           this.#size--
-          if (this.#size * 8 < values.length && values.length > MIN_CAPACITY) this.#resize(values.length / 2)
+          if (values.length > SHRINK_FLOOR && this.#size * 8 < values.length) this.#resize(values.length / 2)
           return true
         }
         const home = this.#home(keys[j]!)
