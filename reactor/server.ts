@@ -200,8 +200,16 @@ export class Server {
   readonly #routeKeys: object[] = []
   readonly #routes: Route[] = []
   #routeNext = 0
-  /** The call `#onFrame` is submitting, so a handler it starts at once reuses its receipt time. */
+  /** The call `#onFrame` is submitting, so a handler it starts at once takes its start time from #lastNow. */
   #submitting: InboundCall | null = null
+  // One clock reading per read, not per frame: the frames of one read were
+  // received together, at the read. #lastNow is the latest reading taken
+  // while handling it (the read's, or the last call's settlement): the time
+  // a call handed straight to a worker starts.
+  #stampConnection: ServerConnection | null = null
+  #stampRead = -1
+  #readAt = 0
+  #lastNow = 0
 
   constructor (options: ServerOptions = {}) {
     this.#options = {
@@ -463,7 +471,13 @@ export class Server {
   }
 
   #onFrame (sc: ServerConnection, frame: Buffer): boolean {
-    const receivedAt = this.#clock.now()
+    const read = sc.connection.reads
+    if (read !== this.#stampRead || sc !== this.#stampConnection) {
+      this.#stampConnection = sc
+      this.#stampRead = read
+      this.#readAt = this.#lastNow = this.#clock.now()
+    }
+    const receivedAt = this.#readAt
     const parsed = parseRequestFrame(frame)
     if (parsed instanceof RpcError) return this.#badFrame(sc, parsed.message)
     const header = parsed.header
@@ -569,7 +583,9 @@ export class Server {
     if (call.owner === null) return undefined
     const route = call.route as Route
     // Handed straight from its frame to a worker: no time passed in between.
-    const now = call === this.#submitting ? call.receivedAt : this.#clock.now()
+    // Handed straight from its frame to a worker: it starts when the worker
+    // became free, the latest clock reading of this read.
+    const now = call === this.#submitting ? this.#lastNow : this.#clock.now()
     call.handledAt = now
     call.metrics = route.metrics
     route.metrics.queueTime.observe(now - call.receivedAt)
@@ -641,7 +657,7 @@ export class Server {
       return
     }
     this.#stats.callsSucceeded++
-    const settledAt = call.metrics === null ? 0 : this.#clock.now()
+    const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
     this.#send(sc, slices)
     this.#release(call, settledAt)
     this.#maybeDrained()

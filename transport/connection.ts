@@ -76,6 +76,7 @@ export class Connection {
   #closeError: RpcError | undefined
   #bytesRead = 0
   #framesRead = 0
+  #reads = 0
   #activity = 0
   readonly #onFrame = (frame: Buffer): boolean => this.#dispatch(frame)
 
@@ -102,6 +103,11 @@ export class Connection {
    */
   get activity (): number {
     return this.#activity
+  }
+
+  /** Reads handled so far: frames delivered under the same count came in the same read. */
+  get reads (): number {
+    return this.#reads
   }
 
   get isClosed (): boolean {
@@ -177,6 +183,7 @@ export class Connection {
   #onSocketData (chunk: Buffer): void {
     if (this.#closed) return
     this.#bytesRead += chunk.length
+    this.#reads++
     this.#activity++
     if (this.#preamble !== null) {
       chunk = this.#takePreamble(chunk)

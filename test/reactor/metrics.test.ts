@@ -216,3 +216,27 @@ t.test('metrics: eviction, expiry in queue, late response and shutdown each coun
   t.equal(sample(text, 'nyala_rpcs_timed_out_on_response_total', labels('Add')), 0)
   t.equal(sample(text, 'nyala_calls_handled_total', labels('Sleep')), 1)
 })
+
+t.test('requests of one read are received together: a call waiting behind the earlier ones counts that as queue time', async t => {
+  const clock = new FakeClock()
+  const { RawClient, clientHandshakeBytes, requestFrame } = await import('../helpers/krpc-peers.js')
+  // A synchronous Add that takes 2 ms of (fake) time.
+  const { server, port } = await startServer(t, {
+    clock,
+    handlers: { ...calculatorHandlers, Add: (req) => { clock.advance(2); return { result: (req.x + req.y) >>> 0 } } }
+  })
+  const raw = await RawClient.connect(port)
+  t.teardown(() => raw.close())
+  const add = (id: number): Buffer => requestFrame(id, SERVICE, 'Add', Buffer.from([0x08, id, 0x10, 1]))
+  raw.write(Buffer.concat([clientHandshakeBytes(), add(0)]))
+  await raw.nextResponse()
+  const before = server.metrics.snapshot()[SERVICE]!.methods.Add!
+  // One write of 3 requests: one read.
+  raw.write(Buffer.concat([add(1), add(2), add(3)]))
+  for (let i = 0; i < 3; i++) await raw.nextResponse()
+  const after = server.metrics.snapshot()[SERVICE]!.methods.Add!
+  t.equal(after.handlerLatency.count - before.handlerLatency.count, 3)
+  t.equal(after.handlerLatency.sumMs - before.handlerLatency.sumMs, 6, 'each handler took its own 2 ms')
+  t.equal(after.queueTime.count - before.queueTime.count, 3)
+  t.equal(after.queueTime.sumMs - before.queueTime.sumMs, 0 + 2 + 4, 'the 2nd and 3rd waited for the ones before them')
+})
