@@ -153,13 +153,13 @@ t.test('a held batch goes out as soon as it has batchFrames frames, the rest at 
   t.same(sink.writes.slice(3).map(w => ids(w.chunk)), [[11, 12, 13, 14], [15, 16]], 'the remainder at the end of the turn')
   t.match(queue.stats(), { batchedWrites: 5, batchedFrames: 16, queuedTransfers: 0 })
 
-  // The default: 32 frames a batch.
+  // The default: 50 frames a batch.
   const sink2 = new FakeSink()
   const queue2 = new TransferQueue(sink2)
   queue2.beginRead()
   for (let id = 0; id < 100; id++) queue2.enqueue(transfer(id % 250))
   queue2.endRead()
-  t.same(sink2.writes.map(w => w.chunk.length / 8), [32, 32, 32, 4])
+  t.same(sink2.writes.map(w => w.chunk.length / 8), [50, 50])
 
   // While waiting for drain, full batches stay queued: the bound, not the batch size, limits them.
   const sink3 = new FakeSink()
