@@ -221,7 +221,9 @@ export class TransferQueue {
     } else {
       this.#drainQueue()
     }
-    this.#scheduleFlush()
+    // Frames enqueued later in this turn: coalesced by their own microtask
+    // flush, or by the end-of-turn one.
+    if (!this.#coalesceMicrotasks) this.#scheduleFlush()
   }
 
   // Frames enqueued later in this turn wait for one write at its end.

@@ -660,3 +660,20 @@ t.test('coalesceMicrotasks: a frame cancelled before the checkpoint ends is drop
   t.equal(sink.writes.length, 1, 'closed: nothing more written')
   t.equal(c.sent[0]?.code, ErrorCode.CONNECTION_CLOSED)
 })
+
+t.test('coalesceMicrotasks: a read answered by one frame writes it at once; answers that come later in the turn share a checkpoint write', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { coalesceMicrotasks: true })
+  queue.beginRead()
+  queue.enqueue(transfer(1))
+  t.equal(sink.writes.length, 0, 'held during the read')
+  queue.endRead()
+  t.equal(sink.writes.length, 1, 'the lone answer of the read at once')
+  // Two async handlers settle after the read, in one checkpoint.
+  await Promise.all([Promise.resolve().then(() => queue.enqueue(transfer(2))), Promise.resolve().then(() => queue.enqueue(transfer(3)))])
+  await Promise.resolve()
+  t.same(sink.writes.map(w => ids(w.chunk)), [[1], [2, 3]])
+  await nextTick()
+  t.equal(sink.writes.length, 2, 'no end-of-turn write left over')
+  t.match(queue.stats(), { immediateWrites: 1, batchedWrites: 1, batchedFrames: 2, queuedTransfers: 0 })
+})
