@@ -249,6 +249,8 @@ export class Client {
   readonly #options: ClientOptions
   readonly #clock: Clock
   readonly #connections = new Map<string, ClientConnection>()
+  /** Connections retired after a FATAL_* answer, kept until their last call settles. */
+  readonly #retiredConnections = new Set<ClientConnection>()
   readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
   readonly #endpoints = new Map<string, { host: string, port: number }>()
   readonly #balancers = new Map<string, BalancedTarget>()
@@ -352,6 +354,7 @@ export class Client {
   get pendingCalls (): number {
     let n = 0
     for (const cc of this.#connections.values()) n += cc.outstanding.size
+    for (const cc of this.#retiredConnections) n += cc.outstanding.size
     return n
   }
 
@@ -372,7 +375,8 @@ export class Client {
     if (this.#closed) return
     this.#closed = true
     const error = new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed with the call pending')
-    for (const cc of [...this.#connections.values()]) this.#failConnection(cc, error)
+    for (const cc of [...this.#connections.values(), ...this.#retiredConnections]) this.#failConnection(cc, error)
+    // Every call has settled: the lists' timers have nothing left to wait for.
     for (const list of this.#deadlines.values()) {
       if (list.timer !== null) this.#clock.clearTimer(list.timer)
       list.timer = null
@@ -701,10 +705,12 @@ export class Client {
   #retire (cc: ClientConnection): void {
     if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
     cc.retired = true
+    if (!cc.closed) this.#retiredConnections.add(cc)
   }
 
   #failConnection (cc: ClientConnection, error: RpcError): void {
     if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
+    this.#retiredConnections.delete(cc)
     cc.closed = true
     const calls = cc.outstanding.values()
     cc.outstanding.clear()

@@ -135,6 +135,9 @@ export class TransferQueue {
   readonly #coalesceMicrotasks: boolean
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
+  // The frame an idle queue holds for its checkpoint flush (coalesceMicrotasks):
+  // it would have been written at once, so the outbound bound does not count it.
+  #checkpointBytes = 0
   #held = false
   #waitingDrain = false
   #flushScheduled = false
@@ -145,6 +148,7 @@ export class TransferQueue {
   // frame is an immediate write; several go out as batches.
   readonly #flushMicrotask = (): void => {
     this.#flushScheduled = false
+    this.#checkpointBytes = 0
     if (this.#queue.length === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) {
       const transfer = this.#queue.shift()!
       this.#queuedBytes -= transfer.bytes
@@ -171,7 +175,7 @@ export class TransferQueue {
       transfer.onSent?.(this.#closedError)
       return true
     }
-    const backlog = this.#queuedBytes + this.#sink.writableLength
+    const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes) return false
     if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
       this.#queue.push(transfer)
@@ -184,6 +188,7 @@ export class TransferQueue {
       // Written by #flushMicrotask once this checkpoint's continuations ran.
       this.#queue.push(transfer)
       this.#queuedBytes += transfer.bytes
+      this.#checkpointBytes = transfer.bytes
       this.#flushScheduled = true
       queueMicrotask(this.#flushMicrotask)
       return true
@@ -254,6 +259,7 @@ export class TransferQueue {
     if (this.#closedError !== null) return
     this.#held = false
     this.#waitingDrain = false
+    this.#checkpointBytes = 0
     const queue = this.#queue
     while (queue.length > 0) {
       this.#writeBatch()
@@ -278,6 +284,7 @@ export class TransferQueue {
       transfer.onSent?.(error)
     }
     this.#queuedBytes = 0
+    this.#checkpointBytes = 0
   }
 
   /** True when nothing waits here or in the socket's buffer. */
@@ -295,6 +302,7 @@ export class TransferQueue {
   }
 
   #drainQueue (): void {
+    this.#checkpointBytes = 0
     const queue = this.#queue
     while (queue.length > 0 && !this.#held && !this.#waitingDrain && this.#closedError === null) {
       if (queue.length === 1) {

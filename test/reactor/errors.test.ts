@@ -367,3 +367,19 @@ t.test('after a FATAL_* answer the connection is not reused', async (t) => {
   await peer.closed
   t.pass('the retired connection was closed')
 })
+
+t.test('close() fails the calls still pending on a connection retired by a FATAL_* answer', async (t) => {
+  const { fake, client, calc } = await fakeWithClient(t)
+  const first = rejection(calc.Add({ x: 1, y: 1 }))
+  const second = rejection(calc.Add({ x: 2, y: 2 }))
+  const peer = await fake.peer()
+  const call = await peer.nextCall()
+  await peer.nextCall()
+  peer.respondError(call.header.call_id, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'going away')
+  t.equal((await first).krpcCode, KrpcCode.FATAL_SERVER_SHUTTING_DOWN)
+  t.equal(client.pendingCalls, 1, 'the retired connection still has the second call')
+  client.close()
+  t.equal((await second).code, ErrorCode.CLIENT_CLOSED)
+  t.equal(client.pendingCalls, 0)
+  await peer.closed
+})

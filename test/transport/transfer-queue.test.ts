@@ -677,3 +677,15 @@ t.test('coalesceMicrotasks: a read answered by one frame writes it at once; answ
   t.equal(sink.writes.length, 2, 'no end-of-turn write left over')
   t.match(queue.stats(), { immediateWrites: 1, batchedWrites: 1, batchedFrames: 2, queuedTransfers: 0 })
 })
+
+t.test('coalesceMicrotasks: the outbound bound counts the same frames as writing at once would', async t => {
+  for (const coalesceMicrotasks of [false, true]) {
+    const sink = new FakeSink()
+    const queue = new TransferQueue(sink, { maxOutboundBytes: 1000, coalesceMicrotasks })
+    // The first frame is (or would have been) written at once; the second waits behind it this turn.
+    t.same([queue.enqueue(transfer(1, 600)), queue.enqueue(transfer(2, 600)), queue.enqueue(transfer(3, 600))], [true, true, false],
+      `coalesceMicrotasks ${String(coalesceMicrotasks)}`)
+    await nextTick()
+    t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 1200, 'both accepted frames written')
+  }
+})
