@@ -173,6 +173,8 @@ export class Connection {
     if (this.#closed) return
     this.#decoder.stop()
     this.#queue.flushNow()
+    // Nothing may follow the end: later sends are dropped, not written after it.
+    this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection ending'))
     this.socket.end(() => this.destroy(error))
   }
 
