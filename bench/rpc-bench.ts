@@ -55,6 +55,8 @@ export interface BenchConfig {
   warmupSeconds?: number
   /** Node options of the server processes (e.g. `--cpu-prof`). */
   serverExecArgv?: string[]
+  /** Node options of the load processes (e.g. `--cpu-prof`). */
+  loadExecArgv?: string[]
 }
 
 /** One row of the report; the `--json` shape. CPU and context switches are per request, over all server processes. */
@@ -167,7 +169,7 @@ export async function runSystem (system: System, config: BenchConfig, hooks: Ben
   hooks.onRunStart?.(system, warmupMs + runMs)
   // The load processes start while the server does (they wait for their plan).
   const loads: ChildProcess[] = []
-  for (let p = 0; p < processes; p++) loads.push(forkSibling('bench-load', [], (process.env.NYALA_LOAD_EXEC_ARGV ?? '').split(' ').filter(Boolean)))
+  for (let p = 0; p < processes; p++) loads.push(forkSibling('bench-load', [], config.loadExecArgv))
   let server: { child: ChildProcess, host: string, port: number }
   try {
     server = await startServer(system, config)

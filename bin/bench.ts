@@ -93,13 +93,15 @@ export async function bench (args: string[]): Promise<number> {
       ...CONFIG_OPTIONS,
       json: { type: 'boolean', default: false },
       repeat: { type: 'string' },
-      'server-cpu-prof': { type: 'string' }
+      'server-cpu-prof': { type: 'string' },
+      'load-cpu-prof': { type: 'string' }
     },
     allowPositionals: true,
     strict: true
   })
   let base = applyConfig(DEFAULT_CONFIG, values)
   if (values['server-cpu-prof'] !== undefined) base = { ...base, serverExecArgv: ['--cpu-prof', '--cpu-prof-dir', values['server-cpu-prof']] }
+  if (values['load-cpu-prof'] !== undefined) base = { ...base, loadExecArgv: ['--cpu-prof', '--cpu-prof-dir', values['load-cpu-prof']] }
   const repeat = values.repeat === undefined ? 1 : positiveInt(values.repeat, 'repeat')
   const progress = new ProgressBar()
   try {

@@ -73,7 +73,7 @@ Usage:
               [--payload-bytes 0] [--against nyala,raw,grpc]
               [--load-processes P] [--json]
               [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
-              [--server-cpu-prof DIR]
+              [--server-cpu-prof DIR] [--load-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
       grpc-js (a devDependency), one system after the other in one run
       (default --against nyala,raw). Sync: N client connections with one
@@ -88,7 +88,8 @@ Usage:
       medians; with --compare it runs configurations A and B alternately,
       K times each, and prints Welch's t-test on Reqs/sec with the 95 %
       confidence interval of A - B. --server-cpu-prof DIR writes the
-      servers' V8 CPU profiles (.cpuprofile) to DIR.
+      servers' V8 CPU profiles (.cpuprofile) to DIR, --load-cpu-prof DIR
+      the load processes' (the clients').
 
   nyala help
       This text.

@@ -7,6 +7,9 @@
 import t, { type Test } from 'tap'
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
 import { regularizedIncompleteBeta, studentTCdf, studentTQuantile, welchTest } from '../../bench/welch.js'
 import { createLatencyHistogram, encodeLatencies, mergeLatencies, recordLatency, summarizeLatencies } from '../../bench/latency.js'
 import { chainsPerConnection, computeRun } from '../../bench/rpc-bench.js'
@@ -137,8 +140,13 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(m.p50Us, 1)
 })
 
-t.test('bench smoke: a very short nyala bench --json prints one row per system', async t => {
-  const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc']
+t.test('bench smoke: a very short nyala bench --json prints one row per system, and writes the CPU profiles asked for', async t => {
+  const profiles = mkdtempSync(join(tmpdir(), 'nyala-bench-prof-'))
+  t.teardown(() => rmSync(profiles, { recursive: true, force: true }))
+  const serverDir = join(profiles, 'server')
+  const loadDir = join(profiles, 'load')
+  const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc',
+    '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir]
   const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
   const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
@@ -158,4 +166,8 @@ t.test('bench smoke: a very short nyala bench --json prints one row per system',
     t.ok((row.reqsPerSec as number) > 0, `${String(row.system)} answered calls`)
     t.ok((row.p50Us as number) <= (row.p99Us as number) && (row.p99Us as number) <= (row.p999Us as number), 'percentiles in order')
   }
+  const cpuProfiles = (dir: string): number => readdirSync(dir).filter((name) => name.endsWith('.cpuprofile')).length
+  // One server per system; one load process per connection (2 here, at most one per core).
+  t.ok(cpuProfiles(serverDir) >= 3, `server profiles: ${cpuProfiles(serverDir)}`)
+  t.ok(cpuProfiles(loadDir) >= 3, `load profiles: ${cpuProfiles(loadDir)}`)
 })
