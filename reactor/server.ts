@@ -582,7 +582,6 @@ export class Server {
   #runHandler (call: InboundCall): Promise<void> | undefined {
     if (call.owner === null) return undefined
     const route = call.route as Route
-    // Handed straight from its frame to a worker: no time passed in between.
     // Handed straight from its frame to a worker: it starts when the worker
     // became free, the latest clock reading of this read.
     const now = call === this.#submitting ? this.#lastNow : this.#clock.now()

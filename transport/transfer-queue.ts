@@ -149,15 +149,8 @@ export class TransferQueue {
   readonly #flushMicrotask = (): void => {
     this.#flushScheduled = false
     this.#checkpointBytes = 0
-    if (this.#queue.length === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) {
-      const transfer = this.#queue.shift()!
-      this.#queuedBytes -= transfer.bytes
-      if (this.#dropIfCancelled(transfer)) return
-      this.#stats.immediateWrites++
-      this.#writeTransfer(transfer)
-      return
-    }
-    this.#drainQueue()
+    if (this.#queue.length === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) this.#writeLoneQueued()
+    else this.#drainQueue()
   }
   #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0 }
 
@@ -218,17 +211,24 @@ export class TransferQueue {
     const queue = this.#queue
     if (queue.length === 0 || this.#held || this.#waitingDrain || this.#flushScheduled || this.#closedError !== null) return
     if (queue.length === 1) {
-      const transfer = queue.shift()!
-      this.#queuedBytes -= transfer.bytes
-      if (this.#dropIfCancelled(transfer)) return
-      this.#stats.immediateWrites++
-      this.#writeTransfer(transfer)
+      // A dropped lone answer wrote nothing: nothing to coalesce behind.
+      if (!this.#writeLoneQueued()) return
     } else {
       this.#drainQueue()
     }
     // Frames enqueued later in this turn: coalesced by their own microtask
     // flush, or by the end-of-turn one.
     if (!this.#coalesceMicrotasks) this.#scheduleFlush()
+  }
+
+  // The one queued frame, as an immediate write; false if it was dropped (cancelled meanwhile).
+  #writeLoneQueued (): boolean {
+    const transfer = this.#queue.shift()!
+    this.#queuedBytes -= transfer.bytes
+    if (this.#dropIfCancelled(transfer)) return false
+    this.#stats.immediateWrites++
+    this.#writeTransfer(transfer)
+    return true
   }
 
   // Frames enqueued later in this turn wait for one write at its end.
