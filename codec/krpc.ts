@@ -284,6 +284,33 @@ export function encodeResponseFrame (callId: number, isError: boolean | undefine
   }, body, sidecars)
 }
 
+/** Bytes of a successful response frame without sidecars whose body PB is `bodyBytes` long (prefix included). */
+export function responseFrameBytes (callId: number, bodyBytes: number): number {
+  const headerBytes = 3 + int32Bytes(callId)
+  return 4 + varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes
+}
+
+/**
+ * Writes the frame `responseFrameBytes` sized at `out[at]`, as
+ * `encodeResponseFrame(callId, false, body)` would encode it, and returns
+ * where it ends. For encoding straight into an outbound buffer.
+ */
+export function writeResponseFrame (out: Buffer, at: number, callId: number, body: Uint8Array): number {
+  const bodyBytes = body.length
+  const headerBytes = 3 + int32Bytes(callId)
+  out.writeUInt32BE(varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes, at)
+  at = writeVarint(out, at + 4, headerBytes)
+  out[at++] = 0x08 // field 1, call_id
+  at = writeInt32(out, at, callId)
+  out[at++] = 0x10 // field 2, is_error: false
+  out[at++] = 0
+  at = writeVarint(out, at, bodyBytes)
+  // Small bodies byte by byte: cheaper than a native copy call.
+  if (bodyBytes <= 32) for (let i = 0; i < bodyBytes; i++) out[at++] = body[i]!
+  else { out.set(body, at); at += bodyBytes }
+  return at
+}
+
 /** Encodes an error response (`is_error` set, ErrorStatusPB body). */
 export function encodeErrorFrame (callId: number, code: number, message: string, unsupportedFeatureFlags?: readonly number[]): Buffer[] {
   const status: ErrorStatus = { message, code }

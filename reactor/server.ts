@@ -2,7 +2,7 @@ import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, type RequestHeader } from '../codec/krpc.js'
+import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, responseFrameBytes, writeResponseFrame, type RequestHeader } from '../codec/krpc.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -647,6 +647,21 @@ export class Server {
     if (sc === null || sc.connection.isClosed) {
       this.#release(call)
       return
+    }
+    if (sidecars === undefined || sidecars.length === 0) {
+      // The common case: encoded straight into the connection's outbound slab.
+      const connection = sc.connection
+      const bytes = responseFrameBytes(call.callId, body.length)
+      const out = connection.reserve(bytes)
+      if (out !== null) {
+        writeResponseFrame(out, connection.reservedAt, call.callId, body)
+        this.#stats.callsSucceeded++
+        const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
+        connection.commit(bytes)
+        this.#release(call, settledAt)
+        this.#maybeDrained()
+        return
+      }
     }
     let slices: Buffer[]
     try {

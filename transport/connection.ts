@@ -144,6 +144,25 @@ export class Connection {
     return this.#queue.enqueue(transfer)
   }
 
+  /**
+   * Room for a small frame with no hooks, encoded in place (see
+   * `TransferQueue.reserve`): write `bytes` bytes at `reservedAt`, then
+   * `commit(bytes)`. Null: send it with `send` instead.
+   */
+  reserve (bytes: number): Buffer | null {
+    return this.#queue.reserve(bytes)
+  }
+
+  get reservedAt (): number {
+    return this.#queue.reservedAt
+  }
+
+  /** Queues the frame written at `reservedAt`. */
+  commit (bytes: number): void {
+    this.#activity++
+    this.#queue.commit(bytes)
+  }
+
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */
   destroy (error?: RpcError): void {
     if (this.#closed) return

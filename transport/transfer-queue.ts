@@ -94,6 +94,30 @@ export const DEFAULT_BATCH_FRAMES = 50
 const CONCAT_BYTES = 64 * 1024
 // A batch stops growing here, so one turn cannot hand the socket unbounded data.
 const BATCH_BYTES = 1024 * 1024
+/** Frames up to this size may be encoded in place (`reserve`/`commit`); larger ones go through `enqueue`. */
+export const MAX_IN_PLACE_FRAME_BYTES = 16 * 1024
+// Frames encoded in place are laid out back to back in slabs of this size.
+const SLAB_BYTES = 64 * 1024
+
+/**
+ * Frames encoded in place one after another in a slab: one queue entry, one
+ * slice when taken, however many frames it holds. Has no hooks: such frames
+ * cannot be dropped once committed (as a frame written at once cannot).
+ */
+class SlabRun implements OutboundTransfer {
+  slices: Buffer[] = NO_SLICES
+  bytes = 0
+  frames = 0
+  readonly slab: Buffer
+  readonly start: number
+
+  constructor (slab: Buffer, start: number) {
+    this.slab = slab
+    this.start = start
+  }
+}
+
+const NO_SLICES: Buffer[] = []
 
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
@@ -135,6 +159,15 @@ export class TransferQueue {
   readonly #coalesceMicrotasks: boolean
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
+  // Frames queued: a SlabRun entry holds several.
+  #queuedFrames = 0
+  // In-place frames: the slab they are encoded into, the next free byte, the
+  // run still open at the back of the queue (null when something else was
+  // queued after it, or it was taken), and where the reserved frame starts.
+  #slab: Buffer | null = null
+  #slabAt = 0
+  #run: SlabRun | null = null
+  #reservedAt = -1
   // The frame an idle queue holds for its checkpoint flush (coalesceMicrotasks):
   // it would have been written at once, so the outbound bound does not count it.
   #checkpointBytes = 0
@@ -149,7 +182,7 @@ export class TransferQueue {
   readonly #flushMicrotask = (): void => {
     this.#flushScheduled = false
     this.#checkpointBytes = 0
-    if (this.#queue.length === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) this.#writeLoneQueued()
+    if (this.#queuedFrames === 1 && !this.#held && !this.#waitingDrain && this.#closedError === null) this.#writeLoneQueued()
     else this.#drainQueue()
   }
   #stats = { immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0 }
@@ -170,20 +203,10 @@ export class TransferQueue {
     }
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes) return false
-    if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
-      this.#queue.push(transfer)
-      this.#queuedBytes += transfer.bytes
-      // #drainQueue writes nothing while held or waiting for drain.
-      if (this.#queue.length >= this.#batchFrames) this.#drainQueue()
-      return true
-    }
-    if (this.#coalesceMicrotasks) {
-      // Written by #flushMicrotask once this checkpoint's continuations ran.
-      this.#queue.push(transfer)
-      this.#queuedBytes += transfer.bytes
-      this.#checkpointBytes = transfer.bytes
-      this.#flushScheduled = true
-      queueMicrotask(this.#flushMicrotask)
+    if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading || this.#coalesceMicrotasks) {
+      this.#push(transfer)
+      this.#queuedFrames++
+      this.#queued(transfer.bytes)
       return true
     }
     // Nothing queued and not backed up: write now, and batch whatever else
@@ -193,6 +216,105 @@ export class TransferQueue {
     this.#writeTransfer(transfer)
     this.#scheduleFlush()
     return true
+  }
+
+  /**
+   * Room for one frame of `bytes` to be encoded in place, for frames with no
+   * hooks (a server's responses): the caller writes exactly `bytes` bytes
+   * into the returned buffer from `reservedAt` on, then calls `commit`. The
+   * frame costs no buffer, slice array or transfer object of its own, and a
+   * batch of such frames is written without a copy. Null when the frame must
+   * go through `enqueue` instead: too large, the queue held, waiting for
+   * 'drain' or closed, or the outbound bound reached (`enqueue` decides then).
+   */
+  reserve (bytes: number): Buffer | null {
+    // A reservation not committed is simply abandoned.
+    this.#reservedAt = -1
+    if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#waitingDrain || this.#closedError !== null) return null
+    const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
+    if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes) return null
+    let slab = this.#slab
+    if (slab === null || slab.length - this.#slabAt < bytes) {
+      // The old slab stays alive as long as slices of it are queued or in the socket.
+      slab = this.#slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
+      this.#slabAt = 0
+      this.#run = null
+    }
+    this.#reservedAt = this.#slabAt
+    return slab
+  }
+
+  /** Where the reserved frame starts in the buffer `reserve` returned. */
+  get reservedAt (): number {
+    return this.#reservedAt
+  }
+
+  /** Queues the frame of `bytes` written at `reservedAt`; sent as `enqueue` would send a frame. */
+  commit (bytes: number): void {
+    const at = this.#reservedAt
+    if (at < 0) throw new Error('commit without reserve')
+    this.#reservedAt = -1
+    this.#slabAt = at + bytes
+    let run = this.#run
+    if (run === null || run.start + run.bytes !== at) {
+      run = new SlabRun(this.#slab!, at)
+      this.#push(run)
+      this.#run = run
+    }
+    run.bytes += bytes
+    run.frames++
+    this.#queuedFrames++
+    this.#queuedBytes += bytes
+    this.#schedule(bytes)
+  }
+
+  // A frame was queued: write it (or schedule it) as the queue's state says.
+  #queued (bytes: number): void {
+    this.#queuedBytes += bytes
+    this.#schedule(bytes)
+  }
+
+  #schedule (bytes: number): void {
+    if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading) {
+      // #drainQueue writes nothing while held or waiting for drain.
+      if (this.#queuedFrames >= this.#batchFrames) this.#drainQueue()
+      return
+    }
+    if (this.#coalesceMicrotasks) {
+      // Written by #flushMicrotask once this checkpoint's continuations ran.
+      this.#checkpointBytes = bytes
+      this.#flushScheduled = true
+      queueMicrotask(this.#flushMicrotask)
+      return
+    }
+    // Nothing else queued and not backed up: write now, and batch whatever
+    // else this turn produces.
+    if (this.#writeLoneQueued()) this.#scheduleFlush()
+  }
+
+  // Queues an entry; its frames are counted by the caller.
+  #push (transfer: OutboundTransfer): void {
+    this.#queue.push(transfer)
+    this.#run = null
+  }
+
+  // Takes the front entry; a slab run becomes one slice of its slab.
+  #shift (): OutboundTransfer {
+    const transfer = this.#queue.shift()!
+    this.#queuedBytes -= transfer.bytes
+    if (transfer instanceof SlabRun) {
+      this.#queuedFrames -= transfer.frames
+      if (transfer === this.#run) this.#run = null
+      transfer.slices = [transfer.slab.subarray(transfer.start, transfer.start + transfer.bytes)]
+    } else {
+      this.#queuedFrames--
+    }
+    return transfer
+  }
+
+  // Frames in a transfer taken off the queue.
+  #framesOf (transfer: OutboundTransfer): number {
+    return transfer instanceof SlabRun ? transfer.frames : 1
   }
 
   /**
@@ -208,9 +330,8 @@ export class TransferQueue {
   endRead (): void {
     if (!this.#reading) return
     this.#reading = false
-    const queue = this.#queue
-    if (queue.length === 0 || this.#held || this.#waitingDrain || this.#flushScheduled || this.#closedError !== null) return
-    if (queue.length === 1) {
+    if (this.#queuedFrames === 0 || this.#held || this.#waitingDrain || this.#flushScheduled || this.#closedError !== null) return
+    if (this.#queuedFrames === 1) {
       // A dropped lone answer wrote nothing: nothing to coalesce behind.
       if (!this.#writeLoneQueued()) return
     } else {
@@ -223,8 +344,7 @@ export class TransferQueue {
 
   // The one queued frame, as an immediate write; false if it was dropped (cancelled meanwhile).
   #writeLoneQueued (): boolean {
-    const transfer = this.#queue.shift()!
-    this.#queuedBytes -= transfer.bytes
+    const transfer = this.#shift()
     if (this.#dropIfCancelled(transfer)) return false
     this.#stats.immediateWrites++
     this.#writeTransfer(transfer)
@@ -280,9 +400,13 @@ export class TransferQueue {
     this.#closedError = error
     while (this.#queue.length > 0) {
       const transfer = this.#queue.shift()!
-      this.#stats.dropped++
+      this.#stats.dropped += this.#framesOf(transfer)
       transfer.onSent?.(error)
     }
+    this.#run = null
+    this.#slab = null
+    this.#reservedAt = -1
+    this.#queuedFrames = 0
     this.#queuedBytes = 0
     this.#checkpointBytes = 0
   }
@@ -294,7 +418,7 @@ export class TransferQueue {
 
   stats (): TransferQueueStats {
     return {
-      queuedTransfers: this.#queue.length,
+      queuedTransfers: this.#queuedFrames,
       queuedBytes: this.#queuedBytes,
       socketBufferedBytes: this.#sink.writableLength,
       ...this.#stats
@@ -305,9 +429,8 @@ export class TransferQueue {
     this.#checkpointBytes = 0
     const queue = this.#queue
     while (queue.length > 0 && !this.#held && !this.#waitingDrain && this.#closedError === null) {
-      if (queue.length === 1) {
-        const transfer = queue.shift()!
-        this.#queuedBytes -= transfer.bytes
+      if (queue.length === 1 && !(queue.peekFront() instanceof SlabRun)) {
+        const transfer = this.#shift()
         if (this.#dropIfCancelled(transfer)) continue
         this.#writeTransfer(transfer)
         continue
@@ -349,22 +472,29 @@ export class TransferQueue {
     const batch: OutboundTransfer[] = []
     let bytes = 0
     let slices = 0
+    let frames = 0
     while (queue.length > 0 && bytes < BATCH_BYTES) {
-      const transfer = queue.shift()!
-      this.#queuedBytes -= transfer.bytes
+      const transfer = this.#shift()
       if (this.#dropIfCancelled(transfer)) continue
       batch.push(transfer)
       bytes += transfer.bytes
       slices += transfer.slices.length
+      frames += this.#framesOf(transfer)
     }
     if (batch.length === 0) return
     // A batch cut to one frame by cancellations is a lone write, not a batch.
-    if (batch.length > 1) {
+    if (frames > 1) {
       this.#stats.batchedWrites++
-      this.#stats.batchedFrames += batch.length
+      this.#stats.batchedFrames += frames
+    } else {
+      this.#stats.immediateWrites++
     }
     let ok: boolean
-    if (bytes <= CONCAT_BYTES) {
+    if (slices === 1) {
+      // One slab run: its frames are already one contiguous slice.
+      ok = this.#sink.write(batch[0]!.slices[0]!)
+      batch[0]!.onSent?.(undefined)
+    } else if (bytes <= CONCAT_BYTES) {
       const out = Buffer.allocUnsafe(bytes)
       let at = 0
       for (const transfer of batch) for (const slice of transfer.slices) at += slice.copy(out, at)

@@ -6,7 +6,8 @@ import t, { type Test } from 'tap'
 import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
 import {
   ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
-  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, type RequestFrame, type ResponseFrame
+  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, responseFrameBytes, writeResponseFrame,
+  type RequestFrame, type ResponseFrame
 } from '../../codec/krpc.js'
 import {
   ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep
@@ -477,4 +478,22 @@ t.test('authentication types other than SASL are refused', async t => {
     t.equal(step.error?.code, ErrorCode.NEGOTIATION_FAILED, 'the client refuses')
     t.equal(step.send, undefined, 'and sends no SASL_INITIATE')
   })
+})
+
+t.test('writeResponseFrame writes, in place, the bytes encodeResponseFrame encodes', async t => {
+  for (const callId of [0, 1, 127, 128, 16_383, 16_384, 0x7fffffff, -1, -33]) {
+    for (const bodyBytes of [0, 1, 2, 32, 33, 127, 128, 300]) {
+      const body = Buffer.alloc(bodyBytes)
+      for (let i = 0; i < bodyBytes; i++) body[i] = (i * 7 + callId) & 0xff
+      const expected = Buffer.concat(encodeResponseFrame(callId, false, body))
+      const size = responseFrameBytes(callId, bodyBytes)
+      t.equal(size, expected.length, `size of call ${callId}, body ${bodyBytes}`)
+      const out = Buffer.alloc(size + 10, 0xee)
+      const end = writeResponseFrame(out, 5, callId, body)
+      t.equal(end, 5 + size)
+      t.ok(out.subarray(5, end).equals(expected), `bytes of call ${callId}, body ${bodyBytes}`)
+      t.equal(out[4], 0xee, 'nothing written before')
+      t.equal(out[end], 0xee, 'nothing written after')
+    }
+  }
 })

@@ -6,7 +6,7 @@
 import t from 'tap'
 import fc from 'fast-check'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { TransferQueue, type OutboundTransfer } from '../../transport/transfer-queue.js'
+import { MAX_IN_PLACE_FRAME_BYTES, TransferQueue, type OutboundTransfer } from '../../transport/transfer-queue.js'
 import { FakeSink, nextTick } from '../helpers/fake-sink.js'
 
 interface Tracked extends OutboundTransfer {
@@ -539,6 +539,7 @@ t.test('an onSent that enqueues keeps order', async t => {
 type Op =
   | { kind: 'enqueue', bytes: number, slices: number, cancel: 'no' | 'before' | 'later' }
   | { kind: 'tick' } | { kind: 'full' } | { kind: 'drain' } | { kind: 'hold' } | { kind: 'release' }
+  | { kind: 'inplace', bytes: number } | { kind: 'beginRead' } | { kind: 'endRead' } | { kind: 'microtask' }
 
 const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 5, arbitrary: fc.record({ kind: fc.constant('enqueue' as const), bytes: fc.oneof(fc.integer({ min: 1, max: 64 }), fc.integer({ min: 20_000, max: 70_000 })), slices: fc.integer({ min: 1, max: 3 }), cancel: fc.constantFrom('no' as const, 'no' as const, 'before' as const, 'later' as const) }) },
@@ -546,13 +547,17 @@ const opArb: fc.Arbitrary<Op> = fc.oneof(
   { weight: 1, arbitrary: fc.constant({ kind: 'full' as const }) },
   { weight: 1, arbitrary: fc.constant({ kind: 'drain' as const }) },
   { weight: 1, arbitrary: fc.constant({ kind: 'hold' as const }) },
-  { weight: 1, arbitrary: fc.constant({ kind: 'release' as const }) }
+  { weight: 1, arbitrary: fc.constant({ kind: 'release' as const }) },
+  { weight: 4, arbitrary: fc.record({ kind: fc.constant('inplace' as const), bytes: fc.oneof(fc.integer({ min: 1, max: 64 }), fc.constant(MAX_IN_PLACE_FRAME_BYTES), fc.constant(MAX_IN_PLACE_FRAME_BYTES + 1)) }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'beginRead' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'endRead' as const }) },
+  { weight: 1, arbitrary: fc.constant({ kind: 'microtask' as const }) }
 )
 
 t.test('property: order, drops and onSent under any sequence of operations', async t => {
-  await fc.assert(fc.asyncProperty(fc.array(opArb, { maxLength: 40 }), async (ops) => {
+  await fc.assert(fc.asyncProperty(fc.array(opArb, { maxLength: 40 }), fc.boolean(), async (ops, coalesceMicrotasks) => {
     const sink = new FakeSink()
-    const queue = new TransferQueue(sink)
+    const queue = new TransferQueue(sink, { coalesceMicrotasks })
     const all: Tracked[] = []
     const laterCancel = new Set<number>()
     let id = 0
@@ -569,6 +574,25 @@ t.test('property: order, drops and onSent under any sequence of operations', asy
           if (op.cancel === 'later') laterCancel.add(n)
           break
         }
+        case 'inplace': {
+          // Encoded in place when the queue allows it, else enqueued: either way sent, in order, never dropped.
+          const n = ++id
+          const x = transfer(n % 250 + 1, op.bytes)
+          all.push(x)
+          const out = queue.reserve(op.bytes)
+          if (out === null) {
+            queue.enqueue(x)
+          } else {
+            out.fill(n % 250 + 1, queue.reservedAt, queue.reservedAt + op.bytes)
+            queue.commit(op.bytes)
+            x.onSent!(undefined)
+            x.beforeWriteCalls = 1
+          }
+          break
+        }
+        case 'beginRead': queue.beginRead(); break
+        case 'endRead': queue.endRead(); break
+        case 'microtask': await Promise.resolve(); break
         case 'tick': await nextTick(); break
         case 'full': sink.writeReturns = false; break
         case 'drain': sink.writeReturns = true; queue.onSocketDrain(); break
@@ -579,6 +603,7 @@ t.test('property: order, drops and onSent under any sequence of operations', asy
     }
     // Let everything out.
     sink.writeReturns = true
+    queue.endRead()
     queue.release()
     queue.onSocketDrain()
     await nextTick()
@@ -589,7 +614,7 @@ t.test('property: order, drops and onSent under any sequence of operations', asy
     for (const x of all) {
       if (x.sent.length !== 1) throw new Error(`transfer ${x.id} onSent ${x.sent.length} times`)
       if (x.sent[0] !== undefined && x.sent[0].code !== ErrorCode.CANCELLED) throw new Error(`unexpected ${x.sent[0].code}`)
-      if (x.beforeWriteCalls !== 1) throw new Error(`beforeWrite asked ${x.beforeWriteCalls} times`)
+      if (x.beforeWrite !== undefined && x.beforeWriteCalls !== 1) throw new Error(`beforeWrite asked ${x.beforeWriteCalls} times`)
     }
     if (!queue.isIdle) throw new Error('queue not idle at the end')
     if (sink.corked) throw new Error('left corked')
@@ -688,4 +713,98 @@ t.test('coalesceMicrotasks: the outbound bound counts the same frames as writing
     await nextTick()
     t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 1200, 'both accepted frames written')
   }
+})
+
+// Encodes a frame of `bytes` bytes, all equal to `id`, in place; false when the queue said to enqueue instead.
+function inPlace (queue: TransferQueue, id: number, bytes = 8): boolean {
+  const out = queue.reserve(bytes)
+  if (out === null) return false
+  out.fill(id, queue.reservedAt, queue.reservedAt + bytes)
+  queue.commit(bytes)
+  return true
+}
+
+t.test('in-place frames: a lone one is an immediate write; a read\'s answers are one slice of the slab, written without a copy', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  t.equal(inPlace(queue, 1), true)
+  t.equal(sink.writes.length, 1, 'written inside commit, as enqueue writes a lone frame')
+  t.same(ids(sink.writes[0]!.chunk), [1])
+  t.equal(queue.stats().immediateWrites, 1)
+  await nextTick()
+
+  queue.beginRead()
+  for (let id = 2; id <= 6; id++) inPlace(queue, id)
+  t.equal(sink.writes.length, 1, 'held until the read is handled')
+  t.equal(queue.stats().queuedTransfers, 5, 'five frames queued')
+  t.equal(queue.stats().queuedBytes, 40)
+  queue.endRead()
+  t.equal(sink.writes.length, 2, 'one write for the read')
+  const chunk = sink.writes[1]!.chunk
+  t.same(ids(chunk), [2, 3, 4, 5, 6])
+  t.equal(chunk.buffer, sink.writes[0]!.chunk.buffer, 'a view of the same slab: no copy')
+  t.match(queue.stats(), { immediateWrites: 1, batchedWrites: 1, batchedFrames: 5, queuedTransfers: 0, queuedBytes: 0 })
+  t.ok(queue.isIdle)
+})
+
+t.test('in-place frames keep their order among enqueued transfers, and batchFrames counts each of them', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { batchFrames: 4 })
+  queue.beginRead()
+  inPlace(queue, 1)
+  inPlace(queue, 2)
+  const c = transfer(3)
+  queue.enqueue(c)
+  t.equal(sink.writes.length, 0)
+  inPlace(queue, 4)
+  t.equal(sink.writes.length, 1, 'four frames: the batch goes out during the read')
+  t.same(ids(sink.writes[0]!.chunk), [1, 2, 3, 4])
+  inPlace(queue, 5)
+  queue.endRead()
+  t.equal(sink.writes.length, 2)
+  t.same(ids(sink.writes[1]!.chunk), [5])
+  t.same(c.sent, [undefined])
+  t.match(queue.stats(), { batchedWrites: 1, batchedFrames: 4, immediateWrites: 1 })
+})
+
+t.test('reserve says to enqueue instead when the frame is large, the queue held, waiting for drain, closed or over its bound', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
+  t.equal(queue.reserve(MAX_IN_PLACE_FRAME_BYTES + 1), null, 'too large')
+  t.not(queue.reserve(MAX_IN_PLACE_FRAME_BYTES), null, 'the largest in-place frame')
+  queue.hold()
+  t.equal(queue.reserve(8), null, 'held: frames must stay droppable')
+  queue.release()
+  sink.writeReturns = false
+  t.equal(inPlace(queue, 1), true)
+  t.equal(queue.reserve(8), null, 'waiting for drain')
+  sink.writeReturns = true
+  queue.onSocketDrain()
+  sink.writableLength = 95
+  t.equal(queue.reserve(8), null, 'over the outbound bound')
+  t.not(queue.reserve(5), null, 'within it')
+  sink.writableLength = 0
+  queue.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed'))
+  t.equal(queue.reserve(8), null, 'closed')
+  t.throws(() => queue.commit(8), /commit without reserve/)
+})
+
+t.test('in-place frames dropped by close are counted; frames over a slab\'s end start a new slab and stay intact', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink, { batchFrames: 1000 })
+  queue.beginRead()
+  // 40 frames of 3 KiB cross the 64 KiB slab.
+  for (let id = 1; id <= 40; id++) t.equal(inPlace(queue, id, 3000), true)
+  queue.endRead()
+  await nextTick()
+  const expected = Buffer.concat(Array.from({ length: 40 }, (_, i) => Buffer.alloc(3000, i + 1)))
+  t.ok(sink.bytes().equals(expected), 'every byte in order, none overwritten by a later frame')
+  t.equal(queue.stats().queuedTransfers, 0)
+
+  const closing = new TransferQueue(new FakeSink(), { coalesceMicrotasks: true })
+  closing.beginRead()
+  inPlace(closing, 1)
+  inPlace(closing, 2)
+  closing.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed'))
+  t.match(closing.stats(), { dropped: 2, queuedTransfers: 0, queuedBytes: 0 })
 })
