@@ -3,7 +3,7 @@ import Denque from 'denque'
 import { connect as netConnect } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseFrame } from '../codec/krpc.js'
+import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseFrame, requestFrameBytes, wireTimeout, writeRequestFrame } from '../codec/krpc.js'
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -446,12 +446,28 @@ export class Client {
     call.callId = callId
     cc.outstanding.set(callId, call)
     call.needsApplicationFeatures = options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0
+    const remoteMethod = this.#remoteMethod(def.fullName, methodDef)
+    const timeout = Number.isFinite(deadline) ? wireTimeout(Math.max(1, deadline - now)) : 0
+    if (!call.needsApplicationFeatures && (options.sidecars === undefined || options.sidecars.length === 0)) {
+      // The common case: encoded straight into the connection's outbound
+      // slab, when the connection is ready to write. Such a frame goes out
+      // at the end of this microtask checkpoint, as a frame written at once.
+      const connection = cc.connection
+      const bytes = requestFrameBytes(callId, remoteMethod, timeout, body.length)
+      const out = connection.reserve(bytes)
+      if (out !== null) {
+        writeRequestFrame(out, connection.reservedAt, callId, remoteMethod, timeout, body)
+        call.state = CallState.SENT
+        connection.commit(bytes)
+        return
+      }
+    }
     let slices: Buffer[]
     try {
       slices = encodeRequestFrame({
         callId,
-        remoteMethod: this.#remoteMethod(def.fullName, methodDef),
-        timeoutMs: Number.isFinite(deadline) ? Math.max(1, Math.floor(deadline - now)) : 0,
+        remoteMethod,
+        timeoutMs: timeout,
         requiredFeatureFlags: options.requiredFeatureFlags,
         sidecars: options.sidecars
       }, body)

@@ -6,7 +6,8 @@ import t, { type Test } from 'tap'
 import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
 import {
   ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
-  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, responseFrameBytes, writeResponseFrame,
+  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, requestFrameBytes, responseFrameBytes, wireTimeout,
+  writeRequestFrame, writeResponseFrame,
   type RequestFrame, type ResponseFrame
 } from '../../codec/krpc.js'
 import {
@@ -496,4 +497,27 @@ t.test('writeResponseFrame writes, in place, the bytes encodeResponseFrame encod
       t.equal(out[end], 0xee, 'nothing written after')
     }
   }
+})
+
+t.test('writeRequestFrame writes, in place, the bytes encodeRequestFrame encodes', async t => {
+  const methods = [encodeRemoteMethod('nyala.demo.CalculatorService', 'Add'), encodeRemoteMethod('s', 'm'.repeat(40))]
+  for (const remoteMethod of methods) {
+    for (const callId of [0, 127, 128, 0x7fffffff, -3]) {
+      for (const timeoutMs of [undefined, 0, 1, 127, 128, 30_000, 2 ** 40]) {
+        for (const bodyBytes of [0, 5, 33, 200]) {
+          const body = Buffer.alloc(bodyBytes, callId & 0xff)
+          const expected = Buffer.concat(encodeRequestFrame({ callId, remoteMethod, timeoutMs }, body))
+          const timeout = wireTimeout(timeoutMs)
+          const size = requestFrameBytes(callId, remoteMethod, timeout, bodyBytes)
+          const out = Buffer.alloc(size + 3, 0xee)
+          const end = writeRequestFrame(out, 3, callId, remoteMethod, timeout, body)
+          if (size !== expected.length || end !== 3 + size || !out.subarray(3, end).equals(expected) || out[2] !== 0xee) {
+            t.fail(`call ${callId}, timeout ${timeoutMs}, body ${bodyBytes}: ${out.subarray(3, end).toString('hex')} != ${expected.toString('hex')}`)
+            return
+          }
+        }
+      }
+    }
+  }
+  t.pass('every combination byte-identical')
 })
