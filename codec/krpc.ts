@@ -285,10 +285,9 @@ export function encodeResponseFrame (callId: number, isError: boolean | undefine
 }
 
 // Copies a small buffer byte by byte (cheaper than a native call for a few dozen bytes); returns the end.
-function copySmall (src: Uint8Array, out: Buffer, at: number): number {
-  const n = src.length
+function copySmall (src: Uint8Array, n: number, out: Buffer, at: number): number {
   if (n > 32) {
-    out.set(src, at)
+    out.set(n === src.length ? src : src.subarray(0, n), at)
     return at + n
   }
   for (let i = 0; i < n; i++) out[at++] = src[i]!
@@ -317,19 +316,20 @@ export function requestFrameBytes (callId: number, remoteMethod: Buffer, timeout
  * Writes the frame `requestFrameBytes` sized at `out[at]`, the bytes
  * `encodeRequestFrame` would encode for it, and returns where it ends.
  */
-export function writeRequestFrame (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number, body: Uint8Array): number {
+export function writeRequestFrame (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number,
+  body: Uint8Array, bodyBytes = body.length): number {
   const headerBytes = requestHeaderBytes(callId, remoteMethod, timeout)
-  out.writeUInt32BE(varintBytes(headerBytes) + headerBytes + varintBytes(body.length) + body.length, at)
+  out.writeUInt32BE(varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes, at)
   at = writeVarint(out, at + 4, headerBytes)
   out[at++] = 0x18 // field 3, call_id
   at = writeInt32(out, at, callId)
-  at = copySmall(remoteMethod, out, at)
+  at = copySmall(remoteMethod, remoteMethod.length, out, at)
   if (timeout > 0) {
     out[at++] = 0x50 // field 10, timeout_millis
     at = writeVarint(out, at, timeout)
   }
-  at = writeVarint(out, at, body.length)
-  return copySmall(body, out, at)
+  at = writeVarint(out, at, bodyBytes)
+  return copySmall(body, bodyBytes, out, at)
 }
 
 /** Bytes of a successful response frame without sidecars whose body PB is `bodyBytes` long (prefix included). */
@@ -341,10 +341,10 @@ export function responseFrameBytes (callId: number, bodyBytes: number): number {
 /**
  * Writes the frame `responseFrameBytes` sized at `out[at]`, as
  * `encodeResponseFrame(callId, false, body)` would encode it, and returns
- * where it ends. For encoding straight into an outbound buffer.
+ * where it ends. For encoding straight into an outbound buffer. The body is
+ * `body[0, bodyBytes)` (a scratch buffer may be longer).
  */
-export function writeResponseFrame (out: Buffer, at: number, callId: number, body: Uint8Array): number {
-  const bodyBytes = body.length
+export function writeResponseFrame (out: Buffer, at: number, callId: number, body: Uint8Array, bodyBytes = body.length): number {
   const headerBytes = 3 + int32Bytes(callId)
   out.writeUInt32BE(varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes, at)
   at = writeVarint(out, at + 4, headerBytes)
@@ -353,7 +353,7 @@ export function writeResponseFrame (out: Buffer, at: number, callId: number, bod
   out[at++] = 0x10 // field 2, is_error: false
   out[at++] = 0
   at = writeVarint(out, at, bodyBytes)
-  return copySmall(body, out, at)
+  return copySmall(body, bodyBytes, out, at)
 }
 
 /** Encodes an error response (`is_error` set, ErrorStatusPB body). */

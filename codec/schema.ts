@@ -21,6 +21,12 @@ export interface MessageType<T = Message> {
    * frame encoders do). Spares a writer and a buffer per message.
    */
   encodeScratch: (message: T) => Uint8Array
+  /**
+   * As `encodeScratch`, without even a view: the bytes are
+   * `scratch.bytes[0, scratch.length)` of the shared object returned, valid
+   * only until the next encode on this thread.
+   */
+  encodeToScratch: (message: T) => ScratchBytes
   /** Decodes bytes; a parse failure or a missing required field is returned as an error naming the fields. */
   decode: (bytes: Uint8Array) => T | RpcError
   /** As `decode`, of `bytes[start, end)`, without making a view of them. */
@@ -51,6 +57,20 @@ export interface ServiceDef<M extends MethodMap = MethodMap> {
 }
 
 type PbType = protobuf.Type
+
+/** Where `encodeToScratch` left a message's bytes: `bytes[0, length)`. One shared object. */
+export interface ScratchBytes {
+  bytes: Uint8Array
+  length: number
+}
+
+const EMPTY_BYTES = new Uint8Array(0)
+const EMPTY_BUFFER = Buffer.alloc(0)
+const scratch: ScratchBytes = { bytes: EMPTY_BYTES, length: 0 }
+
+// The reader `decodeRange` reuses for Buffers (decoding never calls out of
+// the codec, so one is enough); a BufferReader, as protobufjs picks for them.
+const rangeReader = protobuf.Reader.create(Buffer.alloc(0))
 
 function requiredFieldsMissing (required: readonly protobuf.Field[], instance: unknown): string[] {
   const missing: string[] = []
@@ -104,6 +124,17 @@ function wrapType<T> (type: PbType): MessageType<T> {
       if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
       return writer.finish(true)
     },
+    encodeToScratch (message: T): ScratchBytes {
+      check(message)
+      const writer = scratchWriter ?? protobuf.Writer.create()
+      scratchWriter = null
+      writer.reset()
+      type.encode(message as Record<string, unknown>, writer)
+      if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
+      scratch.bytes = writer.buf
+      scratch.length = writer.pos
+      return scratch
+    },
     decode (bytes: Uint8Array): T | RpcError {
       try {
         return type.decode(bytes) as unknown as T
@@ -113,9 +144,22 @@ function wrapType<T> (type: PbType): MessageType<T> {
     },
     decodeRange (bytes: Uint8Array, start: number, end: number): T | RpcError {
       try {
-        const reader = protobuf.Reader.create(bytes)
+        if (!Buffer.isBuffer(bytes)) {
+          const reader = protobuf.Reader.create(bytes)
+          reader.pos = start
+          return type.decode(reader, end - start) as unknown as T
+        }
+        const reader = rangeReader
+        reader.buf = bytes
         reader.pos = start
-        return type.decode(reader, end - start) as unknown as T
+        reader.len = end
+        try {
+          return type.decode(reader, end - start) as unknown as T
+        } finally {
+          // Not keeping the frame alive.
+          reader.buf = EMPTY_BUFFER
+          reader.len = 0
+        }
       } catch (err) {
         return decodeFailure(err)
       }

@@ -399,6 +399,7 @@ export class Client {
     let slot: Slot | undefined
     let balanced: BalancedTarget | null = null
     let body: Uint8Array
+    let bodyBytes: number
     try {
       balanced = this.#balancedTarget(endpoint)
       if (balanced === null) {
@@ -420,7 +421,9 @@ export class Client {
       }
       // In the codec's scratch buffer: nothing below encodes again before
       // encodeRequestFrame copies it into the frame.
-      body = methodDef.requestType.encodeScratch(request)
+      const scratch = methodDef.requestType.encodeToScratch(request)
+      body = scratch.bytes
+      bodyBytes = scratch.length
     } catch (err) {
       return reject(err as RpcError, false)
     }
@@ -453,10 +456,10 @@ export class Client {
       // slab, when the connection is ready to write. Such a frame goes out
       // at the end of this microtask checkpoint, as a frame written at once.
       const connection = cc.connection
-      const bytes = requestFrameBytes(callId, remoteMethod, timeout, body.length)
+      const bytes = requestFrameBytes(callId, remoteMethod, timeout, bodyBytes)
       const out = connection.reserve(bytes)
       if (out !== null) {
-        writeRequestFrame(out, connection.reservedAt, callId, remoteMethod, timeout, body)
+        writeRequestFrame(out, connection.reservedAt, callId, remoteMethod, timeout, body, bodyBytes)
         call.state = CallState.SENT
         connection.commit(bytes)
         return
@@ -470,7 +473,7 @@ export class Client {
         timeoutMs: timeout,
         requiredFeatureFlags: options.requiredFeatureFlags,
         sidecars: options.sidecars
-      }, body)
+      }, bodyBytes === body.length ? body : body.subarray(0, bodyBytes))
     } catch (err) {
       return this.#finishError(call, err as RpcError)
     }

@@ -629,20 +629,24 @@ export class Server {
 
   #respond (call: InboundCall, response: Message): void {
     let body: Uint8Array
+    let bodyBytes: number
     try {
-      // Copied into the frame at once by encodeResponseFrame.
-      body = call.methodDef.responseType.encodeScratch(response)
+      // In the codec's scratch buffer: copied into the frame at once.
+      const scratch = call.methodDef.responseType.encodeToScratch(response)
+      body = scratch.bytes
+      bodyBytes = scratch.length
     } catch (err) {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
     }
-    this.#respondEncoded(call, body, call.responseSidecars)
+    this.#respondEncoded(call, body, call.responseSidecars, bodyBytes)
   }
 
   // Answers with an encoded response (encoded here, or by a worker thread).
   // The frame goes out first; the bookkeeping (metrics, in-flight table)
   // follows, off the path of a synchronous caller waiting for the answer.
-  #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined): void {
+  // The body is body[0, bodyBytes).
+  #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined, bodyBytes = body.length): void {
     const sc = call.owner as ServerConnection | null
     if (sc === null || sc.connection.isClosed) {
       this.#release(call)
@@ -651,10 +655,10 @@ export class Server {
     if (sidecars === undefined || sidecars.length === 0) {
       // The common case: encoded straight into the connection's outbound slab.
       const connection = sc.connection
-      const bytes = responseFrameBytes(call.callId, body.length)
+      const bytes = responseFrameBytes(call.callId, bodyBytes)
       const out = connection.reserve(bytes)
       if (out !== null) {
-        writeResponseFrame(out, connection.reservedAt, call.callId, body)
+        writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
         this.#stats.callsSucceeded++
         const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
         connection.commit(bytes)
@@ -665,7 +669,7 @@ export class Server {
     }
     let slices: Buffer[]
     try {
-      slices = encodeResponseFrame(call.callId, false, body, sidecars)
+      slices = encodeResponseFrame(call.callId, false, bodyBytes === body.length ? body : body.subarray(0, bodyBytes), sidecars)
     } catch (err) {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return

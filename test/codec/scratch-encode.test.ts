@@ -49,3 +49,23 @@ t.test('decodeRange reads a slice in place, and reports bad bytes as errors', as
   const truncated = Add.requestType.decodeRange(Buffer.from([0x08]), 0, 1)
   t.type(truncated, RpcError)
 })
+
+t.test('encodeToScratch leaves the bytes encode gives in the shared scratch; decodeRange reads a range of any buffer', async t => {
+  const scratch = Add.requestType.encodeToScratch({ x: 300, y: 1 })
+  t.same(Buffer.from(scratch.bytes.subarray(0, scratch.length)), Buffer.from(Add.requestType.encode({ x: 300, y: 1 })))
+  const big = { data: 'x'.repeat(100_000) }
+  const bigScratch = Echo.requestType.encodeToScratch(big)
+  t.equal(bigScratch.length, Echo.requestType.encode(big).length, 'a message larger than the kept writer')
+  t.same(Echo.requestType.decodeRange(Buffer.from(bigScratch.bytes.subarray(0, bigScratch.length)), 0, bigScratch.length), big)
+  t.throws(() => Add.requestType.encodeToScratch({ x: 1 } as never), { message: /missing fields: y/ })
+  const after = Add.requestType.encodeToScratch({ x: 5, y: 6 })
+  t.same(Buffer.from(after.bytes.subarray(0, after.length)), Buffer.from(Add.requestType.encode({ x: 5, y: 6 })), 'a throw left no half-written scratch behind')
+
+  // A range inside a larger buffer, a Buffer or a plain Uint8Array; a range cut short is an error, not a read past its end.
+  const message = Buffer.from(Echo.requestType.encode({ data: 'hello' }))
+  const framed = Buffer.concat([Buffer.from([9, 9]), message, Buffer.from([9, 9])])
+  t.same(Echo.requestType.decodeRange(framed, 2, 2 + message.length), { data: 'hello' })
+  t.same(Echo.requestType.decodeRange(new Uint8Array(framed), 2, 2 + message.length), { data: 'hello' })
+  t.type(Echo.requestType.decodeRange(framed, 2, 2 + message.length - 1), RpcError)
+  t.same(Echo.requestType.decodeRange(framed, 2, 2 + message.length), { data: 'hello' }, 'the shared reader recovers after an error')
+})
