@@ -11,14 +11,22 @@ import type { RequestHeader, ResponseHeader } from './krpc.js'
 
 class Reader {
   pos: number
-  readonly buf: Uint8Array
-  readonly end: number
+  buf: Uint8Array
+  end: number
   error: string | null = null
 
   constructor (buf: Uint8Array, start: number, end: number) {
     this.buf = buf
     this.pos = start
     this.end = end
+  }
+
+  reset (buf: Uint8Array, start: number, end: number): this {
+    this.buf = buf
+    this.pos = start
+    this.end = end
+    this.error = null
+    return this
   }
 
   // A varint as a JS number; values above 2^53 lose precision, which only
@@ -151,43 +159,93 @@ function fail (what: string, detail: string): RpcError {
   return new RpcError(ErrorCode.MALFORMED_FRAME, `bad ${what}: ${detail}`)
 }
 
-/** Decodes a ResponseHeader (of `buf[start, end)`); a malformed one or a missing `call_id` is returned as an error. */
-export function decodeResponseHeader (buf: Uint8Array, start = 0, end = buf.length): ResponseHeader | RpcError {
-  const r = new Reader(buf, start, end)
-  let callId: number | undefined
-  let isError: boolean | undefined
-  let offsets: number[] | undefined
+const EMPTY = new Uint8Array(0)
+// The reader of top-level headers, reused (decoding never re-enters).
+const headerReader = new Reader(EMPTY, 0, 0)
+
+/**
+ * The fields of a ResponseHeader, decoded by `decodeResponseHeaderInto`
+ * into an object the caller reuses frame after frame.
+ */
+export class ResponseHeaderFields {
+  callId = 0
+  /** Absent: undefined (negotiation responses leave it out). */
+  isError: boolean | undefined = undefined
+  sidecarOffsets: number[] | undefined = undefined
+}
+
+/**
+ * The fields of a RequestHeader a server acts on, decoded by
+ * `decodeRequestHeaderInto` into an object the caller reuses frame after
+ * frame. `request_id` is skipped (exactly-once is not implemented).
+ */
+export class RequestHeaderFields {
+  callId = 0
+  remoteMethod: RemoteMethod | undefined = undefined
+  /** `timeout_millis`, 0 when absent (`hasTimeout` tells an explicit 0 apart). */
+  timeoutMillis = 0
+  hasTimeout = false
+  requiredFeatureFlags: number[] | undefined = undefined
+  sidecarOffsets: number[] | undefined = undefined
+}
+
+/** Decodes a ResponseHeader of `buf[start, end)` into `out`; a malformed one or a missing `call_id` is returned as an error. */
+export function decodeResponseHeaderInto (buf: Uint8Array, start: number, end: number, out: ResponseHeaderFields): RpcError | null {
+  const r = headerReader.reset(buf, start, end)
+  let hasCallId = false
+  out.isError = undefined
+  out.sidecarOffsets = undefined
   while (r.pos < r.end && r.error === null) {
     const tag = r.varint()
     if (r.error !== null) break
     const field = Math.floor(tag / 8)
     const wireType = tag & 7
-    if (field === 1 && wireType === 0) callId = r.int32()
-    else if (field === 2 && wireType === 0) isError = r.varint() !== 0
-    else if (field === 3) r.repeatedUint32(wireType, offsets ??= [])
-    else if (field === 0) r.error = 'field number 0'
-    else r.skip(wireType)
+    if (field === 1 && wireType === 0) {
+      out.callId = r.int32()
+      hasCallId = true
+    } else if (field === 2 && wireType === 0) {
+      out.isError = r.varint() !== 0
+    } else if (field === 3) {
+      r.repeatedUint32(wireType, out.sidecarOffsets ??= [])
+    } else if (field === 0) {
+      r.error = 'field number 0'
+    } else {
+      r.skip(wireType)
+    }
   }
+  r.buf = EMPTY
   if (r.error !== null) return fail('ResponseHeader', r.error)
-  if (callId === undefined) return fail('ResponseHeader', 'missing required call_id')
-  const header: ResponseHeader = { call_id: callId }
-  if (isError !== undefined) header.is_error = isError
-  if (offsets !== undefined) header.sidecar_offsets = offsets
+  if (!hasCallId) return fail('ResponseHeader', 'missing required call_id')
+  return null
+}
+
+/** Decodes a ResponseHeader (of `buf[start, end)`); a malformed one or a missing `call_id` is returned as an error. */
+export function decodeResponseHeader (buf: Uint8Array, start = 0, end = buf.length): ResponseHeader | RpcError {
+  const fields = new ResponseHeaderFields()
+  const error = decodeResponseHeaderInto(buf, start, end, fields)
+  if (error !== null) return error
+  const header: ResponseHeader = { call_id: fields.callId }
+  if (fields.isError !== undefined) header.is_error = fields.isError
+  if (fields.sidecarOffsets !== undefined) header.sidecar_offsets = fields.sidecarOffsets
   return header
 }
 
-/** Decodes a RequestHeader (of `buf[start, end)`); a malformed one or a missing required field is returned as an error. */
-export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.length): RequestHeader | RpcError {
-  const r = new Reader(buf, start, end)
-  const header: RequestHeader = { call_id: 0 }
+/** Decodes a RequestHeader of `buf[start, end)` into `out`; a malformed one or a missing required field is returned as an error. */
+export function decodeRequestHeaderInto (buf: Uint8Array, start: number, end: number, out: RequestHeaderFields): RpcError | null {
+  const r = headerReader.reset(buf, start, end)
   let hasCallId = false
+  out.remoteMethod = undefined
+  out.timeoutMillis = 0
+  out.hasTimeout = false
+  out.requiredFeatureFlags = undefined
+  out.sidecarOffsets = undefined
   while (r.pos < r.end && r.error === null) {
     const tag = r.varint()
     if (r.error !== null) break
     const field = Math.floor(tag / 8)
     const wireType = tag & 7
     if (field === 3 && wireType === 0) {
-      header.call_id = r.int32()
+      out.callId = r.int32()
       hasCallId = true
     } else if (field === 6 && wireType === 2) {
       const start = r.lengthDelimited()
@@ -195,7 +253,7 @@ export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.lengt
       if (r.error !== null) break
       const cached = cachedRemoteMethod(buf, start, stop)
       if (cached !== undefined) {
-        header.remote_method = cached
+        out.remoteMethod = cached
         continue
       }
       const inner = new Reader(buf, start, stop)
@@ -216,13 +274,14 @@ export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.lengt
         r.error = `remote_method: missing required ${service === undefined ? 'service_name' : 'method_name'}`
         break
       }
-      header.remote_method = rememberRemoteMethod(buf, start, stop, service, method)
+      out.remoteMethod = rememberRemoteMethod(buf, start, stop, service, method)
     } else if (field === 10 && wireType === 0) {
-      header.timeout_millis = r.uint32()
+      out.timeoutMillis = r.uint32()
+      out.hasTimeout = true
     } else if (field === 11) {
-      r.repeatedUint32(wireType, header.required_feature_flags ??= [])
+      r.repeatedUint32(wireType, out.requiredFeatureFlags ??= [])
     } else if (field === 16) {
-      r.repeatedUint32(wireType, header.sidecar_offsets ??= [])
+      r.repeatedUint32(wireType, out.sidecarOffsets ??= [])
     } else if (field === 0) {
       r.error = 'field number 0'
     } else {
@@ -230,7 +289,21 @@ export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.lengt
       r.skip(wireType)
     }
   }
+  r.buf = EMPTY
   if (r.error !== null) return fail('RequestHeader', r.error)
   if (!hasCallId) return fail('RequestHeader', 'missing required call_id')
+  return null
+}
+
+/** Decodes a RequestHeader (of `buf[start, end)`); a malformed one or a missing required field is returned as an error. */
+export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.length): RequestHeader | RpcError {
+  const fields = new RequestHeaderFields()
+  const error = decodeRequestHeaderInto(buf, start, end, fields)
+  if (error !== null) return error
+  const header: RequestHeader = { call_id: fields.callId }
+  if (fields.remoteMethod !== undefined) header.remote_method = fields.remoteMethod
+  if (fields.hasTimeout) header.timeout_millis = fields.timeoutMillis
+  if (fields.requiredFeatureFlags !== undefined) header.required_feature_flags = fields.requiredFeatureFlags
+  if (fields.sidecarOffsets !== undefined) header.sidecar_offsets = fields.sidecarOffsets
   return header
 }

@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from './errors.js'
-import { decodeRequestHeader, decodeResponseHeader } from './header-decoder.js'
+import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeader, decodeRequestHeaderInto, decodeResponseHeader, decodeResponseHeaderInto } from './header-decoder.js'
 import type { Framing } from './frame-decoder.js'
 import { ProtoSchema, assetPath } from './schema.js'
 import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from './varint.js'
@@ -55,10 +55,9 @@ const bounds: FrameBounds = { headerStart: 0, headerEnd: 0, bodyStart: 0 }
 // Finds the parts of a whole frame (length prefix included) without making
 // views of them; a frame whose parts do not add up exactly is an error. The
 // answer is a shared object, valid until the next call.
-function frameBounds (frame: Buffer): FrameBounds | RpcError {
-  const end = frame.length
-  if (end < 4 || frame.readUInt32BE(0) !== end - 4) return malformed('frame length does not match its prefix')
-  const header = readVarint32(frame, 4, end, scratch)
+function frameBounds (frame: Buffer, start = 0, end = frame.length): FrameBounds | RpcError {
+  if (end - start < 4 || frame.readUInt32BE(start) !== end - start - 4) return malformed('frame length does not match its prefix')
+  const header = readVarint32(frame, start + 4, end, scratch)
   if (header.next < 0) return malformed('bad header length varint')
   const headerStart = header.next
   const headerEnd = headerStart + header.value
@@ -84,11 +83,11 @@ export function splitFrame (frame: Buffer): FrameParts | RpcError {
 
 const NO_SIDECARS: Buffer[] = []
 
-// The sidecars of the body that starts at `bodyStart` in `frame`, as views.
-function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[] | undefined): Buffer[] | RpcError {
+// The sidecars of the body that starts at `bodyStart` in `frame` and ends at `frameEnd`, as views.
+function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[] | undefined, frameEnd = frame.length): Buffer[] | RpcError {
   if (offsets === undefined || offsets.length === 0) return NO_SIDECARS
   if (offsets.length > MAX_SIDECARS) return malformed(`${offsets.length} sidecars, more than the ${MAX_SIDECARS} allowed`)
-  const end = frame.length - bodyStart
+  const end = frameEnd - bodyStart
   const sidecars = new Array<Buffer>(offsets.length)
   for (let i = 0; i < offsets.length; i++) {
     const start = offsets[i]!
@@ -419,4 +418,57 @@ export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
 /** Parses a server→client frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
   return parseFrame(frame, decodeResponseHeader)
+}
+
+/**
+ * A request frame taken apart by `parseRequestInto`, into one object its
+ * owner reuses frame after frame: the header's fields, where the request
+ * message lies in the read buffer, and the sidecars (views of it).
+ */
+export class RequestParts extends RequestHeaderFields {
+  sidecars: Buffer[] = NO_SIDECARS
+  messageStart = 0
+  messageEnd = 0
+}
+
+/** A response frame taken apart by `parseResponseInto`, into one reused object. */
+export class ResponseParts extends ResponseHeaderFields {
+  sidecars: Buffer[] = NO_SIDECARS
+  messageStart = 0
+  messageEnd = 0
+}
+
+/**
+ * As `parseRequestFrame`, of the frame `buf[start, end)` (length prefix
+ * included), into `out`, making no view of the frame: the hot path of a
+ * server. Returns the malformation, or null.
+ */
+export function parseRequestInto (buf: Buffer, start: number, end: number, out: RequestParts): RpcError | null {
+  const b = frameBounds(buf, start, end)
+  if (b instanceof RpcError) return b
+  const bodyStart = b.bodyStart
+  const error = decodeRequestHeaderInto(buf, b.headerStart, b.headerEnd, out)
+  if (error !== null) return error
+  return bodyParts(buf, bodyStart, end, out)
+}
+
+/** As `parseResponseFrame`, of the frame `buf[start, end)`, into `out`: the hot path of a client. */
+export function parseResponseInto (buf: Buffer, start: number, end: number, out: ResponseParts): RpcError | null {
+  const b = frameBounds(buf, start, end)
+  if (b instanceof RpcError) return b
+  const bodyStart = b.bodyStart
+  const error = decodeResponseHeaderInto(buf, b.headerStart, b.headerEnd, out)
+  if (error !== null) return error
+  return bodyParts(buf, bodyStart, end, out)
+}
+
+function bodyParts (buf: Buffer, bodyStart: number, end: number,
+  out: { sidecarOffsets: number[] | undefined, sidecars: Buffer[], messageStart: number, messageEnd: number }): RpcError | null {
+  const offsets = out.sidecarOffsets
+  const sidecars = sidecarsOf(buf, bodyStart, offsets, end)
+  if (sidecars instanceof RpcError) return sidecars
+  out.sidecars = sidecars
+  out.messageStart = bodyStart
+  out.messageEnd = offsets === undefined || offsets.length === 0 ? end : bodyStart + offsets[0]!
+  return null
 }

@@ -3,7 +3,7 @@ import Denque from 'denque'
 import { connect as netConnect } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { ErrorStatusType, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseFrame, requestFrameBytes, wireTimeout, writeRequestFrame } from '../codec/krpc.js'
+import { ErrorStatusType, ResponseParts, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, wireTimeout, writeRequestFrame } from '../codec/krpc.js'
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -259,6 +259,7 @@ export class Client {
   #closed = false
   readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
   readonly #retryCounts = { retries: 0, exhausted: 0 }
+  readonly #parts = new ResponseParts()
 
   constructor (options: ClientOptions = {}) {
     this.#options = options
@@ -538,7 +539,7 @@ export class Client {
     let connected = false
     socket.once('connect', () => { connected = true })
     connection.attach({
-      onFrame: (frame) => this.#onFrame(cc, frame),
+      onFrame: (buf, start, end) => this.#onFrame(cc, buf, start, end),
       onClose: (error) => {
         // A connection that never negotiated marks its slot as failing, so balanced calls skip it for a while.
         if (cc.negotiated === null && cc.slot !== null && error !== undefined) cc.balancer?.failed(cc.slot)
@@ -570,17 +571,19 @@ export class Client {
     return cc
   }
 
-  #onFrame (cc: ClientConnection, frame: Buffer): boolean {
-    const parsed = parseResponseFrame(frame)
-    if (parsed instanceof RpcError) {
-      cc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, `malformed response from ${cc.key}: ${parsed.message}`))
+  #onFrame (cc: ClientConnection, buf: Buffer, start: number, end: number): boolean {
+    // Taken apart into one reused object: no header, frame or view objects per call.
+    const parts = this.#parts
+    const malformed = parseResponseInto(buf, start, end, parts)
+    if (malformed !== null) {
+      cc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, `malformed response from ${cc.key}: ${malformed.message}`))
       return false
     }
-    const call = cc.outstanding.get(parsed.header.call_id)
+    const call = cc.outstanding.get(parts.callId)
     // Unknown, timed out or cancelled: ignore (wire-contract §6).
     if (call === undefined) return true
-    if (parsed.header.is_error === true) {
-      const status = ErrorStatusType.decode(parsed.message)
+    if (parts.isError === true) {
+      const status = ErrorStatusType.decodeRange(buf, parts.messageStart, parts.messageEnd)
       if (status instanceof RpcError) {
         this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: was an RPC error but could not parse error response`))
       } else {
@@ -592,13 +595,14 @@ export class Client {
       }
       return true
     }
-    const response = call.methodDef.responseType.decodeRange(frame, parsed.messageStart, parsed.messageEnd)
+    const response = call.methodDef.responseType.decodeRange(buf, parts.messageStart, parts.messageEnd)
     if (response instanceof RpcError) {
       this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: invalid RPC response, ${response.message}`))
       return true
     }
+    const sidecars = parts.sidecars
     this.#finish(call)
-    call.resolve(call.responseOnly ? response : { response, sidecars: parsed.sidecars })
+    call.resolve(call.responseOnly ? response : { response, sidecars })
     return true
   }
 

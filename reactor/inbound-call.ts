@@ -29,10 +29,19 @@ export interface CallContext {
   addSidecar: (data: Uint8Array) => number
 }
 
-/** What the server resolved a call's method to: its handler and metrics. Internal. */
+/** What the server resolved a call's method to: its names, definition, handler and metrics. Internal. */
 export interface CallRoute {
+  readonly serviceName: string
+  readonly methodName: string
+  readonly methodDef: MethodDef<Message, Message>
   readonly handler: (request: Message, ctx: CallContext) => unknown
   readonly metrics: MethodMetrics
+}
+
+/** Who sent a call: the server's connection state answers for it. Internal. */
+export interface CallPeer {
+  readonly user: string
+  readonly remoteAddress: string
 }
 
 /**
@@ -42,18 +51,14 @@ export interface CallRoute {
  * handler all read this cached value.
  */
 export class InboundCall implements CallContext {
-  readonly service: string
-  readonly method: string
   readonly callId: number
-  readonly user: string
-  readonly remoteAddress: string
   readonly receivedAt: number
   readonly deadline: number
   readonly sidecars: readonly Buffer[]
-  readonly methodDef: MethodDef<Message, Message>
   readonly request: Message
-  /** Its handler and metrics. Internal. */
-  readonly route: CallRoute | null
+  /** Its method, handler and metrics. Internal. */
+  readonly route: CallRoute
+  readonly #peer: CallPeer
   /** When a handler started on it (for queue-time metrics); NaN until then. */
   handledAt = Number.NaN
   responseSidecars: Uint8Array[] | undefined
@@ -67,23 +72,37 @@ export class InboundCall implements CallContext {
   #abortReason: RpcError | null = null
   #finished = false
 
-  constructor (fields: {
-    service: string, method: string, callId: number, user: string, remoteAddress: string,
-    receivedAt: number, timeoutMs: number, sidecars: readonly Buffer[], methodDef: MethodDef<Message, Message>, request: Message, clock: Clock,
-    route?: CallRoute | null
-  }) {
-    this.service = fields.service
-    this.method = fields.method
-    this.callId = fields.callId
-    this.user = fields.user
-    this.remoteAddress = fields.remoteAddress
-    this.receivedAt = fields.receivedAt
-    this.deadline = fields.timeoutMs > 0 ? fields.receivedAt + fields.timeoutMs : Number.POSITIVE_INFINITY
-    this.sidecars = fields.sidecars
-    this.methodDef = fields.methodDef
-    this.request = fields.request
-    this.route = fields.route ?? null
-    this.#clock = fields.clock
+  // Positional: one object per call, not two (a fields object would be one more).
+  constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
+    sidecars: readonly Buffer[], request: Message, clock: Clock) {
+    this.route = route
+    this.#peer = peer
+    this.callId = callId
+    this.receivedAt = receivedAt
+    this.deadline = timeoutMs > 0 ? receivedAt + timeoutMs : Number.POSITIVE_INFINITY
+    this.sidecars = sidecars
+    this.request = request
+    this.#clock = clock
+  }
+
+  get service (): string {
+    return this.route.serviceName
+  }
+
+  get method (): string {
+    return this.route.methodName
+  }
+
+  get methodDef (): MethodDef<Message, Message> {
+    return this.route.methodDef
+  }
+
+  get user (): string {
+    return this.#peer.user
+  }
+
+  get remoteAddress (): string {
+    return this.#peer.remoteAddress
   }
 
   remainingMs (): number {

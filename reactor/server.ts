@@ -2,14 +2,14 @@ import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, responseFrameBytes, writeResponseFrame, type RequestHeader } from '../codec/krpc.js'
+import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, type RequestHeader } from '../codec/krpc.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
-import { InboundCall, type CallContext, type CallRoute } from './inbound-call.js'
+import { InboundCall, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
 import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
 import { ServerMetrics, type MethodMetrics } from './metrics.js'
 import { type Logger, silentLogger } from './logger.js'
@@ -138,8 +138,6 @@ export interface ServerStats {
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_WORKERS = 10
-// Placeholder until the request is decoded (thread mode never decodes it here).
-const EMPTY_REQUEST: Message = Object.freeze({})
 const DEFAULT_QUEUE_LENGTH = 50
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
 const THREAD_HOLD_WINDOW_MS = 10
@@ -153,7 +151,7 @@ const RETIRED_QUIET_MS = 1000
 const RETIRED_BUSY_LIMIT_MS = 5000
 
 /** Per-connection state of the server. */
-class ServerConnection {
+class ServerConnection implements CallPeer {
   readonly connection: Connection
   readonly remoteAddress: string
   readonly inFlight = new CallTable<InboundCall>()
@@ -171,6 +169,11 @@ class ServerConnection {
     this.connection = connection
     this.remoteAddress = remoteAddress
     this.lastActiveAt = now
+  }
+
+  /** The SASL user the connection negotiated (a CallPeer of its calls). */
+  get user (): string {
+    return this.negotiated?.user ?? ''
   }
 }
 
@@ -210,6 +213,7 @@ export class Server {
   #stampRead = -1
   #readAt = 0
   #lastNow = 0
+  readonly #parts = new RequestParts()
 
   constructor (options: ServerOptions = {}) {
     this.#options = {
@@ -429,7 +433,7 @@ export class Server {
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
     this.#connections.add(sc)
     connection.attach({
-      onFrame: (frame) => this.#onFrame(sc, frame),
+      onFrame: (buf, start, end) => this.#onFrame(sc, buf, start, end),
       onClose: (error) => this.#onClose(sc, error)
     })
     const negotiation = new ServerNegotiation({ authenticate: this.#options.authenticate })
@@ -470,7 +474,7 @@ export class Server {
     this.#maybeDrained()
   }
 
-  #onFrame (sc: ServerConnection, frame: Buffer): boolean {
+  #onFrame (sc: ServerConnection, buf: Buffer, start: number, end: number): boolean {
     const read = sc.connection.reads
     if (read !== this.#stampRead || sc !== this.#stampConnection) {
       this.#stampConnection = sc
@@ -478,12 +482,13 @@ export class Server {
       this.#readAt = this.#lastNow = this.#clock.now()
     }
     const receivedAt = this.#readAt
-    const parsed = parseRequestFrame(frame)
-    if (parsed instanceof RpcError) return this.#badFrame(sc, parsed.message)
-    const header = parsed.header
-    const callId = header.call_id
+    // Taken apart into one reused object: no header, frame or view objects per call.
+    const parts = this.#parts
+    const malformed = parseRequestInto(buf, start, end, parts)
+    if (malformed !== null) return this.#badFrame(sc, malformed.message)
+    const callId = parts.callId
     if (callId < 0) return this.#badFrame(sc, `unexpected call id ${callId} after negotiation`)
-    const remote = header.remote_method
+    const remote = parts.remoteMethod
     if (remote === undefined) return this.#badFrame(sc, 'request header has no remote_method')
     if (sc.inFlight.has(callId)) return this.#badFrame(sc, `received duplicate call id ${callId}`)
     this.#stats.callsReceived++
@@ -493,36 +498,22 @@ export class Server {
     const route = this.#route(remote)
     if (route === undefined) return this.#unrouted(sc, callId, remote)
     const service = route.service
-    const required = header.required_feature_flags
+    const required = parts.requiredFeatureFlags
     if (required !== undefined && required.length > 0) {
       const unsupported = required.filter(flag => !service.featureFlags.has(flag))
       if (unsupported.length > 0) return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
     }
-    const fields = {
-      service: remote.service_name,
-      method: remote.method_name,
-      callId,
-      user: sc.negotiated?.user ?? '',
-      remoteAddress: sc.remoteAddress,
-      receivedAt,
-      timeoutMs: header.timeout_millis ?? 0,
-      sidecars: parsed.sidecars,
-      methodDef: route.methodDef,
-      route,
-      clock: this.#clock,
-      request: EMPTY_REQUEST
-    }
     let call: InboundCall
     if (service.threads === null) {
-      const request = route.methodDef.requestType.decodeRange(frame, parsed.messageStart, parsed.messageEnd)
+      const request = route.methodDef.requestType.decodeRange(buf, parts.messageStart, parts.messageEnd)
       if (request instanceof RpcError) {
         return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
       }
-      fields.request = request
-      call = new InboundCall(fields)
+      call = new InboundCall(route, sc, callId, receivedAt, parts.timeoutMillis, parts.sidecars, request, this.#clock)
     } else {
       // Thread mode: the thread decodes the request from the frame's bytes.
-      call = new ThreadCall(fields, frame, parsed.message)
+      call = new ThreadCall(route, sc, callId, receivedAt, parts.timeoutMillis, parts.sidecars, this.#clock,
+        buf.subarray(start, end), buf.subarray(parts.messageStart, parts.messageEnd))
     }
     call.owner = sc
     sc.inFlight.set(callId, call)
@@ -541,7 +532,9 @@ export class Server {
     const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
     const handler = service.handlers[remote.method_name]
     if (methodDef === undefined || handler === undefined) return undefined
-    const route: Route = { service, methodDef, handler, metrics: service.metrics.get(remote.method_name)! }
+    const route: Route = {
+      service, methodDef, handler, metrics: service.metrics.get(remote.method_name)!, serviceName: remote.service_name, methodName: remote.method_name
+    }
     // The codec hands out one frozen object per method it has cached; others are new each time.
     if (Object.isFrozen(remote)) {
       keys[this.#routeNext] = remote

@@ -29,7 +29,7 @@ import { Worker } from 'node:worker_threads'
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import type { Message } from '../codec/schema.js'
 import type { Clock } from '../scheduling/clock.js'
-import { InboundCall } from './inbound-call.js'
+import { InboundCall, type CallPeer, type CallRoute } from './inbound-call.js'
 import type { Logger } from './logger.js'
 import type { ThreadCallMessage, ThreadCancelMessage, ThreadReply, ThreadStatus, ThreadWorkerData } from './thread-worker.js'
 import { CallTable } from './call-table.js'
@@ -85,8 +85,9 @@ export class ThreadCall extends InboundCall {
   onAbort: ((reason: RpcError) => void) | null = null
   #aborted = false
 
-  constructor (fields: Omit<ConstructorParameters<typeof InboundCall>[0], 'request'>, frame: Buffer, message: Buffer) {
-    super({ ...fields, request: NO_REQUEST })
+  constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
+    sidecars: readonly Buffer[], clock: Clock, frame: Buffer, message: Buffer) {
+    super(route, peer, callId, receivedAt, timeoutMs, sidecars, NO_REQUEST, clock)
     this.frame = frame
     this.message = message
   }

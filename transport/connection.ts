@@ -27,8 +27,13 @@ export interface HandshakeStep<T> {
 
 /** What a connection reports to its owner (the reactor's server or client). */
 export interface ConnectionHandler {
-  /** A whole frame after set-up; a view of the read chunk, valid as long as it is referenced. Return false to stop reading. */
-  onFrame: (frame: Buffer) => boolean | undefined | void
+  /**
+   * A whole frame after set-up: `buf[start, end)`, length prefix included.
+   * `buf` is the read chunk (or a buffer the frame was assembled in); views
+   * of it stay valid as long as they are referenced, but the bytes outside
+   * the range belong to other frames. Return false to stop reading.
+   */
+  onFrame: (buf: Buffer, start: number, end: number) => boolean | undefined | void
   /** The connection closed; `error` says why (undefined: closed by us without error). Called once. */
   onClose: (error: RpcError | undefined) => void
 }
@@ -78,7 +83,7 @@ export class Connection {
   #framesRead = 0
   #reads = 0
   #activity = 0
-  readonly #onFrame = (frame: Buffer): boolean => this.#dispatch(frame)
+  readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
 
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
@@ -213,7 +218,7 @@ export class Connection {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
     try {
-      const error = this.#decoder.push(chunk, this.#onFrame)
+      const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.destroy(error)
     } finally {
       this.#queue.endRead()
@@ -242,7 +247,7 @@ export class Connection {
     return chunk.subarray(take)
   }
 
-  #dispatch (frame: Buffer): boolean {
+  #dispatch (buf: Buffer, start: number, end: number): boolean {
     if (this.#closed) return false
     this.#framesRead++
     if (this.#setup === null) {
@@ -251,11 +256,10 @@ export class Connection {
         this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
         return false
       }
-      return handler.onFrame(frame) !== false && !this.#closed
+      return handler.onFrame(buf, start, end) !== false && !this.#closed
     }
-    // Set-up frames are handled in order even when a step is async.
-    // The frame may be a view of a chunk; keep a copy only if we must wait.
-    const owned = Buffer.from(frame)
+    // Set-up frames are handled in order even when a step is async: keep a copy.
+    const owned = Buffer.from(buf.subarray(start, end))
     this.#setupChain = this.#setupChain.then(() => this.#setupFrame(owned))
     return true
   }
@@ -264,7 +268,7 @@ export class Connection {
     const setup = this.#setup
     if (setup === null || this.#closed) {
       // Set-up finished while this frame waited: it is a regular frame.
-      if (!this.#closed && this.#handler !== null) this.#handler.onFrame(frame)
+      if (!this.#closed && this.#handler !== null) this.#handler.onFrame(frame, 0, frame.length)
       return
     }
     let step: HandshakeStep<unknown>
