@@ -94,7 +94,8 @@ export class ServiceDispatcher {
     return this.#held.length
   }
 
-  submit (call: InboundCall): void {
+  /** Offers `call`; `now`, when given, is a clock reading the caller just took (spares one). */
+  submit (call: InboundCall, now?: number): void {
     const held = this.#held
     if ((held.length > 0 || this.pool.saturated()) && held.length < this.#burstLimit && !this.pool.closed) {
       held.push(call)
@@ -105,7 +106,7 @@ export class ServiceDispatcher {
       }
       return
     }
-    this.pool.submit(call)
+    this.pool.submit(call, now)
   }
 
   /** A worker finished a call outside the pool's turn (thread mode): held calls take its room once the pool has moved on. */

@@ -519,7 +519,7 @@ export class Server {
     sc.inFlight.set(callId, call)
     this.#submitting = call
     if (service.dispatcher === null) this.#runHandler(call)
-    else service.dispatcher.submit(call)
+    else service.dispatcher.submit(call, this.#lastNow)
     this.#submitting = null
     return !sc.connection.isClosed
   }

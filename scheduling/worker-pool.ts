@@ -154,7 +154,7 @@ export class WorkerPool<T extends Queued> {
    * rejects it ('shutdown', 'expired' if its deadline has passed already,
    * 'full'), possibly evicting a queued item instead ('evicted').
    */
-  submit (item: T): void {
+  submit (item: T, now?: number): void {
     const stats = this.#stats
     stats.submitted++
     if (this.#closed) {
@@ -162,8 +162,9 @@ export class WorkerPool<T extends Queued> {
       this.#notify(item, 'shutdown')
       return
     }
-    // Checked before taking a slot: a dead call must neither run nor evict a live one.
-    if (this.#clock.now() >= item.deadline) {
+    // Checked before taking a slot: a dead call must neither run nor evict a
+    // live one. Without a deadline there is nothing to check (nor a clock to read).
+    if (item.deadline !== Infinity && (now ?? this.#clock.now()) >= item.deadline) {
       stats.expired++
       this.#notify(item, 'expired')
       return
@@ -240,8 +241,11 @@ export class WorkerPool<T extends Queued> {
   }
 
   #expireDue (): void {
+    // An empty queue (the common case between calls) needs no clock reading.
+    const earliest = this.#queue.earliestDeadline()
+    if (earliest === Infinity) return
     const now = this.#clock.now()
-    if (this.#queue.earliestDeadline() > now) return
+    if (earliest > now) return
     const expired = this.#queue.takeExpired(now)
     this.#stats.expired += expired.length
     this.#armExpiry()

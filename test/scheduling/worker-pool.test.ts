@@ -448,3 +448,25 @@ t.test('every submitted item settles exactly once; the expired never run', async
   t.pass('200 random schedules: each item ran or was rejected exactly once')
 })
 
+
+t.test('the clock is read only when a deadline needs it; a caller\'s reading is used at submit', async t => {
+  const fake = new FakeClock(0)
+  let reads = 0
+  const counting: Clock = Object.create(fake, { now: { value: () => { reads++; return fake.now() } } })
+  const h = harness({ workers: 1, maxLength: 4, clock: counting })
+  for (let i = 0; i < 5; i++) h.submit(`sync${i}`, Infinity, true)
+  t.equal(reads, 0, 'no deadline and an empty queue: no clock reading per item')
+  t.equal(h.runs.length, 5)
+
+  // With the caller's reading, an item whose deadline has passed is expired without reading the clock.
+  const late = { id: 'late', deadline: 10, sync: true }
+  h.pool.submit(late, 10)
+  t.equal(reads, 0)
+  t.same(h.rejected('expired'), ['late'])
+  const fresh = { id: 'fresh', deadline: 10, sync: true }
+  h.pool.submit(fresh, 9)
+  t.equal(reads, 0)
+  t.same(h.runs.at(-1), ['fresh', 0], 'a live item with the caller\'s reading runs')
+  h.pool.submit({ id: 'own', deadline: 10, sync: true })
+  t.equal(reads, 1, 'without one the pool reads the clock')
+})
