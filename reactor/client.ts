@@ -114,6 +114,18 @@ export type Stub<M extends MethodMap> = {
   [K in keyof M & string]: (request: M[K]['request'], options?: CallOptions) => Promise<M[K]['response']>
 }
 
+/** A method of a service as calls to it need it: resolved once, not per call. */
+interface PreparedMethod {
+  readonly service: string
+  readonly methodDef: MethodDef<Message, Message>
+  /** The encoded `remote_method` header field. */
+  readonly remoteMethod: Buffer
+}
+
+function noSuchMethod (def: ServiceDef, method: string): RpcError {
+  return new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`)
+}
+
 const CallState = {
   QUEUED: 0, // waiting on the connection: connect, negotiation, or the transfer queue
   SENDING: 1, // bytes handed to the socket, some of the caller's buffers still referenced
@@ -141,8 +153,7 @@ class OutboundCall implements OutboundTransfer {
   needsApplicationFeatures = false
   featureMissing = false
   readonly deadline: number
-  readonly methodDef: MethodDef<Message, Message>
-  readonly service: string
+  readonly method: PreparedMethod
   readonly target: { host: string, port: number }
   /** Resolve with the response alone (typed stubs), not a CallResult. */
   readonly responseOnly: boolean
@@ -152,10 +163,9 @@ class OutboundCall implements OutboundTransfer {
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
 
-  constructor (methodDef: MethodDef<Message, Message>, service: string, target: { host: string, port: number }, deadline: number,
+  constructor (method: PreparedMethod, target: { host: string, port: number }, deadline: number,
     responseOnly: boolean, resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void) {
-    this.methodDef = methodDef
-    this.service = service
+    this.method = method
     this.target = target
     this.deadline = deadline
     this.responseOnly = responseOnly
@@ -165,7 +175,7 @@ class OutboundCall implements OutboundTransfer {
 
   /** For messages: built only when an error needs it, never per call. */
   get label (): string {
-    return `${this.service}.${this.methodDef.name} RPC to ${this.target.host}:${this.target.port}`
+    return `${this.method.service}.${this.method.methodDef.name} RPC to ${this.target.host}:${this.target.port}`
   }
 
   get isFinished (): boolean {
@@ -251,7 +261,7 @@ export class Client {
   readonly #connections = new Map<string, ClientConnection>()
   /** Connections retired after a FATAL_* answer, kept until their last call settles. */
   readonly #retiredConnections = new Set<ClientConnection>()
-  readonly #remoteMethods = new Map<MethodDef<Message, Message>, Map<string, Buffer>>()
+  readonly #methods = new Map<MethodDef<Message, Message>, Map<string, PreparedMethod>>()
   readonly #endpoints = new Map<string, { host: string, port: number }>()
   readonly #balancers = new Map<string, BalancedTarget>()
   readonly #deadlines = new Map<number, DeadlineList>()
@@ -280,11 +290,13 @@ export class Client {
     if (target === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: pass one to service() or to the Client')
     const stub: Record<string, (request: unknown, options?: CallOptions) => Promise<unknown>> = {}
     for (const name of Object.keys(def.methods)) {
+      // Resolved once per stub: its definition and its encoded remote_method.
+      const method = this.#prepared(def, name)!
       stub[name] = (request, options = NO_OPTIONS) => {
         if (this.#retry !== null && options.retry !== false) return this.call(target, def, name, request as Message, options).then(responseOf)
         // The common path: one promise per call, resolved with the response itself.
         return new Promise((resolve, reject) => {
-          this.#start(target, def, name, request as Message, options, resolve as AnyResolve, reject, true)
+          this.#start(target, method, request as Message, options, resolve as AnyResolve, reject, true)
         })
       }
     }
@@ -295,7 +307,9 @@ export class Client {
   call<Res = Message> (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions = {}): Promise<CallResult<Res>> {
     if (this.#retry !== null && options.retry !== false) return this.#callWithRetries(endpoint, def, method, request, options) as Promise<CallResult<Res>>
     return new Promise<CallResult<Message>>((resolve, reject) => {
-      this.#start(endpoint, def, method, request, options, resolve as AnyResolve, reject)
+      const prepared = this.#prepared(def, method)
+      if (prepared === undefined) reject(noSuchMethod(def, method))
+      else this.#start(endpoint, prepared, request, options, resolve as AnyResolve, reject)
     }) as Promise<CallResult<Res>>
   }
 
@@ -311,6 +325,8 @@ export class Client {
   async #callWithRetries (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions): Promise<CallResult<Message>> {
     const retry = this.#retry!
     const clock = this.#clock
+    const prepared = this.#prepared(def, method)
+    if (prepared === undefined) throw noSuchMethod(def, method)
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
     const deadline = timeoutMs > 0 ? clock.now() + timeoutMs : Number.POSITIVE_INFINITY
     retry.budget?.recordCall()
@@ -319,7 +335,7 @@ export class Client {
       // A retry never starts after the deadline; 0 would mean "no deadline".
       const attemptTimeout = Number.isFinite(remaining) ? Math.max(1, remaining) : 0
       const outcome = await new Promise<CallResult<Message> | { error: RpcError, sent: boolean }>((resolve) => {
-        this.#attempt(endpoint, def, method, request, options, attemptTimeout, resolve as AnyResolve, (error, sent) => resolve({ error, sent }))
+        this.#attempt(endpoint, prepared, request, options, attemptTimeout, resolve as AnyResolve, (error, sent) => resolve({ error, sent }))
       })
       if (!('error' in outcome)) return outcome
       const { error, sent } = outcome
@@ -384,17 +400,16 @@ export class Client {
     }
   }
 
-  #start (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions,
+  #start (endpoint: Target, method: PreparedMethod, request: Message, options: CallOptions,
     resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
-    this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject, responseOnly)
+    this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
   }
 
-  #attempt (endpoint: Target, def: ServiceDef, method: string, request: Message, options: CallOptions, timeoutMs: number,
+  #attempt (endpoint: Target, method: PreparedMethod, request: Message, options: CallOptions, timeoutMs: number,
     resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
     if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
-    const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[method]
-    if (methodDef === undefined) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `${def.fullName} has no method ${method}`), false)
+    const methodDef = method.methodDef
     let target: { host: string, port: number }
     let key: string
     let slot: Slot | undefined
@@ -410,7 +425,7 @@ export class Client {
         if (balanced.resolving !== null) {
           // Names still resolving: this attempt starts once they are known.
           balanced.resolving.then(
-            () => this.#attempt(endpoint, def, method, request, options, timeoutMs, resolve, reject, responseOnly),
+            () => this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly),
             (error: RpcError) => reject(error, false))
           return
         }
@@ -430,7 +445,7 @@ export class Client {
     }
     const now = this.#clock.now()
     const deadline = timeoutMs > 0 ? now + timeoutMs : Number.POSITIVE_INFINITY
-    const call = new OutboundCall(methodDef, def.fullName, target, deadline, responseOnly, resolve, reject)
+    const call = new OutboundCall(method, target, deadline, responseOnly, resolve, reject)
     if (options.signal !== undefined) {
       if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${call.label} was cancelled before it started`), false)
       call.signal = options.signal
@@ -450,7 +465,7 @@ export class Client {
     call.callId = callId
     cc.outstanding.set(callId, call)
     call.needsApplicationFeatures = options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0
-    const remoteMethod = this.#remoteMethod(def.fullName, methodDef)
+    const remoteMethod = method.remoteMethod
     const timeout = Number.isFinite(deadline) ? wireTimeout(Math.max(1, deadline - now)) : 0
     if (!call.needsApplicationFeatures && (options.sidecars === undefined || options.sidecars.length === 0)) {
       // The common case: encoded straight into the connection's outbound
@@ -511,18 +526,21 @@ export class Client {
     return balanced
   }
 
-  #remoteMethod (service: string, methodDef: MethodDef<Message, Message>): Buffer {
-    let byService = this.#remoteMethods.get(methodDef)
+  // A method of a service, resolved with its encoded remote_method (cached per definition and service name).
+  #prepared (def: ServiceDef, name: string): PreparedMethod | undefined {
+    const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[name]
+    if (methodDef === undefined) return undefined
+    let byService = this.#methods.get(methodDef)
     if (byService === undefined) {
       byService = new Map()
-      this.#remoteMethods.set(methodDef, byService)
+      this.#methods.set(methodDef, byService)
     }
-    let encoded = byService.get(service)
-    if (encoded === undefined) {
-      encoded = encodeRemoteMethod(service, methodDef.name)
-      byService.set(service, encoded)
+    let prepared = byService.get(def.fullName)
+    if (prepared === undefined) {
+      prepared = { service: def.fullName, methodDef, remoteMethod: encodeRemoteMethod(def.fullName, methodDef.name) }
+      byService.set(def.fullName, prepared)
     }
-    return encoded
+    return prepared
   }
 
   #connectionFor (target: { host: string, port: number }, key: string): ClientConnection {
@@ -595,7 +613,7 @@ export class Client {
       }
       return true
     }
-    const response = call.methodDef.responseType.decodeRange(buf, parts.messageStart, parts.messageEnd)
+    const response = call.method.methodDef.responseType.decodeRange(buf, parts.messageStart, parts.messageEnd)
     if (response instanceof RpcError) {
       this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${call.label}: invalid RPC response, ${response.message}`))
       return true
