@@ -118,6 +118,7 @@ class SlabRun implements OutboundTransfer {
 }
 
 const NO_SLICES: Buffer[] = []
+const RESOLVED = Promise.resolve()
 
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
@@ -284,7 +285,8 @@ export class TransferQueue {
       // Written by #flushMicrotask once this checkpoint's continuations ran.
       this.#checkpointBytes = bytes
       this.#flushScheduled = true
-      queueMicrotask(this.#flushMicrotask)
+      // A resolved promise's then: unlike queueMicrotask, no AsyncResource per call (~30 vs ~100 ns).
+      void RESOLVED.then(this.#flushMicrotask)
       return
     }
     // Nothing else queued and not backed up: write now, and batch whatever
