@@ -36,6 +36,8 @@ export interface LoadPlan {
   payloadBytes: number
   /** Timeout of each call, where the system has one (as rpc-bench's 10 s). */
   callTimeoutMs: number
+  /** nyala's client busy-polling window in µs; 0: off. */
+  busyPollUs: number
 }
 
 /** The measured window, in epoch milliseconds (`performance.timeOrigin + performance.now()`), and the go signal. */

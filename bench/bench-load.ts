@@ -55,7 +55,7 @@ interface LoadConnection {
 }
 
 function nyalaConnection (plan: LoadPlan, chains: number): LoadConnection {
-  const client = new Client({ endpoint: `${plan.host}:${plan.port}`, defaultTimeoutMs: plan.callTimeoutMs })
+  const client = new Client({ endpoint: `${plan.host}:${plan.port}`, defaultTimeoutMs: plan.callTimeoutMs, busyPollUs: plan.busyPollUs })
   const calc = client.service(CalculatorService)
   const data = 'x'.repeat(plan.payloadBytes)
   const echo = plan.payloadBytes > 0

@@ -1,7 +1,7 @@
 /**
  * The server process of one `nyala bench` run (forked by bench/rpc-bench.ts):
  *
- *   bench-server nyala|raw|grpc [--workers W] [--reactors R]
+ *   bench-server nyala|raw|grpc [--workers W] [--reactors R] [--busy-poll-us U]
  *
  * - `nyala`: the demo CalculatorService (`Add`, `Echo`) as `nyala serve
  *   --workers W --reactors R` serves it: `serveReactors` (reactor/cluster.ts),
@@ -38,12 +38,13 @@ const ownUsage = async (): Promise<ProcessUsage[]> => [{ pid: process.pid, usage
 
 // `reactors` > 1: this script runs again in every reactor process, where
 // `serveReactors` builds the server and never resolves.
-async function startNyala (workers: number | undefined, reactors: number): Promise<Started> {
+async function startNyala (workers: number | undefined, reactors: number, busyPollUs: number): Promise<Started> {
+  const options = { ...(workers === undefined ? {} : { workers }), ...(busyPollUs > 0 ? { busyPollUs } : {}) }
   const served = await serveReactors({
     reactors,
     host: HOST,
     port: 0,
-    build: () => new Server(workers === undefined ? {} : { workers }).addService(CalculatorService, calculatorHandlers)
+    build: () => new Server(options).addService(CalculatorService, calculatorHandlers)
   })
   return { port: served.address.port, usage: () => served.processUsage(), close: () => served.close() }
 }
@@ -71,10 +72,14 @@ async function startGrpc (): Promise<Started> {
 }
 
 async function main (): Promise<void> {
-  const { values, positionals } = parseArgs({ options: { workers: { type: 'string' }, reactors: { type: 'string', default: '1' } }, allowPositionals: true, strict: true })
+  const { values, positionals } = parseArgs({
+    options: { workers: { type: 'string' }, reactors: { type: 'string', default: '1' }, 'busy-poll-us': { type: 'string', default: '0' } },
+    allowPositionals: true,
+    strict: true
+  })
   const system = positionals[0] as System
   const workers = values.workers === undefined ? undefined : Number(values.workers)
-  const started = system === 'nyala' ? await startNyala(workers, Number(values.reactors)) : system === 'raw' ? await startRaw() : await startGrpc()
+  const started = system === 'nyala' ? await startNyala(workers, Number(values.reactors), Number(values['busy-poll-us'])) : system === 'raw' ? await startRaw() : await startGrpc()
   let stopping = false
   const stop = (): void => {
     if (stopping) return

@@ -39,6 +39,8 @@ export interface BenchConfig {
   asyncCallConcurrency: number
   /** nyala's service workers (`nyala serve --workers`); undefined: nyala's default. */
   workerThreads: number | undefined
+  /** nyala's busy-polling window in µs, on its server and its load clients (`ServerOptions.busyPollUs`); 0 or undefined: off. */
+  busyPollUs?: number
   /** Server reactor processes (nyala only). */
   serverReactors: number
   runSeconds: number
@@ -124,6 +126,7 @@ async function startServer (system: System, config: BenchConfig): Promise<{ chil
   const args: string[] = [system]
   if (system === 'nyala') {
     if (config.workerThreads !== undefined) args.push('--workers', String(config.workerThreads))
+    if ((config.busyPollUs ?? 0) > 0) args.push('--busy-poll-us', String(config.busyPollUs))
     args.push('--reactors', String(config.serverReactors))
   }
   const child = forkSibling('bench-server', args, config.serverExecArgv)
@@ -192,7 +195,8 @@ export async function runSystem (system: System, config: BenchConfig, hooks: Ben
         port: server.port,
         chains: chains.filter((_, i) => i % processes === p),
         payloadBytes: config.payloadBytes,
-        callTimeoutMs: CALL_TIMEOUT_MS
+        callTimeoutMs: CALL_TIMEOUT_MS,
+        busyPollUs: config.busyPollUs ?? 0
       }
       child.send(plan)
     })

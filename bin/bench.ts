@@ -11,6 +11,7 @@ const CONFIG_OPTIONS = {
   'client-threads': { type: 'string' },
   'async-call-concurrency': { type: 'string' },
   'worker-threads': { type: 'string' },
+  'busy-poll-us': { type: 'string' },
   'server-reactors': { type: 'string' },
   'run-seconds': { type: 'string' },
   'warmup-seconds': { type: 'string' },
@@ -53,6 +54,7 @@ export function applyConfig (base: BenchConfig, values: ConfigValues): BenchConf
   if (values['client-threads'] !== undefined) config.clientThreads = positiveInt(values['client-threads'], 'client-threads')
   if (values['async-call-concurrency'] !== undefined) config.asyncCallConcurrency = positiveInt(values['async-call-concurrency'], 'async-call-concurrency')
   if (values['worker-threads'] !== undefined) config.workerThreads = positiveInt(values['worker-threads'], 'worker-threads')
+  if (values['busy-poll-us'] !== undefined) config.busyPollUs = positiveInt(values['busy-poll-us'], 'busy-poll-us', 0)
   if (values['server-reactors'] !== undefined) config.serverReactors = positiveInt(values['server-reactors'], 'server-reactors')
   if (values['payload-bytes'] !== undefined) config.payloadBytes = positiveInt(values['payload-bytes'], 'payload-bytes', 0)
   if (values['load-processes'] !== undefined) config.loadProcesses = positiveInt(values['load-processes'], 'load-processes')
@@ -224,7 +226,8 @@ export function describeConfig (config: BenchConfig): string {
   const calls = config.mode === 'sync' ? `${connections} connection(s) x 1 outstanding call` : `${config.asyncCallConcurrency} outstanding calls over ${connections} connection(s)`
   const method = config.payloadBytes > 0 ? `Echo of ${config.payloadBytes} B` : 'Add'
   const workers = config.workerThreads === undefined ? 'default workers (10)' : `${config.workerThreads} workers`
-  return `${config.mode} mode, ${calls}, ${processes} load process(es); nyala: ${config.serverReactors} reactor(s), ${workers}; ${method}; ` +
+  const poll = (config.busyPollUs ?? 0) > 0 ? `, busy polling ${config.busyPollUs} µs on both ends` : ''
+  return `${config.mode} mode, ${calls}, ${processes} load process(es); nyala: ${config.serverReactors} reactor(s), ${workers}${poll}; ${method}; ` +
     `${config.runSeconds} s window after ${warmupSeconds(config)} s warm-up`
 }
 

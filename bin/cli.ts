@@ -23,7 +23,7 @@ Usage:
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
               [--metrics-port P] [--threads N] [--reactors N]
-              [--max-connection-age-ms N] [--verbose]
+              [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
@@ -36,7 +36,9 @@ Usage:
       available parallelism; 1 = this process only), supervised and
       restarted with backoff; metrics are summed over them. Connections
       older than --max-connection-age-ms are drained and closed so clients
-      rebalance. See docs/cluster.md.
+      rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
+      loop polling N µs after each read or send instead of sleeping: lower
+      latency for a core spinning while busy (docs/performance.md).
 
   nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW]
@@ -71,7 +73,7 @@ Usage:
               [--async-call-concurrency 60] [--worker-threads W]
               [--server-reactors 1] [--run-seconds 1] [--warmup-seconds W]
               [--payload-bytes 0] [--against nyala,raw,grpc]
-              [--load-processes P] [--json]
+              [--load-processes P] [--busy-poll-us U] [--json]
               [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
               [--server-cpu-prof DIR] [--load-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
@@ -89,7 +91,8 @@ Usage:
       K times each, and prints Welch's t-test on Reqs/sec with the 95 %
       confidence interval of A - B. --server-cpu-prof DIR writes the
       servers' V8 CPU profiles (.cpuprofile) to DIR, --load-cpu-prof DIR
-      the load processes' (the clients').
+      the load processes' (the clients'). --busy-poll-us U turns on
+      nyala's busy polling (U µs) on its server and its clients.
 
   nyala help
       This text.
@@ -139,6 +142,7 @@ async function serve (args: string[]): Promise<number> {
       threads: { type: 'string' },
       reactors: { type: 'string' },
       'max-connection-age-ms': { type: 'string' },
+      'busy-poll-us': { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
@@ -155,6 +159,8 @@ async function serve (args: string[]): Promise<number> {
   if (workers !== undefined) options.workers = workers
   if (queueLength !== undefined) options.queueLength = queueLength
   if (values.queue !== undefined) options.queue = discipline(values.queue)
+  const busyPollUs = intOption(values['busy-poll-us'], 'busy-poll-us')
+  if (busyPollUs !== undefined) options.busyPollUs = busyPollUs
   const threads = intOption(values.threads, 'threads')
   const build = (): Server => threads === undefined
     ? new Server(options).addService(CalculatorService, calculatorHandlers)

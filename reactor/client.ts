@@ -10,6 +10,7 @@ import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { CallTable } from './call-table.js'
 import { Balancer, type Address, type BalancePolicy, type Slot } from './balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
+import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type ConnectionStats } from '../transport/connection.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
@@ -106,6 +107,8 @@ export interface ClientOptions {
   maxOutboundBytes?: number
   /** Retries of calls that did not run (off unless given; `{}` turns them on with the defaults). */
   retry?: RetryOptions | false
+  /** Busy polling after each read and send, in microseconds (as `ServerOptions.busyPollUs`); off by default. */
+  busyPollUs?: number
   clock?: Clock
 }
 
@@ -270,10 +273,12 @@ export class Client {
   readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
   readonly #retryCounts = { retries: 0, exhausted: 0 }
   readonly #parts = new ResponseParts()
+  readonly #poller: BusyPoller | undefined
 
   constructor (options: ClientOptions = {}) {
     this.#options = options
     this.#clock = options.clock ?? realClock
+    this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
     const retry = options.retry
     this.#retry = retry === undefined || retry === false
       ? null
@@ -391,6 +396,7 @@ export class Client {
   close (): void {
     if (this.#closed) return
     this.#closed = true
+    this.#poller?.stop()
     const error = new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed with the call pending')
     for (const cc of [...this.#connections.values(), ...this.#retiredConnections]) this.#failConnection(cc, error)
     // Every call has settled: the lists' timers have nothing left to wait for.
@@ -550,7 +556,8 @@ export class Client {
     const connection = new Connection(socket, {
       framing: krpcFraming,
       maxFrameBytes: this.#options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
-      maxOutboundBytes: this.#options.maxOutboundBytes
+      maxOutboundBytes: this.#options.maxOutboundBytes,
+      busyPoller: this.#poller
     })
     const cc = new ClientConnection(key, connection)
     this.#connections.set(key, cc)

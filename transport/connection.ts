@@ -1,6 +1,7 @@
 import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, type Framing } from '../codec/frame-decoder.js'
+import type { BusyPoller } from './busy-poll.js'
 import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
 
 /**
@@ -52,6 +53,8 @@ export interface ConnectionOptions {
    * TransferQueueOptions.coalesceMicrotasks.
    */
   coalesceMicrotasks?: boolean | undefined
+  /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
+  busyPoller?: BusyPoller | undefined
 }
 
 /** Counters of one connection. */
@@ -83,12 +86,14 @@ export class Connection {
   #framesRead = 0
   #reads = 0
   #activity = 0
+  readonly #poller: BusyPoller | null
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
 
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
     this.#decoder = new FrameDecoder(options.framing, options.maxFrameBytes)
     this.#queue = new TransferQueue(socket, { maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true })
+    this.#poller = options.busyPoller ?? null
     socket.setNoDelay(true)
     socket.on('data', (chunk: Buffer) => this.#onSocketData(chunk))
     socket.on('drain', () => this.#queue.onSocketDrain())
@@ -146,6 +151,7 @@ export class Connection {
   /** Sends one frame through the transfer queue; false when the outbound bound is exceeded. */
   send (transfer: OutboundTransfer): boolean {
     this.#activity++
+    this.#poller?.touch()
     return this.#queue.enqueue(transfer)
   }
 
@@ -165,6 +171,7 @@ export class Connection {
   /** Queues the frame written at `reservedAt`. */
   commit (bytes: number): void {
     this.#activity++
+    this.#poller?.touch()
     this.#queue.commit(bytes)
   }
 
@@ -211,6 +218,7 @@ export class Connection {
     this.#bytesRead += chunk.length
     this.#reads++
     this.#activity++
+    this.#poller?.touch()
     if (this.#preamble !== null) {
       chunk = this.#takePreamble(chunk)
       if (chunk.length === 0 || this.#closed) return

@@ -13,7 +13,7 @@ import { join } from 'node:path'
 import { regularizedIncompleteBeta, studentTCdf, studentTQuantile, welchTest } from '../../bench/welch.js'
 import { createLatencyHistogram, encodeLatencies, mergeLatencies, recordLatency, summarizeLatencies } from '../../bench/latency.js'
 import { chainsPerConnection, computeRun } from '../../bench/rpc-bench.js'
-import { DEFAULT_CONFIG, applyConfig, medianRow, parseCompareFlags, takeCompare } from '../../bin/bench.js'
+import { DEFAULT_CONFIG, applyConfig, describeConfig, medianRow, parseCompareFlags, takeCompare } from '../../bin/bench.js'
 import type { LoadDone } from '../../bench/bench-ipc.js'
 
 // The smoke run forks a server and load processes per system, each compiling
@@ -122,8 +122,11 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(config.mode, 'async')
   t.same(config.against, ['nyala', 'grpc'])
   t.same(DEFAULT_CONFIG.against, ['nyala', 'raw'], 'the defaults are not changed')
-  const b = parseCompareFlags(config, '--worker-threads 2  --run-seconds 0.5')
+  const b = parseCompareFlags(config, '--worker-threads 2  --run-seconds 0.5 --busy-poll-us 80')
   t.equal(b.workerThreads, 2)
+  t.equal(b.busyPollUs, 80)
+  t.match(describeConfig(b), /busy polling 80 µs on both ends/)
+  t.notMatch(describeConfig(config), /busy polling/)
   t.equal(b.runSeconds, 0.5)
   t.equal(b.mode, 'async')
   // The operands start with dashes: they are taken out before the other flags are parsed.
@@ -140,13 +143,13 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(m.p50Us, 1)
 })
 
-t.test('bench smoke: a very short nyala bench --json prints one row per system, and writes the CPU profiles asked for', async t => {
+t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints one row per system, and writes the CPU profiles asked for', async t => {
   const profiles = mkdtempSync(join(tmpdir(), 'nyala-bench-prof-'))
   t.teardown(() => rmSync(profiles, { recursive: true, force: true }))
   const serverDir = join(profiles, 'server')
   const loadDir = join(profiles, 'load')
   const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc',
-    '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir]
+    '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir, '--busy-poll-us', '50']
   const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
   const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''

@@ -37,7 +37,7 @@ async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
 
 t.test('serve with scheduling flags and --metrics-port; call; SIGTERM exits 0', async t => {
   // One reactor: the gauges below are per process (test/reactor/cluster.test.ts sums several).
-  const server = nyala(['serve', '--reactors', '1', '--port', '0', '--metrics-port', '0', '--workers', '2', '--queue-length', '5', '--queue', 'fifo'])
+  const server = nyala(['serve', '--reactors', '1', '--port', '0', '--metrics-port', '0', '--workers', '2', '--queue-length', '5', '--queue', 'fifo', '--busy-poll-us', '50'])
   t.teardown(() => { if (server.child.exitCode === null) server.child.kill('SIGKILL') })
   const [, endpoint] = await waitFor(server, /listening on (127\.0\.0\.1:\d+)/)
   const [, metricsUrl] = await waitFor(server, /metrics on (http:\/\/\S+)/)
