@@ -283,14 +283,17 @@ export function encodeResponseFrame (callId: number, isError: boolean | undefine
   }, body, sidecars)
 }
 
-// Copies a small buffer byte by byte (cheaper than a native call for a few dozen bytes); returns the end.
+// Copies src[0, n) to out[at]; returns the end. Measured here: a byte loop
+// wins up to ~10 bytes (8 vs 16 ns for 4 bytes), TypedArray#set beyond (17
+// vs 50 ns for 37 bytes), Buffer#copy when only part of src is wanted (no view).
 function copySmall (src: Uint8Array, n: number, out: Buffer, at: number): number {
-  if (n > 32) {
-    out.set(n === src.length ? src : src.subarray(0, n), at)
-    return at + n
+  if (n <= 8) {
+    for (let i = 0; i < n; i++) out[at++] = src[i]!
+    return at
   }
-  for (let i = 0; i < n; i++) out[at++] = src[i]!
-  return at
+  if (n === src.length) out.set(src, at)
+  else Buffer.prototype.copy.call(src, out, at, 0, n)
+  return at + n
 }
 
 /** A request's `timeout_millis` as the frame encoders write it: whole ms, clamped to a uint32; 0 for none. */

@@ -72,13 +72,18 @@ const scratch: ScratchBytes = { bytes: EMPTY_BYTES, length: 0 }
 // the codec, so one is enough); a BufferReader, as protobufjs picks for them.
 const rangeReader = protobuf.Reader.create(Buffer.alloc(0))
 
+const NONE_MISSING: string[] = []
+
+// The required fields `instance` lacks; a shared empty array when none (the
+// check runs on every encode, so the common answer allocates nothing).
 function requiredFieldsMissing (required: readonly protobuf.Field[], instance: unknown): string[] {
-  const missing: string[] = []
-  if (instance === null || typeof instance !== 'object') return missing
-  for (const field of required) {
-    if (!Object.prototype.hasOwnProperty.call(instance, field.name) || (instance as Record<string, unknown>)[field.name] == null) missing.push(field.name)
+  if (instance === null || typeof instance !== 'object') return NONE_MISSING
+  let missing: string[] | null = null
+  for (let i = 0; i < required.length; i++) {
+    const name = required[i]!.name
+    if (!Object.prototype.hasOwnProperty.call(instance, name) || (instance as Record<string, unknown>)[name] == null) (missing ??= []).push(name)
   }
-  return missing
+  return missing ?? NONE_MISSING
 }
 
 // The writer `encodeScratch` reuses; replaced after a message that grew it

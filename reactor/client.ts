@@ -212,6 +212,7 @@ const responseOf = (result: CallResult<Message>): Message => result.response
 /** One connection to one endpoint, shared by every call to it. */
 class ClientConnection {
   readonly key: string
+  readonly target: { host: string, port: number }
   readonly connection: Connection
   readonly outstanding = new CallTable<OutboundCall>()
   negotiated: Negotiated | null = null
@@ -222,8 +223,9 @@ class ClientConnection {
   slot: Slot | null = null
   balancer: Balancer | null = null
 
-  constructor (key: string, connection: Connection) {
+  constructor (key: string, target: { host: string, port: number }, connection: Connection) {
     this.key = key
+    this.target = target
     this.connection = connection
   }
 
@@ -273,6 +275,10 @@ export class Client {
   readonly #retry: { backoff: Backoff, maxAttempts: number | undefined, budget: RetryBudget | null } | null
   readonly #retryCounts = { retries: 0, exhausted: 0 }
   readonly #parts = new ResponseParts()
+  #lastDeadlines: DeadlineList | null = null
+  // The last single endpoint called and its connection: most calls repeat them.
+  #lastEndpoint: Target | null = null
+  #lastConnection: ClientConnection | null = null
   readonly #poller: BusyPoller | undefined
 
   constructor (options: ClientOptions = {}) {
@@ -423,8 +429,12 @@ export class Client {
     let body: Uint8Array
     let bodyBytes: number
     try {
-      balanced = this.#balancedTarget(endpoint)
-      if (balanced === null) {
+      // The endpoint of the previous call, still connected: no lookups.
+      const last = endpoint === this.#lastEndpoint ? this.#lastConnection : null
+      if (last !== null && !last.closed && !last.retired) {
+        target = last.target
+        key = last.key
+      } else if ((balanced = this.#balancedTarget(endpoint)) === null) {
         target = parseEndpoint(endpoint as Endpoint, this.#endpoints)
         key = typeof endpoint === 'string' ? endpoint : `${target.host}:${target.port}`
       } else {
@@ -460,7 +470,13 @@ export class Client {
     }
     if (timeoutMs > 0) this.#armDeadline(call, timeoutMs)
 
-    const cc = this.#connectionFor(target, key)
+    const cached = this.#lastConnection
+    const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionFor(target, key)
+    if (balanced === null) {
+      // Balanced calls pick a connection each time: only single endpoints are remembered.
+      this.#lastEndpoint = endpoint
+      this.#lastConnection = cc
+    }
     if (slot !== undefined && cc.slot === null) {
       cc.slot = slot
       cc.balancer = balanced!.balancer
@@ -559,7 +575,7 @@ export class Client {
       maxOutboundBytes: this.#options.maxOutboundBytes,
       busyPoller: this.#poller
     })
-    const cc = new ClientConnection(key, connection)
+    const cc = new ClientConnection(key, target, connection)
     this.#connections.set(key, cc)
     let connected = false
     socket.once('connect', () => { connected = true })
@@ -650,7 +666,8 @@ export class Client {
   // a timer and a closure per call. Other timeouts (a retry's remaining
   // time) get a timer of their own.
   #armDeadline (call: OutboundCall, timeoutMs: number): void {
-    let list = this.#deadlines.get(timeoutMs)
+    // Calls mostly share one timeout: the last list found is tried first.
+    let list = this.#lastDeadlines !== null && this.#lastDeadlines.timeoutMs === timeoutMs ? this.#lastDeadlines : this.#deadlines.get(timeoutMs)
     if (list === undefined) {
       if (!Number.isInteger(timeoutMs) || this.#deadlines.size >= MAX_DEADLINE_LISTS) {
         call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
@@ -659,6 +676,7 @@ export class Client {
       list = new DeadlineList(timeoutMs)
       this.#deadlines.set(timeoutMs, list)
     }
+    this.#lastDeadlines = list
     list.calls.push(call)
     list.live++
     call.deadlines = list
@@ -752,12 +770,14 @@ export class Client {
 
   #retire (cc: ClientConnection): void {
     if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
+    if (this.#lastConnection === cc) this.#lastConnection = null
     cc.retired = true
     if (!cc.closed) this.#retiredConnections.add(cc)
   }
 
   #failConnection (cc: ClientConnection, error: RpcError): void {
     if (this.#connections.get(cc.key) === cc) this.#connections.delete(cc.key)
+    if (this.#lastConnection === cc) this.#lastConnection = null
     this.#retiredConnections.delete(cc)
     cc.closed = true
     const calls = cc.outstanding.values()

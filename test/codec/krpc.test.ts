@@ -521,3 +521,19 @@ t.test('writeRequestFrame writes, in place, the bytes encodeRequestFrame encodes
   }
   t.pass('every combination byte-identical')
 })
+
+t.test('the in-place writers take the body as the first bodyBytes of a longer scratch buffer, Buffer or not', async t => {
+  for (const bodyBytes of [0, 3, 8, 9, 40]) {
+    for (const scratch of [Buffer.alloc(64, 0x5a), new Uint8Array(64).fill(0x5a)]) {
+      for (let i = 0; i < bodyBytes; i++) scratch[i] = i + 1
+      const body = Buffer.from(scratch.subarray(0, bodyBytes))
+      const response = Buffer.alloc(responseFrameBytes(7, bodyBytes))
+      writeResponseFrame(response, 0, 7, scratch, bodyBytes)
+      t.ok(response.equals(Buffer.concat(encodeResponseFrame(7, false, body))), `response, body ${bodyBytes}, ${Buffer.isBuffer(scratch) ? 'Buffer' : 'Uint8Array'}`)
+      const remoteMethod = encodeRemoteMethod('s', 'm')
+      const request = Buffer.alloc(requestFrameBytes(7, remoteMethod, 100, bodyBytes))
+      writeRequestFrame(request, 0, 7, remoteMethod, 100, scratch, bodyBytes)
+      t.ok(request.equals(Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod, timeoutMs: 100 }, body))), `request, body ${bodyBytes}`)
+    }
+  }
+})
