@@ -95,17 +95,19 @@ function wrapType<T> (type: PbType): MessageType<T> {
   const fullName = type.fullName.replace(/^\./, '')
   const required = type.fieldsArray.filter((field) => field.required)
   // Checks what protobufjs would encode silently wrong (or not at all).
+  // protobufjs's verify fails on an absent required field too (undefined is
+  // no integer, string or message), so the success path asks only it; the
+  // missing fields are looked up to name them when it failed.
   const check = (message: T): void => {
+    const problem = type.verify(message as Record<string, unknown>)
+    if (problem === null) return
     if (required.length > 0) {
       const missing = requiredFieldsMissing(required, message)
       if (missing.length > 0) {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: missing fields: ${missing.join(', ')}`)
       }
     }
-    const problem = type.verify(message as Record<string, unknown>)
-    if (problem !== null) {
-      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)
-    }
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${problem}`)
   }
   const decodeFailure = (err: unknown): RpcError => {
     const instance = (err as { instance?: unknown }).instance

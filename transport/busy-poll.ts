@@ -16,6 +16,8 @@
  * One poller serves every connection of a server or client: touching it
  * costs a boolean store; the clock is read once per spin, not per frame.
  */
+import { performance } from 'node:perf_hooks'
+
 export class BusyPoller {
   readonly #windowMs: number
   readonly #now: () => number

@@ -8,6 +8,7 @@
 import t from 'tap'
 import { RpcError } from '../../codec/errors.js'
 import { CalculatorService } from '../../examples/calculator.js'
+import { ProtoSchema } from '../../codec/schema.js'
 
 const Add = CalculatorService.methods.Add
 const Echo = CalculatorService.methods.Echo
@@ -68,4 +69,27 @@ t.test('encodeToScratch leaves the bytes encode gives in the shared scratch; dec
   t.same(Echo.requestType.decodeRange(new Uint8Array(framed), 2, 2 + message.length), { data: 'hello' })
   t.type(Echo.requestType.decodeRange(framed, 2, 2 + message.length - 1), RpcError)
   t.same(Echo.requestType.decodeRange(framed, 2, 2 + message.length), { data: 'hello' }, 'the shared reader recovers after an error')
+})
+
+t.test('a required field of any type that is absent is named, whichever encode is used', async t => {
+  const schema = ProtoSchema.parse(`
+    syntax = "proto2";
+    package t;
+    enum Color { RED = 0; BLUE = 1; }
+    message Inner { optional uint32 a = 1; }
+    message All {
+      required uint32 u = 1; required int64 l = 2; required string s = 3; required bytes b = 4;
+      required bool f = 5; required Color c = 6; required Inner m = 7; required double d = 8; required sint32 z = 9;
+    }`)
+  const All = schema.type<Record<string, unknown>>('t.All')
+  const full: Record<string, unknown> = { u: 1, l: 2, s: 'x', b: Buffer.from('y'), f: true, c: 1, m: { a: 1 }, d: 1.5, z: -3 }
+  t.ok(All.encode(full).length > 0, 'a complete message encodes')
+  for (const name of Object.keys(full)) {
+    const partial = { ...full }
+    delete partial[name]
+    for (const encode of [All.encode, All.encodeScratch, All.encodeToScratch]) {
+      t.throws(() => encode(partial), { code: 'RPC_ERR_INVALID_ARGUMENT', message: new RegExp(`missing fields: ${name}$`) }, `${name} absent`)
+    }
+    t.throws(() => All.encodeToScratch({ ...full, [name]: null }), { message: new RegExp(`missing fields: ${name}$`) }, `${name} null`)
+  }
 })
