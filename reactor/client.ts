@@ -11,6 +11,7 @@ import { CallTable } from './call-table.js'
 import { Balancer, type Address, type BalancePolicy, type Slot } from './balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
 import { BusyPoller } from '../transport/busy-poll.js'
+import { SocketReader } from '../transport/socket-reader.js'
 import { Connection, type ConnectionStats } from '../transport/connection.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
@@ -568,8 +569,11 @@ export class Client {
   #connectionFor (target: { host: string, port: number }, key: string): ClientConnection {
     const existing = this.#connections.get(key)
     if (existing !== undefined) return existing
-    const socket = netConnect({ host: target.host, port: target.port, noDelay: true })
+    // Reads come through onread, not 'data' events (see SocketReader).
+    const reader = new SocketReader()
+    const socket = netConnect({ host: target.host, port: target.port, noDelay: true, onread: reader.onread })
     const connection = new Connection(socket, {
+      reader,
       framing: krpcFraming,
       maxFrameBytes: this.#options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
       maxOutboundBytes: this.#options.maxOutboundBytes,

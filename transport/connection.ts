@@ -2,6 +2,7 @@ import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, type Framing } from '../codec/frame-decoder.js'
 import type { BusyPoller } from './busy-poll.js'
+import type { SocketReader } from './socket-reader.js'
 import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
 
 /**
@@ -53,6 +54,8 @@ export interface ConnectionOptions {
    * TransferQueueOptions.coalesceMicrotasks.
    */
   coalesceMicrotasks?: boolean | undefined
+  /** The socket was made with this reader's `onread`: chunks come from it, not from 'data' events. */
+  reader?: SocketReader | undefined
   /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
   busyPoller?: BusyPoller | undefined
 }
@@ -95,7 +98,9 @@ export class Connection {
     this.#queue = new TransferQueue(socket, { maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true })
     this.#poller = options.busyPoller ?? null
     socket.setNoDelay(true)
-    socket.on('data', (chunk: Buffer) => this.#onSocketData(chunk))
+    const onData = (chunk: Buffer): void => this.#onSocketData(chunk)
+    if (options.reader !== undefined) options.reader.attach(onData)
+    else socket.on('data', onData)
     socket.on('drain', () => this.#queue.onSocketDrain())
     socket.on('error', (err: Error) => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `socket error: ${err.message}`, { cause: err })))
     socket.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
