@@ -156,16 +156,20 @@ function wrapType<T> (type: PbType): MessageType<T> {
           reader.pos = start
           return type.decode(reader, end - start) as unknown as T
         }
-        const reader = rangeReader
+        const reader = rangeReader as protobuf.Reader & { view: DataView | null }
         reader.buf = bytes
         reader.pos = start
         reader.len = end
+        // protobufjs caches a DataView of its buffer for packed fixed-width
+        // reads: it must never outlive the buffer it was made for.
+        reader.view = null
         try {
           return type.decode(reader, end - start) as unknown as T
         } finally {
           // Not keeping the frame alive.
           reader.buf = EMPTY_BUFFER
           reader.len = 0
+          reader.view = null
         }
       } catch (err) {
         return decodeFailure(err)

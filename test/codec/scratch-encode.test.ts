@@ -93,3 +93,23 @@ t.test('a required field of any type that is absent is named, whichever encode i
     t.throws(() => All.encodeToScratch({ ...full, [name]: null }), { message: new RegExp(`missing fields: ${name}$`) }, `${name} null`)
   }
 })
+
+t.test('decodeRange reads packed fixed-width fields of each buffer, not of the one it read before', async t => {
+  const schema = ProtoSchema.parse(`
+    syntax = "proto2";
+    package t;
+    message Packed { repeated double d = 1 [packed = true]; repeated fixed32 f = 2 [packed = true]; repeated float g = 3 [packed = true]; }`)
+  const Packed = schema.type<Record<string, number[]>>('t.Packed')
+  const message = (k: number): Record<string, number[]> => ({
+    d: Array.from({ length: 16 }, (_, i) => k * 100 + i + 0.5),
+    f: Array.from({ length: 200 }, (_, i) => k * 1000 + i),
+    g: Array.from({ length: 16 }, (_, i) => k + i)
+  })
+  for (let k = 1; k <= 3; k++) {
+    const bytes = Buffer.from(Packed.encode(message(k)))
+    // At an offset inside a larger buffer, as in a frame.
+    const frame = Buffer.concat([Buffer.alloc(k * 37, 0xff), bytes, Buffer.alloc(5, 0xff)])
+    const decoded = Packed.decodeRange(frame, k * 37, k * 37 + bytes.length)
+    t.same(decoded, message(k), `message ${k}: every packed value of this buffer`)
+  }
+})
