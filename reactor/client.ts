@@ -430,7 +430,8 @@ export class Client {
     let body: Uint8Array
     let bodyBytes: number
     try {
-      // The endpoint of the previous call, still connected: no lookups.
+      // The endpoint of the previous call, still connected: no lookups. Only
+      // strings are remembered (an endpoint object could change under us).
       const last = endpoint === this.#lastEndpoint ? this.#lastConnection : null
       if (last !== null && !last.closed && !last.retired) {
         target = last.target
@@ -473,7 +474,7 @@ export class Client {
 
     const cached = this.#lastConnection
     const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionFor(target, key)
-    if (balanced === null) {
+    if (balanced === null && typeof endpoint === 'string') {
       // Balanced calls pick a connection each time: only single endpoints are remembered.
       this.#lastEndpoint = endpoint
       this.#lastConnection = cc
@@ -490,10 +491,12 @@ export class Client {
     call.needsApplicationFeatures = options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0
     const remoteMethod = method.remoteMethod
     const timeout = Number.isFinite(deadline) ? wireTimeout(Math.max(1, deadline - now)) : 0
-    if (!call.needsApplicationFeatures && (options.sidecars === undefined || options.sidecars.length === 0)) {
+    if (!call.needsApplicationFeatures && options.signal === undefined && (options.sidecars === undefined || options.sidecars.length === 0)) {
       // The common case: encoded straight into the connection's outbound
       // slab, when the connection is ready to write. Such a frame goes out
-      // at the end of this microtask checkpoint, as a frame written at once.
+      // at the end of this microtask checkpoint, as a frame written at once,
+      // and cannot be dropped: no timer fires before then, but an
+      // AbortSignal could, so a call with one stays a droppable transfer.
       const connection = cc.connection
       const bytes = requestFrameBytes(callId, remoteMethod, timeout, bodyBytes)
       const out = connection.reserve(bytes)

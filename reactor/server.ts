@@ -160,7 +160,7 @@ const RETIRED_QUIET_MS = 1000
 const RETIRED_BUSY_LIMIT_MS = 5000
 
 /** Per-connection state of the server. */
-class ServerConnection implements CallPeer {
+class ServerConnection {
   readonly connection: Connection
   readonly remoteAddress: string
   readonly inFlight = new CallTable<InboundCall>()
@@ -178,12 +178,11 @@ class ServerConnection implements CallPeer {
     this.connection = connection
     this.remoteAddress = remoteAddress
     this.lastActiveAt = now
+    this.peer = Object.freeze({ user: '', remoteAddress })
   }
 
-  /** The SASL user the connection negotiated (a CallPeer of its calls). */
-  get user (): string {
-    return this.negotiated?.user ?? ''
-  }
+  /** Who its calls come from: a small object of its own, so a kept call context does not keep the connection. */
+  peer: CallPeer
 }
 
 /**
@@ -456,7 +455,10 @@ export class Server {
       onFrame: (frame) => {
         const step = negotiation.onFrame(frame)
         const record = (s: Awaited<typeof step>): typeof s => {
-          if (s.done !== undefined) sc.negotiated = s.done
+          if (s.done !== undefined) {
+            sc.negotiated = s.done
+            sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress })
+          }
           return s
         }
         return step instanceof Promise ? step.then(record) : record(step)
@@ -522,10 +524,10 @@ export class Server {
       if (request instanceof RpcError) {
         return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
       }
-      call = new InboundCall(route, sc, callId, receivedAt, parts.timeoutMillis, parts.sidecars, request, this.#clock)
+      call = new InboundCall(route, sc.peer, callId, receivedAt, parts.timeoutMillis, parts.sidecars, request, this.#clock)
     } else {
       // Thread mode: the thread decodes the request from the frame's bytes.
-      call = new ThreadCall(route, sc, callId, receivedAt, parts.timeoutMillis, parts.sidecars, this.#clock,
+      call = new ThreadCall(route, sc.peer, callId, receivedAt, parts.timeoutMillis, parts.sidecars, this.#clock,
         buf.subarray(start, end), buf.subarray(parts.messageStart, parts.messageEnd))
     }
     call.owner = sc

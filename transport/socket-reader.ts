@@ -9,8 +9,12 @@
  * Node reads into the buffer `onread.buffer()` returns. Each read gets the
  * next free part of a slab, never reused: a chunk (and the frames, sidecars
  * and `bytes` fields that are views of it) stays valid for as long as it is
- * referenced, as with 'data' events. The price: a view kept alive keeps its
- * whole slab (128 KiB) alive, as a pooled `Buffer.allocUnsafe` keeps its pool.
+ * referenced, as with 'data' events. The price: each open connection holds
+ * its current slab (128 KiB: Node reads into at most 64 KiB at a time, and
+ * the part waiting for the next read must be its own), about what the
+ * kernel buffers of a TCP socket take; and a view kept alive keeps its whole
+ * slab alive, as a pooled `Buffer.allocUnsafe` keeps its pool. Clients open
+ * few connections; servers (many) keep Node's 'data' path anyway.
  */
 export class SocketReader {
   #slab: Buffer = Buffer.allocUnsafeSlow(SLAB_BYTES)

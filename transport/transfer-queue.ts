@@ -96,8 +96,12 @@ const CONCAT_BYTES = 64 * 1024
 const BATCH_BYTES = 1024 * 1024
 /** Frames up to this size may be encoded in place (`reserve`/`commit`); larger ones go through `enqueue`. */
 export const MAX_IN_PLACE_FRAME_BYTES = 16 * 1024
-// Frames encoded in place are laid out back to back in slabs of this size.
+// Frames encoded in place are laid out back to back in slabs of this size,
+// shared by every queue of the thread: an idle connection holds none, and
+// the frames of one read (or turn) still form one run. A slab is never
+// written twice: it stays alive while runs of it are queued or in sockets.
 const SLAB_BYTES = 64 * 1024
+const slabs = { slab: null as Buffer | null, at: 0, reservation: 0 }
 
 /**
  * Frames encoded in place one after another in a slab: one queue entry, one
@@ -162,13 +166,12 @@ export class TransferQueue {
   #queuedBytes = 0
   // Frames queued: a SlabRun entry holds several.
   #queuedFrames = 0
-  // In-place frames: the slab they are encoded into, the next free byte, the
-  // run still open at the back of the queue (null when something else was
-  // queued after it, or it was taken), and where the reserved frame starts.
-  #slab: Buffer | null = null
-  #slabAt = 0
+  // In-place frames: the run still open at the back of the queue (null when
+  // something else was queued after it, or it was taken), and the frame
+  // reserved in the shared slab (its place, and which reservation it was).
   #run: SlabRun | null = null
   #reservedAt = -1
+  #reservation = 0
   // The frame an idle queue holds for its checkpoint flush (coalesceMicrotasks):
   // it would have been written at once, so the outbound bound does not count it.
   #checkpointBytes = 0
@@ -234,14 +237,14 @@ export class TransferQueue {
     if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#waitingDrain || this.#closedError !== null) return null
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes) return null
-    let slab = this.#slab
-    if (slab === null || slab.length - this.#slabAt < bytes) {
-      // The old slab stays alive as long as slices of it are queued or in the socket.
-      slab = this.#slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
-      this.#slabAt = 0
-      this.#run = null
+    let slab = slabs.slab
+    if (slab === null || slab.length - slabs.at < bytes) {
+      // The old slab stays alive as long as slices of it are queued or in a socket.
+      slab = slabs.slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
+      slabs.at = 0
     }
-    this.#reservedAt = this.#slabAt
+    this.#reservedAt = slabs.at
+    this.#reservation = ++slabs.reservation
     return slab
   }
 
@@ -253,12 +256,14 @@ export class TransferQueue {
   /** Queues the frame of `bytes` written at `reservedAt`; sent as `enqueue` would send a frame. */
   commit (bytes: number): void {
     const at = this.#reservedAt
-    if (at < 0) throw new Error('commit without reserve')
+    // Only the latest reservation of the shared slab may commit: an older one's room may be another frame's now.
+    if (at < 0 || this.#reservation !== slabs.reservation) throw new Error('commit without reserve')
     this.#reservedAt = -1
-    this.#slabAt = at + bytes
+    const slab = slabs.slab!
+    slabs.at = at + bytes
     let run = this.#run
-    if (run === null || run.start + run.bytes !== at) {
-      run = new SlabRun(this.#slab!, at)
+    if (run === null || run.slab !== slab || run.start + run.bytes !== at) {
+      run = new SlabRun(slab, at)
       this.#push(run)
       this.#run = run
     }
@@ -406,7 +411,6 @@ export class TransferQueue {
       transfer.onSent?.(error)
     }
     this.#run = null
-    this.#slab = null
     this.#reservedAt = -1
     this.#queuedFrames = 0
     this.#queuedBytes = 0

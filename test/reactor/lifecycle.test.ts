@@ -101,6 +101,22 @@ t.test('client.close() with calls pending rejects each exactly once with RPC_ERR
   t.pass('close is idempotent')
 })
 
+t.test('a call aborted in the turn it was made, on a ready connection, is dropped unsent', async (t) => {
+  const probe = new Probe()
+  const { endpoint } = await startServer(t, { handlers: probe.handlers() })
+  const client = newClient(t, { endpoint })
+  const calc = client.service(CalculatorService)
+  t.same(await calc.Add({ x: 1, y: 1 }), { result: 2 }, 'the connection is negotiated')
+
+  const controller = new AbortController()
+  const aborted = settle(calc.Add({ x: 2, y: 2 }, { signal: controller.signal }))
+  controller.abort()
+  const plain = calc.Add({ x: 3, y: 3 })
+  t.equal(await aborted, ErrorCode.CANCELLED)
+  t.same(await plain, { result: 6 })
+  t.same(probe.calls.map(c => c.method), ['Add', 'Add'], 'the server ran the first and the last call, not the aborted one')
+})
+
 t.test('cancellation before start, while queued, and after sending', async (t) => {
   const probe = new Probe()
   const { endpoint, server } = await startServer(t, { handlers: probe.handlers() })

@@ -808,3 +808,28 @@ t.test('in-place frames dropped by close are counted; frames over a slab\'s end 
   closing.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed'))
   t.match(closing.stats(), { dropped: 2, queuedTransfers: 0, queuedBytes: 0 })
 })
+
+t.test('queues share the slab: interleaved in-place frames reach each socket intact and in order', async t => {
+  const sinks = [new FakeSink(), new FakeSink(), new FakeSink()]
+  const queues = sinks.map(sink => new TransferQueue(sink, { coalesceMicrotasks: true, batchFrames: 1000 }))
+  const expected: Buffer[][] = sinks.map(() => [])
+  let id = 0
+  // Frames of varied size, round robin over the queues, across several 64 KiB slabs.
+  for (let i = 0; i < 600; i++) {
+    const q = i % 3
+    const bytes = [5, 300, 1500, 4000][i % 4]!
+    const value = (++id % 250) + 1
+    t.equal(inPlace(queues[q]!, value, bytes), true)
+    expected[q]!.push(Buffer.alloc(bytes, value))
+    if (i % 50 === 49) await Promise.resolve()
+  }
+  await nextTick()
+  for (let q = 0; q < 3; q++) t.ok(sinks[q]!.bytes().equals(Buffer.concat(expected[q]!)), `queue ${q}: its own frames, in order, unchanged`)
+
+  // A reservation another queue has since superseded cannot be committed.
+  const [a, b] = queues
+  t.not(a!.reserve(8), null)
+  t.not(b!.reserve(8), null)
+  t.throws(() => a!.commit(8), /commit without reserve/)
+  b!.commit(8)
+})
