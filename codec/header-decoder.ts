@@ -223,7 +223,11 @@ export function decodeResponseHeaderInto (buf: Uint8Array, start: number, end: n
 export function decodeResponseHeader (buf: Uint8Array, start = 0, end = buf.length): ResponseHeader | RpcError {
   const fields = new ResponseHeaderFields()
   const error = decodeResponseHeaderInto(buf, start, end, fields)
-  if (error !== null) return error
+  return error ?? responseHeaderOf(fields)
+}
+
+/** The ResponseHeader message `fields` were decoded from. */
+export function responseHeaderOf (fields: ResponseHeaderFields): ResponseHeader {
   const header: ResponseHeader = { call_id: fields.callId }
   if (fields.isError !== undefined) header.is_error = fields.isError
   if (fields.sidecarOffsets !== undefined) header.sidecar_offsets = fields.sidecarOffsets
@@ -299,7 +303,11 @@ export function decodeRequestHeaderInto (buf: Uint8Array, start: number, end: nu
 export function decodeRequestHeader (buf: Uint8Array, start = 0, end = buf.length): RequestHeader | RpcError {
   const fields = new RequestHeaderFields()
   const error = decodeRequestHeaderInto(buf, start, end, fields)
-  if (error !== null) return error
+  return error ?? requestHeaderOf(fields)
+}
+
+/** The RequestHeader message `fields` were decoded from. */
+export function requestHeaderOf (fields: RequestHeaderFields): RequestHeader {
   const header: RequestHeader = { call_id: fields.callId }
   if (fields.remoteMethod !== undefined) header.remote_method = fields.remoteMethod
   if (fields.hasTimeout) header.timeout_millis = fields.timeoutMillis

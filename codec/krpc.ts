@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from './errors.js'
-import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeader, decodeRequestHeaderInto, decodeResponseHeader, decodeResponseHeaderInto } from './header-decoder.js'
+import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeaderInto, decodeResponseHeaderInto, requestHeaderOf, responseHeaderOf } from './header-decoder.js'
 import type { Framing } from './frame-decoder.js'
 import { ProtoSchema, assetPath } from './schema.js'
 import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from './varint.js'
@@ -398,29 +398,18 @@ export type RequestFrame = ParsedFrame<RequestHeader>
 /** A response as the client reads it off one frame. */
 export type ResponseFrame = ParsedFrame<ResponseHeader>
 
-// Parses a frame whose header `decodeHeader` reads; any malformation is RPC_ERR_MALFORMED_FRAME.
-function parseFrame<H extends { sidecar_offsets?: number[] }> (frame: Buffer,
-  decodeHeader: (buf: Buffer, start: number, end: number) => H | RpcError): ParsedFrame<H> | RpcError {
-  const b = frameBounds(frame)
-  if (b instanceof RpcError) return b
-  const bodyStart = b.bodyStart
-  const header = decodeHeader(frame, b.headerStart, b.headerEnd)
-  if (header instanceof RpcError) return header
-  const offsets = header.sidecar_offsets
-  const sidecars = sidecarsOf(frame, bodyStart, offsets)
-  if (sidecars instanceof RpcError) return sidecars
-  const messageEnd = offsets === undefined || offsets.length === 0 ? frame.length : bodyStart + offsets[0]!
-  return new ParsedFrame(header, frame, bodyStart, messageEnd, sidecars)
-}
-
 /** Parses a client→server frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseRequestFrame (frame: Buffer): RequestFrame | RpcError {
-  return parseFrame(frame, decodeRequestHeader)
+  const parts = new RequestParts()
+  const error = parseRequestInto(frame, 0, frame.length, parts)
+  return error ?? new ParsedFrame(requestHeaderOf(parts), frame, parts.messageStart, parts.messageEnd, parts.sidecars)
 }
 
 /** Parses a server→client frame; any malformation is returned as RPC_ERR_MALFORMED_FRAME. */
 export function parseResponseFrame (frame: Buffer): ResponseFrame | RpcError {
-  return parseFrame(frame, decodeResponseHeader)
+  const parts = new ResponseParts()
+  const error = parseResponseInto(frame, 0, frame.length, parts)
+  return error ?? new ParsedFrame(responseHeaderOf(parts), frame, parts.messageStart, parts.messageEnd, parts.sidecars)
 }
 
 /**

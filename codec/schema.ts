@@ -115,6 +115,18 @@ function wrapType<T> (type: PbType): MessageType<T> {
     const detail = missing.length > 0 ? `missing fields: ${missing.join(', ')}` : (err as Error).message
     return new RpcError(ErrorCode.INVALID_ARGUMENT, detail, { cause: err })
   }
+  const encodeToScratch = (message: T): ScratchBytes => {
+    check(message)
+    const writer = scratchWriter ?? protobuf.Writer.create()
+    scratchWriter = null
+    writer.reset()
+    type.encode(message as Record<string, unknown>, writer)
+    // Taken out while in use: an encode that throws midway leaves no half-written writer behind.
+    if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
+    scratch.bytes = writer.buf
+    scratch.length = writer.pos
+    return scratch
+  }
   return {
     fullName,
     encode (message: T): Uint8Array {
@@ -122,26 +134,10 @@ function wrapType<T> (type: PbType): MessageType<T> {
       return type.encode(message as Record<string, unknown>).finish()
     },
     encodeScratch (message: T): Uint8Array {
-      check(message)
-      const writer = scratchWriter ?? protobuf.Writer.create()
-      scratchWriter = null
-      writer.reset()
-      type.encode(message as Record<string, unknown>, writer)
-      // Taken out while in use: an encode that throws midway leaves no half-written writer behind.
-      if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
-      return writer.finish(true)
+      const { bytes, length } = encodeToScratch(message)
+      return bytes.subarray(0, length)
     },
-    encodeToScratch (message: T): ScratchBytes {
-      check(message)
-      const writer = scratchWriter ?? protobuf.Writer.create()
-      scratchWriter = null
-      writer.reset()
-      type.encode(message as Record<string, unknown>, writer)
-      if (writer.buf.length <= SCRATCH_KEEP_BYTES) scratchWriter = writer
-      scratch.bytes = writer.buf
-      scratch.length = writer.pos
-      return scratch
-    },
+    encodeToScratch,
     decode (bytes: Uint8Array): T | RpcError {
       try {
         return type.decode(bytes) as unknown as T

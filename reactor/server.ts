@@ -660,31 +660,26 @@ export class Server {
       this.#release(call)
       return
     }
-    if (sidecars === undefined || sidecars.length === 0) {
-      // The common case: encoded straight into the connection's outbound slab.
-      const connection = sc.connection
-      const bytes = responseFrameBytes(call.callId, bodyBytes)
-      const out = connection.reserve(bytes)
-      if (out !== null) {
-        writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
-        this.#stats.callsSucceeded++
-        const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-        connection.commit(bytes)
-        this.#release(call, settledAt)
-        this.#maybeDrained()
+    // The common case (no sidecars): encoded straight into the connection's outbound slab.
+    const connection = sc.connection
+    const inPlace = sidecars === undefined || sidecars.length === 0
+    const bytes = inPlace ? responseFrameBytes(call.callId, bodyBytes) : 0
+    const out = inPlace ? connection.reserve(bytes) : null
+    let slices: Buffer[] | null = null
+    if (out !== null) {
+      writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
+    } else {
+      try {
+        slices = encodeResponseFrame(call.callId, false, bodyBytes === body.length ? body : body.subarray(0, bodyBytes), sidecars)
+      } catch (err) {
+        this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
         return
       }
     }
-    let slices: Buffer[]
-    try {
-      slices = encodeResponseFrame(call.callId, false, bodyBytes === body.length ? body : body.subarray(0, bodyBytes), sidecars)
-    } catch (err) {
-      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
-      return
-    }
     this.#stats.callsSucceeded++
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-    this.#send(sc, slices)
+    if (slices === null) connection.commit(bytes)
+    else this.#send(sc, slices)
     this.#release(call, settledAt)
     this.#maybeDrained()
   }
