@@ -6,6 +6,7 @@ import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parse
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
@@ -236,7 +237,9 @@ export class Server {
     this.#direct = options.scheduler === 'direct'
     this.#ready = options.ready ?? true
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    this.#net = createServer({ noDelay: true }, (socket) => this.#onAccept(socket))
+    // Paused on accept: nothing is read before #onAccept moves the socket to
+    // a SocketReader (see readThrough).
+    this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
     this.#net.on('error', (err) => this.#log.error(`listener error: ${err.message}`))
   }
 
@@ -426,14 +429,17 @@ export class Server {
     this.#drained()
   }
 
-  #onAccept (socket: Socket): void {
+  #onAccept (accepted: Socket): void {
     if (this.#closing !== null) {
-      socket.destroy()
+      accepted.destroy()
       return
     }
     this.#stats.connectionsAccepted++
+    const reader = new SocketReader()
+    const socket = readThrough(accepted, reader)
     const remoteAddress = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`
     const connection = new Connection(socket, {
+      reader: socket === accepted ? undefined : reader,
       framing: krpcFraming,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,

@@ -66,6 +66,8 @@ export interface ConnectionStats extends TransferQueueStats {
   framesRead: number
   /** Bytes handed to the socket (Node's `socket.bytesWritten`: set-up frames included). */
   bytesWritten: number
+  /** How reads arrive: through a SocketReader (`onread`, the fast path) or as 'data' events. */
+  readPath: 'onread' | 'data'
 }
 
 /**
@@ -90,6 +92,7 @@ export class Connection {
   #reads = 0
   #activity = 0
   readonly #poller: BusyPoller | null
+  readonly #readPath: 'onread' | 'data'
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
 
   constructor (socket: Socket, options: ConnectionOptions) {
@@ -99,6 +102,7 @@ export class Connection {
     this.#poller = options.busyPoller ?? null
     socket.setNoDelay(true)
     const onData = (chunk: Buffer): void => this.#onSocketData(chunk)
+    this.#readPath = options.reader !== undefined ? 'onread' : 'data'
     if (options.reader !== undefined) options.reader.attach(onData)
     else socket.on('data', onData)
     socket.on('drain', () => this.#queue.onSocketDrain())
@@ -215,7 +219,7 @@ export class Connection {
   }
 
   stats (): ConnectionStats {
-    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten }
+    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten, readPath: this.#readPath }
   }
 
   #onSocketData (chunk: Buffer): void {

@@ -1,24 +1,30 @@
+import { Socket } from 'node:net'
+
 /**
- * Reads of one socket delivered through Node's `onread` option (`net.connect`
- * takes it) instead of the stream's 'data' events. That skips, per read, the
- * Readable machinery (push, addChunk, emit, the maybeReadMore tick) and the
- * buffer Node allocates for each read: measured here, a synchronous client
- * round trip costs ~10 % less client CPU. Accepted server sockets cannot be
- * given `onread` on Node 20, so servers keep 'data'.
+ * Reads of one socket delivered through Node's `onread` option instead of
+ * the stream's 'data' events. That skips, per read, the Readable machinery
+ * (push, addChunk, emit, the maybeReadMore tick) and the 64 KiB buffer Node
+ * allocates (and shrinks) for each read: measured here, a synchronous round
+ * trip costs ~10 % less CPU on the side that reads this way. Clients pass
+ * `onread` to `net.connect`; a server hands its accepted sockets to
+ * `readThrough` (Node 20 takes no `onread` for accepted sockets).
  *
- * Node reads into the buffer `onread.buffer()` returns. Each read gets the
- * next free part of a slab, never reused: a chunk (and the frames, sidecars
- * and `bytes` fields that are views of it) stays valid for as long as it is
- * referenced, as with 'data' events. The price: each open connection holds
- * its current slab (128 KiB: Node reads into at most 64 KiB at a time, and
- * the part waiting for the next read must be its own), about what the
- * kernel buffers of a TCP socket take; and a view kept alive keeps its whole
- * slab alive, as a pooled `Buffer.allocUnsafe` keeps its pool. Clients open
- * few connections; servers (many) keep Node's 'data' path anyway.
+ * Node reads into the buffer `onread.buffer()` returns, called once per
+ * read. Each read gets the free rest of a slab, never reused: a chunk (and
+ * the frames, sidecars and `bytes` fields that are views of it) stays valid
+ * for as long as it is referenced, as with 'data' events. Slabs follow the
+ * traffic: each is sized for about eight reads like the last one, from
+ * 4 KiB (synchronous small calls: one allocation per ~70 calls) to 128 KiB
+ * (after a read that filled its buffer, i.e. more was waiting). A connection
+ * holds its current slab between reads: 4 KiB after small calls, up to
+ * 128 KiB after large reads until its next read. A view kept alive keeps its
+ * whole slab alive, as a pooled `Buffer.allocUnsafe` keeps its pool.
  */
 export class SocketReader {
-  #slab: Buffer = Buffer.allocUnsafeSlow(SLAB_BYTES)
+  #slab: Buffer = EMPTY
   #at = 0
+  /** Bytes the next read should have room for, from the last read. */
+  #want = MIN_WANT
   #sink: ((chunk: Buffer) => void) | null = null
   #early: Buffer[] = []
 
@@ -37,25 +43,78 @@ export class SocketReader {
     for (const chunk of early) sink(chunk)
   }
 
-  // The buffer for the next read: the rest of the slab, or a new slab when
-  // less than one read's worth is left.
+  /** Bytes of the slab the next read goes into (what an idle connection holds). */
+  get slabBytes (): number {
+    return this.#slab.length
+  }
+
+  // The buffer for the next read: the rest of the current slab while it has
+  // room for what the last read suggests, else a new slab sized for about
+  // eight such reads (4 KiB to 128 KiB). A slab far larger than that is left
+  // too, so a connection back to small reads stops holding a large one.
   #next (): Buffer {
-    if (SLAB_BYTES - this.#at < READ_BYTES) {
-      this.#slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
+    const want = this.#want
+    const rest = this.#slab.length - this.#at
+    if (rest < want || this.#slab.length > 4 * slabSizeFor(want)) {
+      this.#slab = Buffer.allocUnsafeSlow(slabSizeFor(want))
       this.#at = 0
     }
-    return this.#slab.subarray(this.#at, this.#at + READ_BYTES)
+    // At most libuv's usual 64 KiB per read, as with 'data' events.
+    return this.#slab.subarray(this.#at, this.#at + Math.min(this.#slab.length - this.#at, LARGE_WANT))
   }
 
   #deliver (nread: number, buf: Buffer): void {
     // The bytes read now belong to this chunk: the next read starts after them.
     this.#at += nread
+    // A full buffer means more is waiting: room for a large read next.
+    this.#want = nread === buf.length ? LARGE_WANT : Math.max(MIN_WANT, 2 * nread)
     const chunk = buf.subarray(0, nread)
     if (this.#sink === null) this.#early.push(chunk)
     else this.#sink(chunk)
   }
 }
 
-/** Bytes offered to each read: libuv's usual 64 KiB. */
-const READ_BYTES = 64 * 1024
-const SLAB_BYTES = 2 * READ_BYTES
+function slabSizeFor (want: number): number {
+  let size = MIN_SLAB
+  while (size < 8 * want && size < MAX_SLAB) size *= 2
+  return size
+}
+
+/**
+ * Moves an accepted socket's handle to a new socket that reads through
+ * `reader`. The server must be created with `pauseOnConnect: true`, so that
+ * nothing was read yet. Node 20 has no public way to give an accepted socket
+ * `onread`; this uses what Node's own `child_process` handle passing uses
+ * (`new Socket({ handle })`) plus the socket's `_handle` and `_server`. When
+ * any of that is missing the socket is resumed and returned as it is (the
+ * caller then reads 'data' events): check `result !== socket`.
+ */
+export function readThrough (socket: Socket, reader: SocketReader): Socket {
+  const internals = socket as unknown as { _handle?: { useUserBuffer?: unknown } | null, _server?: unknown }
+  const handle = internals._handle
+  if (handle == null || typeof handle.useUserBuffer !== 'function' || socket.destroyed || !('_server' in internals)) {
+    socket.resume()
+    return socket
+  }
+  const moved = new Socket({ handle, onread: reader.onread, readable: true, writable: true, noDelay: true } as unknown as ConstructorParameters<typeof Socket>[0])
+  const movedInternals = moved as unknown as { _handle?: unknown, _server?: unknown, server?: unknown }
+  if (movedInternals._handle !== handle) {
+    socket.resume()
+    return socket
+  }
+  // The server counts the connection once: the new socket is the one that
+  // closes (and tells the server), the old one is dropped unread.
+  movedInternals._server = internals._server
+  movedInternals.server = internals._server
+  internals._handle = null
+  internals._server = null
+  return moved
+}
+
+const EMPTY = Buffer.alloc(0)
+/** Room asked for after a read that did not fill its buffer: twice that read, at least 512 bytes. */
+const MIN_WANT = 512
+/** After a read that filled its buffer: libuv's usual 64 KiB. */
+const LARGE_WANT = 64 * 1024
+const MIN_SLAB = 4 * 1024
+const MAX_SLAB = 128 * 1024

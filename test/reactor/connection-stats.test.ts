@@ -62,3 +62,12 @@ t.test('the answers to one read of pipelined requests leave in one write', async
   t.equal(after.batchedWrites - before.batchedWrites, 1, 'one write')
   t.equal(after.batchedFrames - before.batchedFrames, 20, 'carrying all 20 answers')
 })
+
+t.test('both ends read through onread (the fast path), not data events', async t => {
+  const { server, endpoint } = await startServer(t)
+  const client = new Client({ endpoint })
+  t.teardown(() => client.close())
+  t.same(await client.service(CalculatorService).Add({ x: 2, y: 3 }), { result: 5 })
+  t.equal(client.connectionStats()[0]!.readPath, 'onread', 'client')
+  t.equal(server.connectionStats()[0]!.readPath, 'onread', 'server: the accepted socket was moved to a reader')
+})

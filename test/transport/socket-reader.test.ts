@@ -6,7 +6,7 @@
  */
 import t, { type Test } from 'tap'
 import { connect, createServer, type Socket } from 'node:net'
-import { SocketReader } from '../../transport/socket-reader.js'
+import { SocketReader, readThrough } from '../../transport/socket-reader.js'
 
 async function serverSending (t: Test, parts: Buffer[]): Promise<number> {
   const server = createServer((socket: Socket) => {
@@ -55,4 +55,89 @@ t.test('reads before attach are handed on at attach, in order', async t => {
   reader.attach((chunk) => { seen.push(chunk.toString()) })
   t.equal(seen.join(''), 'early-later')
   socket.destroy()
+})
+
+// Drives the reader as Node does: buffer() before each read, callback() after.
+function read (reader: SocketReader, bytes: number, fill: number): Buffer {
+  const buf = reader.onread.buffer()
+  const n = Math.min(bytes, buf.length)
+  buf.fill(fill, 0, n)
+  reader.onread.callback(n, buf)
+  return buf
+}
+
+t.test('slabs follow the reads: small for small calls, large after a full read, small again after', t => {
+  const reader = new SocketReader()
+  const chunks: Buffer[] = []
+  reader.attach((chunk) => { chunks.push(chunk) })
+  // Synchronous small calls: 4 KiB slabs, one per ~70 reads of 57 bytes.
+  for (let i = 0; i < 200; i++) read(reader, 57, i % 251)
+  t.equal(reader.slabBytes, 4096, 'small reads use 4 KiB slabs')
+  t.ok(new Set(chunks.map(c => c.buffer)).size <= 4, 'and share them')
+  // A read that fills its buffer: the next ones get room for 64 KiB.
+  const small = read(reader, 1 << 20, 1)
+  t.equal(chunks.at(-1)!.length, small.length, 'the read filled its buffer')
+  const large = read(reader, 1 << 20, 2)
+  t.equal(large.length, 64 * 1024, "after it, a read gets room for 64 KiB (libuv's usual)")
+  t.equal(reader.slabBytes, 128 * 1024)
+  // Back to small reads: the large slab is let go at the next read.
+  read(reader, 100, 3)
+  read(reader, 100, 4)
+  t.equal(reader.slabBytes, 4096, 'an idle connection holds 4 KiB again')
+  // Earlier chunks were never overwritten.
+  for (let i = 0; i < 200; i++) t.ok(chunks[i]!.every(b => b === i % 251), `chunk ${i} intact`)
+  t.ok(chunks[200]!.every(b => b === 1) && chunks[201]!.every(b => b === 2))
+  t.end()
+})
+
+t.test('readThrough moves an accepted socket to a reader: no data events, writes work, the server counts it once', async t => {
+  let resolveAccepted!: (s: Socket) => void
+  const accepted = new Promise<Socket>(resolve => { resolveAccepted = resolve })
+  const server = createServer({ pauseOnConnect: true }, (socket) => resolveAccepted(socket))
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const closed = new Promise<void>(resolve => server.once('close', () => resolve()))
+  const client = connect({ port: (server.address() as { port: number }).port, host: '127.0.0.1' })
+  t.teardown(() => { client.destroy(); server.close() })
+  const original = await accepted
+  const reader = new SocketReader()
+  const socket = readThrough(original, reader)
+  t.not(socket, original, 'a new socket owns the handle')
+  t.equal(socket.remotePort, client.localPort, 'the same connection')
+  let dataEvents = 0
+  socket.on('data', () => { dataEvents++ })
+  const got: Buffer[] = []
+  const ended = new Promise<void>(resolve => socket.once('end', () => resolve()))
+  reader.attach((chunk) => {
+    got.push(chunk)
+    if (Buffer.concat(got).toString() === 'ping') socket.write('pong')
+  })
+  client.write('ping')
+  const answer = await new Promise<string>(resolve => client.once('data', (b: Buffer) => resolve(b.toString())))
+  t.equal(answer, 'pong')
+  t.equal(dataEvents, 0, 'reads go to the reader')
+  const count = await new Promise<number>(resolve => server.getConnections((_e, n) => resolve(n)))
+  t.equal(count, 1, 'the server counts the connection once')
+  client.end()
+  await ended
+  socket.destroy()
+  server.close()
+  await closed
+  t.pass('the server closed once the moved socket closed')
+})
+
+t.test('readThrough falls back to data events when the handle cannot take a user buffer', async t => {
+  let resolveAccepted!: (s: Socket) => void
+  const accepted = new Promise<Socket>(resolve => { resolveAccepted = resolve })
+  const server = createServer({ pauseOnConnect: true }, (socket) => resolveAccepted(socket))
+  await new Promise<void>(resolve => server.listen(0, '127.0.0.1', resolve))
+  const client = connect({ port: (server.address() as { port: number }).port, host: '127.0.0.1' })
+  const original = await accepted
+  t.teardown(() => { client.destroy(); original.destroy(); server.close() })
+  const handle = (original as unknown as { _handle: { useUserBuffer?: unknown } })._handle
+  handle.useUserBuffer = undefined
+  const socket = readThrough(original, new SocketReader())
+  t.equal(socket, original, 'the socket is kept')
+  const data = new Promise<string>(resolve => socket.once('data', (b: Buffer) => resolve(b.toString())))
+  client.write('hello')
+  t.equal(await data, 'hello', 'and resumed: data events flow')
 })
