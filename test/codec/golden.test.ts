@@ -414,3 +414,58 @@ t.test('a uint32 field written as a 10-byte varint keeps its low 32 bits, as pro
   const timeout = hex('18 01 50 ff ff ff ff ff ff ff ff ff 01')
   t.equal(ok(decodeRequestHeader(timeout)).timeout_millis, 0xffffffff, 'timeout_millis')
 })
+
+// The decoders' fast paths take the common layouts (request: call_id,
+// remote_method of the method last seen, optional timeout_millis; response:
+// call_id, is_error) and leave everything else to the general loop: their
+// answers must be the general loop's, for every prefix of such a header too.
+t.test('header fast paths agree with protobufjs on the common layouts and on every prefix of them', async t => {
+  const requestLayout = fc.record({
+    call_id: int32,
+    remote_method: fc.record({ service_name: name, method_name: name }),
+    timeout_millis: uint32
+  }, { requiredKeys: ['call_id', 'remote_method'] })
+  fc.assert(fc.property(requestLayout, (fields) => {
+    const bytes = Buffer.from(RequestHeaderType.encode(fields as RequestHeader & Record<string, unknown>))
+    const first = ok(decodeRequestHeader(bytes))
+    const again = ok(decodeRequestHeader(bytes)) // the method is cached now: the fast path's case
+    t.same(first, fields)
+    t.same(again, fields)
+    for (let cut = 0; cut < bytes.length; cut++) {
+      const prefix = bytes.subarray(0, cut)
+      const ours = decodeRequestHeader(prefix)
+      const reference = RequestHeaderType.decode(prefix)
+      if (reference instanceof RpcError) {
+        if (!(ours instanceof RpcError)) return false
+      } else if (ours instanceof RpcError || ours.call_id !== reference.call_id || (ours.timeout_millis ?? 0) !== (reference.timeout_millis ?? 0)) {
+        return false
+      }
+    }
+    return true
+  }), { numRuns: 300 })
+  fc.assert(fc.property(int32, fc.boolean(), (callId, isError) => {
+    const bytes = Buffer.from(ResponseHeaderType.encode({ call_id: callId, is_error: isError }))
+    const decoded = ok(decodeResponseHeader(bytes))
+    if (decoded.call_id !== callId || decoded.is_error !== isError) return false
+    for (let cut = 0; cut < bytes.length; cut++) {
+      const ours = decodeResponseHeader(bytes.subarray(0, cut))
+      // Every proper prefix lacks is_error or has a truncated call_id: only call_id-complete prefixes decode.
+      if (!(ours instanceof RpcError) && ours.is_error !== undefined) return false
+    }
+    return true
+  }), { numRuns: 300 })
+})
+
+t.test('header fast paths: the bytes they refuse go to the general loop', async t => {
+  // is_error written as 2 (any nonzero varint is true), trailing sidecar offsets, a 5-byte call id.
+  t.same(ok(decodeResponseHeader(hex('08 07 10 02'))), { call_id: 7, is_error: true })
+  t.same(ok(decodeResponseHeader(hex('08 07 10 00 18 05'))), { call_id: 7, is_error: false, sidecar_offsets: [5] })
+  t.same(ok(decodeResponseHeader(hex('08 ff ff ff ff 07 10 00'))), { call_id: 0x7fffffff, is_error: false })
+  const method = hex('0a 01 73 12 01 6d')
+  const header = (rest: string): Buffer => Buffer.concat([hex('18 05 32 06'), method, hex(rest)])
+  t.same(ok(decodeRequestHeader(header(''))), { call_id: 5, remote_method: { service_name: 's', method_name: 'm' } })
+  // Now cached: a timeout of 5 varint bytes, feature flags after it, and a timeout of 0.
+  t.equal(ok(decodeRequestHeader(header('50 ff ff ff ff 0f'))).timeout_millis, 0xffffffff)
+  t.same(ok(decodeRequestHeader(header('50 01 58 02'))).required_feature_flags, [2])
+  t.same(ok(decodeRequestHeader(header('50 00'))), { call_id: 5, remote_method: { service_name: 's', method_name: 'm' }, timeout_millis: 0 })
+})
