@@ -13,12 +13,14 @@ import { Socket } from 'node:net'
  * read. Each read gets the free rest of a slab, never reused: a chunk (and
  * the frames, sidecars and `bytes` fields that are views of it) stays valid
  * for as long as it is referenced, as with 'data' events. Slabs follow the
- * traffic: each is sized for about eight reads like the last one, from
- * 4 KiB (synchronous small calls: one allocation per ~70 calls) to 128 KiB
- * (after a read that filled its buffer, i.e. more was waiting). A connection
- * holds its current slab between reads: 4 KiB after small calls, up to
- * 128 KiB after large reads until its next read. A view kept alive keeps its
- * whole slab alive, as a pooled `Buffer.allocUnsafe` keeps its pool.
+ * traffic: each is sized for about four reads like the last one, from
+ * 4 KiB (synchronous small calls: one allocation per ~35 calls) to 128 KiB
+ * (reads that keep filling their buffer, i.e. more was waiting, grow to
+ * 64 KiB). A connection holds its current slab between reads: 4 KiB after
+ * small calls, more only after large reads and until its next read. A view
+ * kept alive keeps its whole slab alive, as a pooled `Buffer.allocUnsafe`
+ * keeps its pool, except that a small read in a large slab the reader is
+ * leaving gets a copy, so a small kept view cannot pin 128 KiB.
  */
 export class SocketReader {
   #slab: Buffer = EMPTY
@@ -50,12 +52,11 @@ export class SocketReader {
 
   // The buffer for the next read: the rest of the current slab while it has
   // room for what the last read suggests, else a new slab sized for about
-  // eight such reads (4 KiB to 128 KiB). A slab far larger than that is left
+  // four such reads (4 KiB to 128 KiB). A slab far larger than that is left
   // too, so a connection back to small reads stops holding a large one.
   #next (): Buffer {
     const want = this.#want
-    const rest = this.#slab.length - this.#at
-    if (rest < want || this.#slab.length > 4 * slabSizeFor(want)) {
+    if (this.#slab.length - this.#at < want || this.#oversized(want)) {
       this.#slab = Buffer.allocUnsafeSlow(slabSizeFor(want))
       this.#at = 0
     }
@@ -63,12 +64,22 @@ export class SocketReader {
     return this.#slab.subarray(this.#at, this.#at + Math.min(this.#slab.length - this.#at, LARGE_WANT))
   }
 
+  #oversized (want: number): boolean {
+    return this.#slab.length > 4 * slabSizeFor(want)
+  }
+
   #deliver (nread: number, buf: Buffer): void {
     // The bytes read now belong to this chunk: the next read starts after them.
     this.#at += nread
-    // A full buffer means more is waiting: room for a large read next.
-    this.#want = nread === buf.length ? LARGE_WANT : Math.max(MIN_WANT, 2 * nread)
-    const chunk = buf.subarray(0, nread)
+    // A full buffer means more was waiting: room for twice as much next
+    // (growing read by read up to 64 KiB, within one event: libuv reads again
+    // while reads fill their buffer); else room for twice this read.
+    this.#want = nread === buf.length ? Math.min(LARGE_WANT, 2 * nread) : Math.max(MIN_WANT, 2 * nread)
+    let chunk = buf.subarray(0, nread)
+    // A small read in a large slab that the next read leaves (reads are small
+    // again) would keep the whole slab alive for as long as a view of it
+    // lives: it gets a buffer of its own instead (once per such change).
+    if (nread <= COPY_BYTES && this.#oversized(this.#want)) chunk = Buffer.from(chunk)
     if (this.#sink === null) this.#early.push(chunk)
     else this.#sink(chunk)
   }
@@ -76,7 +87,7 @@ export class SocketReader {
 
 function slabSizeFor (want: number): number {
   let size = MIN_SLAB
-  while (size < 8 * want && size < MAX_SLAB) size *= 2
+  while (size < 4 * want && size < MAX_SLAB) size *= 2
   return size
 }
 
@@ -90,15 +101,22 @@ function slabSizeFor (want: number): number {
  * caller then reads 'data' events): check `result !== socket`.
  */
 export function readThrough (socket: Socket, reader: SocketReader): Socket {
-  const internals = socket as unknown as { _handle?: { useUserBuffer?: unknown } | null, _server?: unknown }
+  const internals = socket as unknown as { _handle?: { useUserBuffer?: unknown, reading?: unknown } | null, _server?: unknown }
   const handle = internals._handle
-  if (handle == null || typeof handle.useUserBuffer !== 'function' || socket.destroyed || !('_server' in internals)) {
+  // Only a socket nothing was read from yet (pauseOnConnect) can change hands
+  // without losing bytes.
+  if (handle == null || typeof handle.useUserBuffer !== 'function' || handle.reading === true ||
+    socket.readableLength > 0 || socket.destroyed || !('_server' in internals)) {
     socket.resume()
     return socket
   }
-  const moved = new Socket({ handle, onread: reader.onread, readable: true, writable: true, noDelay: true } as unknown as ConstructorParameters<typeof Socket>[0])
+  const moved = new Socket({
+    handle, onread: reader.onread, readable: true, writable: true, allowHalfOpen: socket.allowHalfOpen, noDelay: true
+  } as unknown as ConstructorParameters<typeof Socket>[0])
   const movedInternals = moved as unknown as { _handle?: unknown, _server?: unknown, server?: unknown }
   if (movedInternals._handle !== handle) {
+    // The constructor ignored the handle (a Node without it): nothing moved.
+    moved.destroy()
     socket.resume()
     return socket
   }
@@ -114,7 +132,9 @@ export function readThrough (socket: Socket, reader: SocketReader): Socket {
 const EMPTY = Buffer.alloc(0)
 /** Room asked for after a read that did not fill its buffer: twice that read, at least 512 bytes. */
 const MIN_WANT = 512
-/** After a read that filled its buffer: libuv's usual 64 KiB. */
+/** The most a read asks for: libuv's usual 64 KiB. */
 const LARGE_WANT = 64 * 1024
+/** Small reads that would pin a large slab alone are copied up to this size. */
+const COPY_BYTES = 4 * 1024
 const MIN_SLAB = 4 * 1024
 const MAX_SLAB = 128 * 1024

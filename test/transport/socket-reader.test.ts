@@ -66,7 +66,7 @@ function read (reader: SocketReader, bytes: number, fill: number): Buffer {
   return buf
 }
 
-t.test('slabs follow the reads: small for small calls, large after a full read, small again after', t => {
+t.test('slabs follow the reads: small for small calls, growing while reads fill them, small again after', t => {
   const reader = new SocketReader()
   const chunks: Buffer[] = []
   reader.attach((chunk) => { chunks.push(chunk) })
@@ -74,19 +74,41 @@ t.test('slabs follow the reads: small for small calls, large after a full read, 
   for (let i = 0; i < 200; i++) read(reader, 57, i % 251)
   t.equal(reader.slabBytes, 4096, 'small reads use 4 KiB slabs')
   t.ok(new Set(chunks.map(c => c.buffer)).size <= 4, 'and share them')
-  // A read that fills its buffer: the next ones get room for 64 KiB.
-  const small = read(reader, 1 << 20, 1)
-  t.equal(chunks.at(-1)!.length, small.length, 'the read filled its buffer')
-  const large = read(reader, 1 << 20, 2)
-  t.equal(large.length, 64 * 1024, "after it, a read gets room for 64 KiB (libuv's usual)")
+  // Reads that fill their buffer (a megabyte waiting): room doubles up to 64 KiB.
+  const sizes: number[] = []
+  for (let i = 0; i < 6; i++) sizes.push(read(reader, 1 << 20, 1 + i).length)
+  t.same(sizes.slice(-2), [64 * 1024, 64 * 1024], `room per read: ${sizes.join(', ')}`)
   t.equal(reader.slabBytes, 128 * 1024)
-  // Back to small reads: the large slab is let go at the next read.
-  read(reader, 100, 3)
-  read(reader, 100, 4)
+  // Back to small reads: the first one is copied out of the large slab, which
+  // the next read leaves.
+  read(reader, 100, 20)
+  const small = chunks.at(-1)!
+  t.equal(small.length, 100)
+  t.ok(small.buffer.byteLength < 128 * 1024, 'the small read does not keep the large slab alive')
+  read(reader, 100, 21)
   t.equal(reader.slabBytes, 4096, 'an idle connection holds 4 KiB again')
   // Earlier chunks were never overwritten.
   for (let i = 0; i < 200; i++) t.ok(chunks[i]!.every(b => b === i % 251), `chunk ${i} intact`)
-  t.ok(chunks[200]!.every(b => b === 1) && chunks[201]!.every(b => b === 2))
+  for (let i = 0; i < 6; i++) t.ok(chunks[200 + i]!.every(b => b === 1 + i), `large chunk ${i} intact`)
+  t.ok(small.every(b => b === 20))
+  t.end()
+})
+
+t.test('alternating large and small reads: kept small chunks never pin a large slab', t => {
+  const reader = new SocketReader()
+  const kept: Buffer[] = []
+  reader.attach((chunk) => { if (chunk.length === 60) kept.push(chunk) })
+  for (let round = 0; round < 300; round++) {
+    // 5,000 bytes arrive in as many reads as their buffers take, then a 60-byte message.
+    let left = 5000
+    while (left > 0) left -= Math.min(left, read(reader, left, 1).length)
+    read(reader, 60, 2)
+  }
+  const held = new Set(kept.map(c => c.buffer))
+  let bytes = 0
+  for (const b of held) bytes += b.byteLength
+  t.equal(kept.length, 300)
+  t.ok(bytes <= 300 * 4096, `300 kept 60-byte chunks hold ${bytes} bytes of buffers`)
   t.end()
 })
 
@@ -140,4 +162,31 @@ t.test('readThrough falls back to data events when the handle cannot take a user
   const data = new Promise<string>(resolve => socket.once('data', (b: Buffer) => resolve(b.toString())))
   client.write('hello')
   t.equal(await data, 'hello', 'and resumed: data events flow')
+})
+
+t.test('readThrough keeps allowHalfOpen, and leaves a socket that is already reading as it is', async t => {
+  let resolveAccepted!: (s: Socket) => void
+  let accepted = new Promise<Socket>(resolve => { resolveAccepted = resolve })
+  const halfOpen = createServer({ pauseOnConnect: true, allowHalfOpen: true }, (socket) => resolveAccepted(socket))
+  await new Promise<void>(resolve => halfOpen.listen(0, '127.0.0.1', resolve))
+  const client = connect({ port: (halfOpen.address() as { port: number }).port, host: '127.0.0.1', allowHalfOpen: true })
+  t.teardown(() => { client.destroy(); halfOpen.close() })
+  const moved = readThrough(await accepted, new SocketReader())
+  t.teardown(() => moved.destroy())
+  const ended = new Promise<void>(resolve => moved.once('end', () => resolve()))
+  client.end()
+  await ended
+  t.equal(moved.writable, true, 'after the peer\'s FIN the moved socket can still write')
+  const reply = new Promise<string>(resolve => client.once('data', (b: Buffer) => resolve(b.toString())))
+  moved.end('late')
+  t.equal(await reply, 'late')
+
+  // Without pauseOnConnect the socket reads at once: moving it could lose bytes.
+  accepted = new Promise<Socket>(resolve => { resolveAccepted = resolve })
+  const reading = createServer((socket) => resolveAccepted(socket))
+  await new Promise<void>(resolve => reading.listen(0, '127.0.0.1', resolve))
+  const second = connect({ port: (reading.address() as { port: number }).port, host: '127.0.0.1' })
+  const original = await accepted
+  t.teardown(() => { second.destroy(); original.destroy(); reading.close() })
+  t.equal(readThrough(original, new SocketReader()), original, 'kept: it was reading already')
 })
