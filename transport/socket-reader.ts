@@ -25,8 +25,9 @@ import { Socket } from 'node:net'
 export class SocketReader {
   #slab: Buffer = EMPTY
   #at = 0
-  /** Bytes the next read should have room for, from the last read. */
+  /** Bytes the next read should have room for, from the last read, and the slab size for such reads. */
   #want = MIN_WANT
+  #slabFor = slabSizeFor(MIN_WANT)
   #sink: ((chunk: Buffer) => void) | null = null
   #early: Buffer[] = []
 
@@ -55,17 +56,16 @@ export class SocketReader {
   // four such reads (4 KiB to 128 KiB). A slab far larger than that is left
   // too, so a connection back to small reads stops holding a large one.
   #next (): Buffer {
-    const want = this.#want
-    if (this.#slab.length - this.#at < want || this.#oversized(want)) {
-      this.#slab = Buffer.allocUnsafeSlow(slabSizeFor(want))
+    if (this.#slab.length - this.#at < this.#want || this.#oversized()) {
+      this.#slab = Buffer.allocUnsafeSlow(this.#slabFor)
       this.#at = 0
     }
     // At most libuv's usual 64 KiB per read, as with 'data' events.
     return this.#slab.subarray(this.#at, this.#at + Math.min(this.#slab.length - this.#at, LARGE_WANT))
   }
 
-  #oversized (want: number): boolean {
-    return this.#slab.length > 4 * slabSizeFor(want)
+  #oversized (): boolean {
+    return this.#slab.length > 4 * this.#slabFor
   }
 
   #deliver (nread: number, buf: Buffer): void {
@@ -75,11 +75,12 @@ export class SocketReader {
     // (growing read by read up to 64 KiB, within one event: libuv reads again
     // while reads fill their buffer); else room for twice this read.
     this.#want = nread === buf.length ? Math.min(LARGE_WANT, 2 * nread) : Math.max(MIN_WANT, 2 * nread)
+    this.#slabFor = slabSizeFor(this.#want)
     let chunk = buf.subarray(0, nread)
     // A small read in a large slab that the next read leaves (reads are small
     // again) would keep the whole slab alive for as long as a view of it
     // lives: it gets a buffer of its own instead (once per such change).
-    if (nread <= COPY_BYTES && this.#oversized(this.#want)) chunk = Buffer.from(chunk)
+    if (nread <= COPY_BYTES && this.#oversized()) chunk = Buffer.from(chunk)
     if (this.#sink === null) this.#early.push(chunk)
     else this.#sink(chunk)
   }
