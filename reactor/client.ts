@@ -156,7 +156,12 @@ class OutboundCall implements OutboundTransfer {
   cancelPending: RpcError | null = null
   needsApplicationFeatures = false
   featureMissing = false
-  readonly deadline: number
+  /**
+   * On the client's clock; NaN until stamped: a call in a deadline list
+   * gets its deadline at the end of the microtask checkpoint it was made in
+   * (see `Client.#stamp`).
+   */
+  deadline: number
   readonly method: PreparedMethod
   readonly target: { host: string, port: number }
   /** Resolve with the response alone (typed stubs), not a CallResult. */
@@ -277,6 +282,10 @@ export class Client {
   readonly #retryCounts = { retries: 0, exhausted: 0 }
   readonly #parts = new ResponseParts()
   #lastDeadlines: DeadlineList | null = null
+  // Deadline lists with calls waiting for their deadline (see #armDeadline).
+  readonly #unstamped: DeadlineList[] = []
+  readonly #stampMicrotask = (): void => { this.#stamp() }
+  readonly #unsubscribeClock: (() => void) | null
   // The last single endpoint called and its connection: most calls repeat them.
   #lastEndpoint: Target | null = null
   #lastConnection: ClientConnection | null = null
@@ -285,6 +294,7 @@ export class Client {
   constructor (options: ClientOptions = {}) {
     this.#options = options
     this.#clock = options.clock ?? realClock
+    this.#unsubscribeClock = this.#clock.beforeStep?.(this.#stampMicrotask) ?? null
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
     const retry = options.retry
     this.#retry = retry === undefined || retry === false
@@ -404,6 +414,7 @@ export class Client {
     if (this.#closed) return
     this.#closed = true
     this.#poller?.stop()
+    this.#unsubscribeClock?.()
     const error = new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed with the call pending')
     for (const cc of [...this.#connections.values(), ...this.#retiredConnections]) this.#failConnection(cc, error)
     // Every call has settled: the lists' timers have nothing left to wait for.
@@ -461,16 +472,15 @@ export class Client {
     } catch (err) {
       return reject(err as RpcError, false)
     }
-    const now = this.#clock.now()
-    const deadline = timeoutMs > 0 ? now + timeoutMs : Number.POSITIVE_INFINITY
-    const call = new OutboundCall(method, target, deadline, responseOnly, resolve, reject)
+    const timed = timeoutMs > 0 && Number.isFinite(timeoutMs)
+    const call = new OutboundCall(method, target, timed ? UNSTAMPED : Number.POSITIVE_INFINITY, responseOnly, resolve, reject)
     if (options.signal !== undefined) {
       if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${call.label} was cancelled before it started`), false)
       call.signal = options.signal
       call.onAbort = () => this.#cancel(call)
       options.signal.addEventListener('abort', call.onAbort, { once: true })
     }
-    if (timeoutMs > 0) this.#armDeadline(call, timeoutMs)
+    if (timed) this.#armDeadline(call, timeoutMs)
 
     const cached = this.#lastConnection
     const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionFor(target, key)
@@ -490,7 +500,7 @@ export class Client {
     cc.outstanding.set(callId, call)
     call.needsApplicationFeatures = options.requiredFeatureFlags !== undefined && options.requiredFeatureFlags.length > 0
     const remoteMethod = method.remoteMethod
-    const timeout = Number.isFinite(deadline) ? wireTimeout(Math.max(1, deadline - now)) : 0
+    const timeout = timed ? wireTimeout(Math.max(1, timeoutMs)) : 0
     if (!call.needsApplicationFeatures && options.signal === undefined && (options.sidecars === undefined || options.sidecars.length === 0)) {
       // The common case: encoded straight into the connection's outbound
       // slab, when the connection is ready to write. Such a frame goes out
@@ -672,11 +682,19 @@ export class Client {
   // deadlines are in arrival order, since the clock is monotonic. That spares
   // a timer and a closure per call. Other timeouts (a retry's remaining
   // time) get a timer of their own.
+  //
+  // A call in a list is stamped with its deadline at the end of the
+  // microtask checkpoint it was made in, when its request is written out:
+  // one clock reading for every call of the checkpoint (a reading costs
+  // about as much as encoding the request here). The deadline may so be
+  // later than the caller's clock by the rest of that checkpoint, never
+  // earlier; the timeout sent to the server is the call's own.
   #armDeadline (call: OutboundCall, timeoutMs: number): void {
     // Calls mostly share one timeout: the last list found is tried first.
     let list = this.#lastDeadlines !== null && this.#lastDeadlines.timeoutMs === timeoutMs ? this.#lastDeadlines : this.#deadlines.get(timeoutMs)
     if (list === undefined) {
       if (!Number.isInteger(timeoutMs) || this.#deadlines.size >= MAX_DEADLINE_LISTS) {
+        call.deadline = this.#clock.now() + timeoutMs
         call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
         return
       }
@@ -687,11 +705,38 @@ export class Client {
     list.calls.push(call)
     list.live++
     call.deadlines = list
+    if (!list.unstamped) {
+      list.unstamped = true
+      this.#unstamped.push(list)
+      if (this.#unstamped.length === 1) queueMicrotask(this.#stampMicrotask)
+    }
     if (list.timer === null) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), timeoutMs)
+  }
+
+  // Gives the calls made since the last stamp their deadlines: they are at
+  // the back of their lists, in order.
+  #stamp (): void {
+    const lists = this.#unstamped
+    if (lists.length === 0) return
+    const now = this.#clock.now()
+    for (let i = 0; i < lists.length; i++) {
+      const list = lists[i]!
+      list.unstamped = false
+      const calls = list.calls
+      const deadline = now + list.timeoutMs
+      for (let j = calls.length - 1; j >= 0; j--) {
+        const call = calls.peekAt(j)!
+        if (!Number.isNaN(call.deadline)) break
+        call.deadline = deadline
+      }
+    }
+    lists.length = 0
   }
 
   #onDeadlines (list: DeadlineList): void {
     list.timer = null
+    // A fake clock fires timers from inside a checkpoint.
+    this.#stamp()
     const now = this.#clock.now()
     const calls = list.calls
     for (let head = calls.peekFront(); head !== undefined; head = calls.peekFront()) {
@@ -858,6 +903,9 @@ class BalancedTarget {
 // Distinct timeouts with a shared list each; beyond, calls get their own timer.
 const MAX_DEADLINE_LISTS = 32
 
+// The deadline of a call until its checkpoint ends (see Client.#armDeadline).
+const UNSTAMPED = Number.NaN
+
 /** The pending calls of one timeout value, in deadline order, and their one timer. */
 class DeadlineList {
   readonly timeoutMs: number
@@ -865,6 +913,8 @@ class DeadlineList {
   /** Calls in `calls` not finished yet. */
   live = 0
   timer: TimerHandle | null = null
+  /** Holds calls not stamped with their deadline yet (in the client's list of such lists). */
+  unstamped = false
 
   constructor (timeoutMs: number) {
     this.timeoutMs = timeoutMs

@@ -20,6 +20,14 @@ export interface Clock {
    * it to let an already-arrived response win before declaring a timeout.
    */
   defer: (callback: () => void) => void
+  /**
+   * For a clock whose time moves in steps the program can run between (a
+   * fake clock): `listener` runs just before each step, so work that reads
+   * the clock lazily (the client stamps its calls' deadlines at the end of
+   * a microtask checkpoint) can read it before time moves on. Returns the
+   * unsubscribe function. Real time needs none.
+   */
+  beforeStep?: (listener: () => void) => () => void
 }
 
 /** An opaque timer handle. */
@@ -96,6 +104,7 @@ export class FakeClock implements Clock {
   #seq = 0
   #timers: FakeTimer[] = []
   #deferred: Array<() => void> = []
+  readonly #stepListeners = new Set<() => void>()
 
   constructor (startMs = 1000) {
     this.#now = startMs
@@ -135,8 +144,14 @@ export class FakeClock implements Clock {
     }
   }
 
+  beforeStep (listener: () => void): () => void {
+    this.#stepListeners.add(listener)
+    return () => { this.#stepListeners.delete(listener) }
+  }
+
   /** Moves time forward by `ms`, firing every timer due by then. */
   advance (ms: number): void {
+    for (const listener of this.#stepListeners) listener()
     const target = this.#now + ms
     for (;;) {
       let next: FakeTimer | undefined

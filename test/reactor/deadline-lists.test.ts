@@ -4,13 +4,15 @@
  * out exactly at their deadlines, mixed timeouts expire in deadline order, a
  * stuck call at the front does not keep hundreds of finished ones, calls
  * made one after another share one timer that outlives them harmlessly,
- * and no timer is left behind.
+ * and no timer is left behind. Calls made in one microtask checkpoint get
+ * their deadline from one clock reading taken when it ends: never earlier
+ * than the caller's clock, even when time moves during the checkpoint.
  */
 import t, { type Test } from 'tap'
 import { ErrorCode } from '../../codec/errors.js'
-import { FakeClock } from '../../scheduling/clock.js'
+import { FakeClock, type Clock } from '../../scheduling/clock.js'
 import { FakeServer } from '../helpers/krpc-peers.js'
-import { CalculatorService, newClient, settle, tally, turns } from '../helpers/reactor-harness.js'
+import { CalculatorService, newClient, settle, tally, track, turns } from '../helpers/reactor-harness.js'
 
 const AddResponse = CalculatorService.methods.Add.responseType
 
@@ -121,4 +123,44 @@ t.test('calls made one after another share one timer; it outlives them, fires on
   t.equal(clock.pendingTimers, 1)
   client.close()
   t.equal(clock.pendingTimers, 0, 'close() clears the timer')
+})
+
+t.test('calls of one checkpoint share one clock reading, taken when it ends: time spent in it never shortens a deadline', async t => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  // Timers from a fake clock; time that also moves while the program runs,
+  // as a real clock's does (no beforeStep): each call below "takes" 1 ms.
+  const timers = new FakeClock(0)
+  let time = 0
+  let reads = 0
+  const clock: Clock = {
+    now: () => { reads++; return time },
+    setTimer: (callback, ms) => timers.setTimer(callback, ms),
+    clearTimer: (handle) => timers.clearTimer(handle),
+    defer: (callback) => timers.defer(callback)
+  }
+  const calc = calcOf(newClient(t, { endpoint: fake.endpoint, clock }))
+  const warm = calc.Add({ x: 0, y: 0 }, { timeoutMs: 0 })
+  const peer = await fake.peer()
+  await peer.callsReceived(1)
+  peer.respond(peer.calls[0]!.header.call_id, AddResponse, { result: 0 })
+  await warm
+  reads = 0
+  const calls: Array<ReturnType<typeof track>> = []
+  for (let i = 0; i < 10; i++) {
+    calls.push(track(calc.Add({ x: i, y: 1 }, { timeoutMs: 100 })))
+    time += 1
+  }
+  await turns(1)
+  t.equal(reads, 1, 'one clock reading for the ten calls, at the end of their checkpoint (t = 10)')
+  await peer.callsReceived(11)
+  t.same(peer.calls.slice(1).map((c) => c.header.timeout_millis), Array(10).fill(100), 'each call sends its own timeout')
+  // The first call was made at t = 0: its deadline runs from t = 10, not earlier.
+  time = 109
+  timers.advance(109)
+  await turns(2)
+  t.equal(calls.filter((c) => c.settled()).length, 0, 'none expired at t = 109')
+  time = 110
+  timers.advance(1)
+  t.same(tally(await Promise.all(calls.map((c) => c.done))), { [ErrorCode.DEADLINE_EXCEEDED]: 10 })
 })
