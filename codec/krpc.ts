@@ -335,6 +335,15 @@ export function requestFrameBytes (callId: number, remoteMethod: Buffer, timeout
  */
 export function writeRequestFrame (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number,
   body: Uint8Array, bodyBytes = body.length): number {
+  at = writeRequestFrameHead(out, at, callId, remoteMethod, timeout, bodyBytes)
+  return copySmall(body, bodyBytes, out, at)
+}
+
+/**
+ * As `writeRequestFrame`, all but the body: returns where the caller then
+ * writes the `bodyBytes` of the body PB (`MessageType.writeFlat`).
+ */
+export function writeRequestFrameHead (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number, bodyBytes: number): number {
   const headerBytes = requestHeaderBytes(callId, remoteMethod, timeout)
   writeU32(out, at, varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes)
   at = writeVarint(out, at + 4, headerBytes)
@@ -345,8 +354,7 @@ export function writeRequestFrame (out: Buffer, at: number, callId: number, remo
     out[at++] = 0x50 // field 10, timeout_millis
     at = writeVarint(out, at, timeout)
   }
-  at = writeVarint(out, at, bodyBytes)
-  return copySmall(body, bodyBytes, out, at)
+  return writeVarint(out, at, bodyBytes)
 }
 
 /** Bytes of a successful response frame without sidecars whose body PB is `bodyBytes` long (prefix included). */
@@ -362,6 +370,12 @@ export function responseFrameBytes (callId: number, bodyBytes: number): number {
  * `body[0, bodyBytes)` (a scratch buffer may be longer).
  */
 export function writeResponseFrame (out: Buffer, at: number, callId: number, body: Uint8Array, bodyBytes = body.length): number {
+  at = writeResponseFrameHead(out, at, callId, bodyBytes)
+  return copySmall(body, bodyBytes, out, at)
+}
+
+/** As `writeResponseFrame`, all but the body: returns where the caller writes its `bodyBytes`. */
+export function writeResponseFrameHead (out: Buffer, at: number, callId: number, bodyBytes: number): number {
   const headerBytes = 3 + int32Bytes(callId)
   writeU32(out, at, varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes)
   at = writeVarint(out, at + 4, headerBytes)
@@ -369,8 +383,7 @@ export function writeResponseFrame (out: Buffer, at: number, callId: number, bod
   at = writeInt32(out, at, callId)
   out[at++] = 0x10 // field 2, is_error: false
   out[at++] = 0
-  at = writeVarint(out, at, bodyBytes)
-  return copySmall(body, bodyBytes, out, at)
+  return writeVarint(out, at, bodyBytes)
 }
 
 /** Encodes an error response (`is_error` set, ErrorStatusPB body). */

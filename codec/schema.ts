@@ -2,6 +2,7 @@ import { existsSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import protobuf from 'protobufjs'
 import { ErrorCode, RpcError } from './errors.js'
+import { flatCodec } from './flat-codec.js'
 
 /** A decoded message: a plain object keyed by the .proto field names. */
 export type Message = Record<string, unknown>
@@ -27,6 +28,15 @@ export interface MessageType<T = Message> {
    * only until the next encode on this thread.
    */
   encodeToScratch: (message: T) => ScratchBytes
+  /**
+   * For a flat type (codec/flat-codec.ts): verifies `message` as `encode`
+   * does (throwing the same errors) and answers the bytes it encodes to,
+   * which `writeFlat` then writes straight into a frame. -1 when the type
+   * or this message is not for the fast path: use `encodeToScratch`.
+   */
+  flatLength: (message: T) => number
+  /** Writes the `flatLength(message)` bytes of a message `flatLength` accepted at `out[at]`; returns the offset after them. */
+  writeFlat: (message: T, out: Uint8Array, at: number) => number
   /** Decodes bytes; a parse failure or a missing required field is returned as an error naming the fields. */
   decode: (bytes: Uint8Array) => T | RpcError
   /** As `decode`, of `bytes[start, end)`, without making a view of them. */
@@ -127,8 +137,21 @@ function wrapType<T> (type: PbType): MessageType<T> {
     scratch.length = writer.pos
     return scratch
   }
+  const flat = flatCodec<T>(type)
+  const flatLength = flat === null
+    ? () => -1
+    : (message: T): number => {
+        check(message)
+        return flat.length(message)
+      }
+  const writeFlat = flat === null
+    ? () => { throw new Error(`${fullName} is not a flat message type`) }
+    : flat.write
+  const flatDecode = flat === null ? null : flat.decode
   return {
     fullName,
+    flatLength,
+    writeFlat,
     encode (message: T): Uint8Array {
       check(message)
       return type.encode(message as Record<string, unknown>).finish()
@@ -139,6 +162,10 @@ function wrapType<T> (type: PbType): MessageType<T> {
     },
     encodeToScratch,
     decode (bytes: Uint8Array): T | RpcError {
+      if (flatDecode !== null) {
+        const message = flatDecode(bytes, 0, bytes.length)
+        if (message !== undefined) return message
+      }
       try {
         return type.decode(bytes) as unknown as T
       } catch (err) {
@@ -146,6 +173,10 @@ function wrapType<T> (type: PbType): MessageType<T> {
       }
     },
     decodeRange (bytes: Uint8Array, start: number, end: number): T | RpcError {
+      if (flatDecode !== null) {
+        const message = flatDecode(bytes, start, end)
+        if (message !== undefined) return message
+      }
       try {
         if (!Buffer.isBuffer(bytes)) {
           const reader = protobuf.Reader.create(bytes)

@@ -3,7 +3,7 @@ import Denque from 'denque'
 import { connect as netConnect } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { ErrorStatusType, ResponseParts, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, wireTimeout, writeRequestFrame } from '../codec/krpc.js'
+import { ErrorStatusType, ResponseParts, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../codec/krpc.js'
 import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -211,8 +211,13 @@ class OutboundCall implements OutboundTransfer {
 
 const NO_SLICES: Buffer[] = []
 const NO_OPTIONS: CallOptions = {}
+// The body of a flat request, written into its frame from the message itself.
+const NO_BODY = new Uint8Array(0)
 // What a call resolves with: a CallResult, or the response alone for stubs (`responseOnly`).
 type AnyResolve = (result: CallResult<Message> | Message) => void
+// A flat request whose fields read differently the second time (getters): its length no longer holds.
+const changedWhileEncoding = (call: OutboundCall): RpcError =>
+  new RpcError(ErrorCode.INVALID_ARGUMENT, `${call.label}: the request changed while it was encoded`)
 const responseOf = (result: CallResult<Message>): Message => result.response
 
 /** One connection to one endpoint, shared by every call to it. */
@@ -464,11 +469,17 @@ export class Client {
         target = slot.address
         key = slot.key
       }
-      // In the codec's scratch buffer: nothing below encodes again before
-      // encodeRequestFrame copies it into the frame.
-      const scratch = methodDef.requestType.encodeToScratch(request)
-      body = scratch.bytes
-      bodyBytes = scratch.length
+      // A flat request is written straight into its frame below; others are
+      // encoded into the codec's scratch buffer: nothing below encodes again
+      // before the frame encoder copies them.
+      bodyBytes = methodDef.requestType.flatLength(request)
+      if (bodyBytes < 0) {
+        const scratch = methodDef.requestType.encodeToScratch(request)
+        body = scratch.bytes
+        bodyBytes = scratch.length
+      } else {
+        body = NO_BODY
+      }
     } catch (err) {
       return reject(err as RpcError, false)
     }
@@ -511,11 +522,20 @@ export class Client {
       const bytes = requestFrameBytes(callId, remoteMethod, timeout, bodyBytes)
       const out = connection.reserve(bytes)
       if (out !== null) {
-        writeRequestFrame(out, connection.reservedAt, callId, remoteMethod, timeout, body, bodyBytes)
+        const at = connection.reservedAt
+        if (body !== NO_BODY) writeRequestFrame(out, at, callId, remoteMethod, timeout, body, bodyBytes)
+        else if (methodDef.requestType.writeFlat(request, out, writeRequestFrameHead(out, at, callId, remoteMethod, timeout, bodyBytes)) !== at + bytes) {
+          return this.#finishError(call, changedWhileEncoding(call))
+        }
         call.state = CallState.SENT
         connection.commit(bytes)
         return
       }
+    }
+    if (body === NO_BODY) {
+      // The slow path wants the body's bytes.
+      body = Buffer.allocUnsafe(bodyBytes)
+      if (methodDef.requestType.writeFlat(request, body, 0) !== bodyBytes) return this.#finishError(call, changedWhileEncoding(call))
     }
     let slices: Buffer[]
     try {

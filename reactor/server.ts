@@ -2,7 +2,7 @@ import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, type RequestHeader } from '../codec/krpc.js'
+import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead, type RequestHeader } from '../codec/krpc.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -642,18 +642,44 @@ export class Server {
   }
 
   #respond (call: InboundCall, response: Message): void {
+    const type = call.methodDef.responseType
     let body: Uint8Array
     let bodyBytes: number
     try {
-      // In the codec's scratch buffer: copied into the frame at once.
-      const scratch = call.methodDef.responseType.encodeToScratch(response)
-      body = scratch.bytes
-      bodyBytes = scratch.length
+      bodyBytes = type.flatLength(response)
+      if (bodyBytes >= 0) {
+        if (this.#respondFlat(call, response, bodyBytes)) return
+        // Not in place (sidecars, a backed-up connection): the body's own bytes.
+        body = Buffer.allocUnsafe(bodyBytes)
+        if (type.writeFlat(response, body, 0) !== bodyBytes) throw new Error('the response changed while it was encoded')
+      } else {
+        // In the codec's scratch buffer: copied into the frame at once.
+        const scratch = type.encodeToScratch(response)
+        body = scratch.bytes
+        bodyBytes = scratch.length
+      }
     } catch (err) {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
     }
     this.#respondEncoded(call, body, call.responseSidecars, bodyBytes)
+  }
+
+  // A flat response written straight into the connection's outbound slab;
+  // false (nothing sent) when it cannot go there.
+  #respondFlat (call: InboundCall, response: Message, bodyBytes: number): boolean {
+    const sc = call.owner as ServerConnection | null
+    if (sc === null || sc.connection.isClosed || (call.responseSidecars !== undefined && call.responseSidecars.length > 0)) return false
+    const connection = sc.connection
+    const bytes = responseFrameBytes(call.callId, bodyBytes)
+    const out = connection.reserve(bytes)
+    if (out === null) return false
+    const at = connection.reservedAt
+    if (call.methodDef.responseType.writeFlat(response, out, writeResponseFrameHead(out, at, call.callId, bodyBytes)) !== at + bytes) {
+      throw new Error('the response changed while it was encoded')
+    }
+    this.#committed(call, sc, bytes)
+    return true
   }
 
   // Answers with an encoded response (encoded here, or by a worker thread).
@@ -682,10 +708,21 @@ export class Server {
         return
       }
     }
+    if (slices === null) this.#committed(call, sc, bytes)
+    else {
+      this.#stats.callsSucceeded++
+      const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
+      this.#send(sc, slices)
+      this.#release(call, settledAt)
+      this.#maybeDrained()
+    }
+  }
+
+  // The call's response frame of `bytes`, written at the connection's reservation, goes out.
+  #committed (call: InboundCall, sc: ServerConnection, bytes: number): void {
     this.#stats.callsSucceeded++
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-    if (slices === null) connection.commit(bytes)
-    else this.#send(sc, slices)
+    sc.connection.commit(bytes)
     this.#release(call, settledAt)
     this.#maybeDrained()
   }

@@ -383,3 +383,38 @@ t.test('close() fails the calls still pending on a connection retired by a FATAL
   t.equal(client.pendingCalls, 0)
   await peer.closed
 })
+
+// A message whose field reads differently each time (a getter) no longer
+// fits the length measured for it on the flat path: the call fails, the
+// frame is never sent, and the connection carries on.
+t.test('a request that changes while it is encoded fails with INVALID_ARGUMENT; the connection stays usable', async (t) => {
+  const { endpoint } = await startServer(t)
+  const client = newClient(t, { endpoint })
+  const calc = client.service(CalculatorService)
+  t.equal((await calc.Add({ x: 1, y: 2 })).result, 3)
+  // The first read is verify's; the length and the write read again: make them differ.
+  let reads = 0
+  const request = { get x () { return reads++ < 2 ? 1 : 2 ** 30 }, y: 1 }
+  const error = await rejection(calc.Add(request))
+  t.equal(error.code, ErrorCode.INVALID_ARGUMENT)
+  t.match(error.message, /changed while it was encoded/)
+  t.same(tally(await Promise.all([1, 2, 3].map((x) => settle(calc.Add({ x, y: 1 }))))), { OK: 3 })
+})
+
+t.test('a response that changes while it is encoded → ERROR_APPLICATION; the connection stays usable', async (t) => {
+  let reads = 0
+  const { endpoint } = await startServer(t, {
+    handlers: {
+      ...calculatorHandlers,
+      Add: (request) => request.x === 7
+        ? { get result () { return reads++ < 2 ? 1 : 2 ** 30 } } as unknown as { result: number }
+        : { result: request.x + request.y }
+    }
+  })
+  const client = newClient(t, { endpoint })
+  const calc = client.service(CalculatorService)
+  const error = await rejection(calc.Add({ x: 7, y: 1 }))
+  t.equal(error.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.match(error.message, /changed while it was encoded/)
+  t.same(tally(await Promise.all([1, 2, 3].map((x) => settle(calc.Add({ x, y: 1 }))))), { OK: 3 })
+})
