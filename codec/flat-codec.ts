@@ -15,13 +15,17 @@
  *   always, an optional one when it is an own property that is not null or
  *   undefined), in field-number order, with the same conversions
  *   (`>>> 0`, `| 0`, zigzag, 0/1, IEEE 754 little-endian). The caller
- *   verifies the message with protobufjs first; an int32 negative after
- *   `| 0` (ten bytes) or a
- *   message carrying unknown fields it was decoded with is left to
+ *   verifies the message with protobufjs first. Measuring reads each field
+ *   once and keeps the converted values; writing then reads nothing of the
+ *   message, so no user code (a getter, a proxy) runs while the frame's
+ *   room in the outbound slab is reserved, and the bytes written are
+ *   exactly the bytes measured. An int32 negative after `| 0` (ten bytes)
+ *   or a message carrying unknown fields it was decoded with is left to
  *   protobufjs.
  * - decoding builds the same message object (`new ctor()`, fields assigned
  *   in wire order) for canonical input only: one-byte tags of the type's
- *   own fields with their wire type, varints of at most five bytes, nothing
+ *   own fields with their wire type, varints of at most five bytes (bools
+ *   of one), nothing
  *   past the end, every required field present. Anything else (unknown
  *   fields, a truncated or odd frame, a missing field) answers `undefined`
  *   and the caller asks protobufjs, which decodes it or names the error.
@@ -33,10 +37,17 @@ import protobuf from 'protobufjs'
 
 /** The fast encoder and decoder of one flat type. */
 export interface FlatCodec<T = Record<string, unknown>> {
-  /** Bytes `message` (verified) encodes to; -1 when protobufjs must encode it. */
+  /**
+   * Bytes `message` (verified) encodes to; -1 when protobufjs must encode
+   * it. Reads each field once and keeps what it read for `write`.
+   */
   length: (message: T) => number
-  /** Writes the `length(message)` bytes at `out[at]`; returns the offset after them. */
-  write: (message: T, out: Uint8Array, at: number) => number
+  /**
+   * Writes the message the last `length` call measured (nothing may run in
+   * between) at `out[at]`, exactly that many bytes; returns the offset after
+   * them. Reads nothing of the message: no user code runs.
+   */
+  write: (out: Uint8Array, at: number) => number
   /** The message of `bytes[start, end)`, or undefined when the bytes are not canonical (ask protobufjs). */
   decode: (bytes: Uint8Array, start: number, end: number) => T | undefined
 }
@@ -45,7 +56,7 @@ const VARINT = new Set(['uint32', 'int32', 'sint32', 'bool'])
 const FIXED32 = new Set(['fixed32', 'sfixed32', 'float'])
 const WIRE_TYPE: Record<string, number> = { uint32: 0, int32: 0, sint32: 0, bool: 0, fixed32: 5, sfixed32: 5, float: 5, double: 1 }
 
-// Shared by the generated code: little-endian floats through one 8-byte view.
+// Shared by the generated code: little-endian floats through one view each.
 const f32 = new Float32Array(1)
 const f64 = new Float64Array(1)
 const f32Bytes = new Uint8Array(f32.buffer)
@@ -128,7 +139,11 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
     if (f.repeated || f.map || f.partOf !== null || f.resolvedType !== null || WIRE_TYPE[f.type] === undefined) return null
     if (f.id < 1 || f.id > 15 || (!f.required && presence !== true)) return null
   }
-  const lengthBody: string[] = ['let n = 0']
+  // length() reads each field once, as protobufjs's encoder does, and keeps
+  // its converted value (cN) and presence (hN) for write(): so write() runs
+  // no user code (getters, proxies) while its frame's room is reserved.
+  const captured: string[] = []
+  const lengthBody: string[] = ['if (m.$unknowns != null) return -1', 'let n = 0']
   const writeBody: string[] = []
   const cases: string[] = []
   let requiredMask = 0
@@ -136,55 +151,70 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
     const key = JSON.stringify(f.name)
     const tag = (f.id << 3) | WIRE_TYPE[f.type]!
     const bit = 1 << i
+    const c = `c${i}`
+    const h = `h${i}`
+    captured.push(`let ${c} = 0`, `let ${h} = false`)
     if (f.required) requiredMask |= bit
-    const present = f.required ? 'true' : `m[${key}] != null && hasOwn.call(m, ${key})`
-    // The value's bytes, and how they are written (as protobufjs's writer converts it).
+    // The value as protobufjs's writer converts it, its bytes, and how they are written.
+    let convert: string
     let size: string
-    let put: string
+    let put = `at = wv(out, at, ${c})`
     switch (f.type) {
-      case 'uint32': size = 'vlen(v >>> 0)'; put = 'at = wv(out, at, v >>> 0)'; break
+      case 'uint32': convert = 'v >>> 0'; size = `vlen(${c})`; break
       // protobufjs writes `v | 0`; a negative one takes ten bytes: left to it.
-      case 'int32': size = '(v | 0) < 0 ? -1 : vlen(v | 0)'; put = 'at = wv(out, at, v | 0)'; break
-      case 'sint32': size = 'vlen((v << 1 ^ v >> 31) >>> 0)'; put = 'at = wv(out, at, (v << 1 ^ v >> 31) >>> 0)'; break
-      case 'bool': size = '1'; put = 'out[at++] = v ? 1 : 0'; break
-      case 'fixed32': case 'sfixed32': size = '4'; put = 'at = wfixed(out, at, v >>> 0)'; break
-      case 'float': size = '4'; put = 'at = wf32(out, at, v)'; break
-      default: size = '8'; put = 'at = wf64(out, at, v)'
+      case 'int32': convert = 'v | 0'; size = `(${c} < 0 ? NaN : vlen(${c}))`; break
+      case 'sint32': convert = '(v << 1 ^ v >> 31) >>> 0'; size = `vlen(${c})`; break
+      case 'bool': convert = 'v ? 1 : 0'; size = '1'; put = `out[at++] = ${c}`; break
+      case 'fixed32': case 'sfixed32': convert = 'v >>> 0'; size = '4'; put = `at = wfixed(out, at, ${c})`; break
+      case 'float': convert = '+v'; size = '4'; put = `at = wf32(out, at, ${c})`; break
+      default: convert = '+v'; size = '8'; put = `at = wf64(out, at, ${c})`
     }
-    lengthBody.push(`if (${present}) { const v = m[${key}]; const s = ${size}; if (s < 0) return -1; n += 1 + s }`)
-    writeBody.push(`if (${present}) { const v = m[${key}]; out[at++] = ${tag}; ${put} }`)
+    const presence = f.required ? 'true' : `v != null && hasOwn.call(m, ${key})`
+    lengthBody.push(`{ const v = m[${key}]; ${h} = ${presence}; if (${h}) { ${c} = ${convert}; n += 1 + ${size} } }`)
+    writeBody.push(`if (${h}) { out[at++] = ${tag}; ${put} }`)
     // The value at p, as protobufjs's reader converts it.
     let read: string
-    if (VARINT.has(f.type)) {
-      const convert = f.type === 'uint32' ? 'v' : f.type === 'int32' ? 'v | 0' : f.type === 'sint32' ? '(v >>> 1 ^ -(v & 1)) | 0' : 'v !== 0'
-      read = `const v = rv(b, p, end); if (at.p < 0) return undefined; p = at.p; m[${key}] = ${convert}`
+    if (f.type === 'bool') {
+      // One byte, as bools are written; protobufjs reads longer ones its own way.
+      read = `const v = b[p]; if (p >= end || v >= 0x80) return undefined; m[${key}] = v !== 0; p++`
+    } else if (VARINT.has(f.type)) {
+      const to = f.type === 'uint32' ? 'v' : f.type === 'int32' ? 'v | 0' : '(v >>> 1 ^ -(v & 1)) | 0'
+      read = `const v = rv(b, p, end); if (at.p < 0) return undefined; p = at.p; m[${key}] = ${to}`
     } else if (FIXED32.has(f.type)) {
-      const convert = f.type === 'fixed32'
+      const to = f.type === 'fixed32'
         ? '(b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24) >>> 0'
         : f.type === 'sfixed32' ? 'b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24' : 'rf32(b, p)'
-      read = `if (end - p < 4) return undefined; m[${key}] = ${convert}; p += 4`
+      read = `if (end - p < 4) return undefined; m[${key}] = ${to}; p += 4`
     } else {
       read = `if (end - p < 8) return undefined; m[${key}] = rf64(b, p); p += 8`
     }
     cases.push(`case ${tag}: { ${read}; seen |= ${bit}; continue }`)
   })
-  lengthBody.push('return n')
+  // NaN: a negative int32.
+  lengthBody.push('return Number.isNaN(n) ? -1 : n')
   writeBody.push('return at')
   const helpers = { hasOwn: Object.prototype.hasOwnProperty, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, at: varintEnd, C: type.ctor }
-  const compile = (params: string, body: string): unknown =>
-    // eslint-disable-next-line no-new-func
-    new Function(...Object.keys(helpers), `return function (${params}) {\n${body}\n}`)(...Object.values(helpers))
-  // Unknown fields decoded into the message: protobufjs writes them back.
-  const length = compile('m', `if (m.$unknowns != null) return -1\n${lengthBody.join('\n')}`) as (m: T) => number
-  const write = compile('m, out, at', writeBody.join('\n')) as (m: T, out: Uint8Array, at: number) => number
-  const decode = compile('b, p, end', `const m = new C()
-let seen = 0
-while (p < end) {
-  switch (b[p++]) {
-    ${cases.join('\n    ')}
+  const source = `${captured.join('\n')}
+return {
+  length (m) {
+    ${lengthBody.join('\n    ')}
+  },
+  write (out, at) {
+    ${writeBody.join('\n    ')}
+  },
+  decode (b, p, end) {
+    const m = new C()
+    let seen = 0
+    while (p < end) {
+      switch (b[p++]) {
+        ${cases.join('\n        ')}
+      }
+      return undefined
+    }
+    return (seen & ${requiredMask}) === ${requiredMask} ? m : undefined
   }
-  return undefined
-}
-return (seen & ${requiredMask}) === ${requiredMask} ? m : undefined`) as (b: Uint8Array, p: number, end: number) => T | undefined
+}`
+  // eslint-disable-next-line no-new-func
+  const { length, write, decode } = new Function(...Object.keys(helpers), source)(...Object.values(helpers)) as FlatCodec<T>
   return { length, write, decode }
 }

@@ -30,13 +30,19 @@ export interface MessageType<T = Message> {
   encodeToScratch: (message: T) => ScratchBytes
   /**
    * For a flat type (codec/flat-codec.ts): verifies `message` as `encode`
-   * does (throwing the same errors) and answers the bytes it encodes to,
-   * which `writeFlat` then writes straight into a frame. -1 when the type
-   * or this message is not for the fast path: use `encodeToScratch`.
+   * does (throwing the same errors), reads its fields once and answers the
+   * bytes it encodes to; `writeFlat` then writes them straight into a frame.
+   * -1 when the type or this message is not for the fast path: use
+   * `encodeToScratch`.
    */
   flatLength: (message: T) => number
-  /** Writes the `flatLength(message)` bytes of a message `flatLength` accepted at `out[at]`; returns the offset after them. */
-  writeFlat: (message: T, out: Uint8Array, at: number) => number
+  /**
+   * Writes the message this type's last `flatLength` call measured (call
+   * it right after, with no other encoding in between) at `out[at]`,
+   * exactly that many bytes; returns the offset after them. Runs no user
+   * code.
+   */
+  writeFlat: (out: Uint8Array, at: number) => number
   /** Decodes bytes; a parse failure or a missing required field is returned as an error naming the fields. */
   decode: (bytes: Uint8Array) => T | RpcError
   /** As `decode`, of `bytes[start, end)`, without making a view of them. */

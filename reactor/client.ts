@@ -215,9 +215,6 @@ const NO_OPTIONS: CallOptions = {}
 const NO_BODY = new Uint8Array(0)
 // What a call resolves with: a CallResult, or the response alone for stubs (`responseOnly`).
 type AnyResolve = (result: CallResult<Message> | Message) => void
-// A flat request whose fields read differently the second time (getters): its length no longer holds.
-const changedWhileEncoding = (call: OutboundCall): RpcError =>
-  new RpcError(ErrorCode.INVALID_ARGUMENT, `${call.label}: the request changed while it was encoded`)
 const responseOf = (result: CallResult<Message>): Message => result.response
 
 /** One connection to one endpoint, shared by every call to it. */
@@ -524,9 +521,7 @@ export class Client {
       if (out !== null) {
         const at = connection.reservedAt
         if (body !== NO_BODY) writeRequestFrame(out, at, callId, remoteMethod, timeout, body, bodyBytes)
-        else if (methodDef.requestType.writeFlat(request, out, writeRequestFrameHead(out, at, callId, remoteMethod, timeout, bodyBytes)) !== at + bytes) {
-          return this.#finishError(call, changedWhileEncoding(call))
-        }
+        else methodDef.requestType.writeFlat(out, writeRequestFrameHead(out, at, callId, remoteMethod, timeout, bodyBytes))
         call.state = CallState.SENT
         connection.commit(bytes)
         return
@@ -535,7 +530,7 @@ export class Client {
     if (body === NO_BODY) {
       // The slow path wants the body's bytes.
       body = Buffer.allocUnsafe(bodyBytes)
-      if (methodDef.requestType.writeFlat(request, body, 0) !== bodyBytes) return this.#finishError(call, changedWhileEncoding(call))
+      methodDef.requestType.writeFlat(body, 0)
     }
     let slices: Buffer[]
     try {

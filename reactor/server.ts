@@ -122,6 +122,8 @@ interface Route extends CallRoute {
 // objects (one per distinct method on the wire), so a request finds its
 // handler and metrics without string lookups.
 const ROUTE_CACHE_SIZE = 8
+// The body of a flat response, written into its frame from the message itself.
+const NO_BODY = new Uint8Array(0)
 
 type RemoteMethod = NonNullable<RequestHeader['remote_method']>
 
@@ -647,37 +649,37 @@ export class Server {
     let bodyBytes: number
     try {
       bodyBytes = type.flatLength(response)
-      if (bodyBytes >= 0) {
-        if (this.#respondFlat(call, response, bodyBytes)) return
-        // Not in place (sidecars, a backed-up connection): the body's own bytes.
-        body = Buffer.allocUnsafe(bodyBytes)
-        if (type.writeFlat(response, body, 0) !== bodyBytes) throw new Error('the response changed while it was encoded')
-      } else {
+      if (bodyBytes < 0) {
         // In the codec's scratch buffer: copied into the frame at once.
         const scratch = type.encodeToScratch(response)
         body = scratch.bytes
         bodyBytes = scratch.length
+      } else {
+        body = NO_BODY
       }
     } catch (err) {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
+    }
+    if (body === NO_BODY) {
+      if (this.#respondFlat(call, bodyBytes)) return
+      // Not in place (sidecars, a backed-up connection): the body's own bytes.
+      body = Buffer.allocUnsafe(bodyBytes)
+      type.writeFlat(body, 0)
     }
     this.#respondEncoded(call, body, call.responseSidecars, bodyBytes)
   }
 
   // A flat response written straight into the connection's outbound slab;
   // false (nothing sent) when it cannot go there.
-  #respondFlat (call: InboundCall, response: Message, bodyBytes: number): boolean {
+  #respondFlat (call: InboundCall, bodyBytes: number): boolean {
     const sc = call.owner as ServerConnection | null
     if (sc === null || sc.connection.isClosed || (call.responseSidecars !== undefined && call.responseSidecars.length > 0)) return false
     const connection = sc.connection
     const bytes = responseFrameBytes(call.callId, bodyBytes)
     const out = connection.reserve(bytes)
     if (out === null) return false
-    const at = connection.reservedAt
-    if (call.methodDef.responseType.writeFlat(response, out, writeResponseFrameHead(out, at, call.callId, bodyBytes)) !== at + bytes) {
-      throw new Error('the response changed while it was encoded')
-    }
+    call.methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, connection.reservedAt, call.callId, bodyBytes))
     this.#committed(call, sc, bytes)
     return true
   }

@@ -151,7 +151,6 @@ export class FakeClock implements Clock {
 
   /** Moves time forward by `ms`, firing every timer due by then. */
   advance (ms: number): void {
-    for (const listener of this.#stepListeners) listener()
     const target = this.#now + ms
     for (;;) {
       let next: FakeTimer | undefined
@@ -160,11 +159,18 @@ export class FakeClock implements Clock {
       }
       if (next === undefined) break
       this.#timers = this.#timers.filter(t => t !== next)
-      this.#now = Math.max(this.#now, next.at)
+      this.#step(Math.max(this.#now, next.at))
       next.callback()
       this.runDeferred()
     }
-    this.#now = target
+    this.#step(target)
     this.runDeferred()
+  }
+
+  // Time moves to `to`: what ran so far read the clock before it did.
+  #step (to: number): void {
+    if (to === this.#now) return
+    for (const listener of this.#stepListeners) listener()
+    this.#now = to
   }
 }

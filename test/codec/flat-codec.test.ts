@@ -74,13 +74,26 @@ t.test('encoding: protobufjs\'s bytes, written where asked and nowhere else', as
     }
     fast++
     const out = Buffer.alloc(offset + length + 20, 0xee)
-    const end = flat.write(m, out, offset)
+    const end = flat.write(out, offset)
     if (length !== expected.length || end !== offset + length) throw new Error(`length ${length}, end ${end}, protobufjs ${expected.length}`)
     if (!out.subarray(offset, end).equals(expected)) throw new Error(`bytes ${out.subarray(offset, end).toString('hex')} != ${expected.toString('hex')}`)
     if (out.subarray(0, offset).some((x) => x !== 0xee) || out.subarray(end).some((x) => x !== 0xee)) throw new Error('wrote outside its bytes')
   }), { numRuns: 5000 })
   t.ok(fast > 1000, `${fast} messages took the fast path`)
   t.equal(flat.length({ u: 1, d: 1, $unknowns: [new Uint8Array([0x80, 0x01, 0x01])] }), -1, 'unknown fields from a decode: protobufjs writes them back')
+})
+
+t.test('measuring reads each field once, as protobufjs encodes; writing reads nothing', async t => {
+  const reads: string[] = []
+  const target = { u: 7, i: 3, b: true, d: 0.5, fl: 1.5 }
+  const m = new Proxy(target, { get (o, key) { if (typeof key === 'string') reads.push(key); return Reflect.get(o, key) } })
+  const length = flat.length(m)
+  t.same(reads, ['$unknowns', 'u', 'i', 's', 'b', 'f', 'sf', 'fl', 'd', 'last'], 'each field once, in field-number order')
+  reads.length = 0
+  const out = Buffer.alloc(length)
+  t.equal(flat.write(out, 0), length)
+  t.same(reads, [], 'write ran no user code')
+  t.same(out, Buffer.from(All.encode(target).finish()))
 })
 
 // Same message as protobufjs decodes it: prototype, own keys in order, values (NaN and -0 included).
@@ -131,6 +144,13 @@ t.test('decoding: protobufjs\'s message, or protobufjs decides', async t => {
   t.ok(flat.decode(shuffled, 0, shuffled.length), 'decoded on the fast path')
   agrees(shuffled, 0, shuffled.length)
   t.same({ ...flat.decode(shuffled, 0, shuffled.length) }, { d: 1, u: 6, b: true, last: 0xffffffff })
+  // A bool longer than a byte is protobufjs's: it reads every bit of all ten bytes (the fifth's top bits too).
+  for (const hex of ['2080808080100801410000000000000000', '2080011001410000000000000000', '20020801410000000000000000']) {
+    const bytes = Buffer.from(hex, 'hex')
+    agrees(bytes, 0, bytes.length)
+  }
+  t.equal(flat.decode(Buffer.from('2080808080100801410000000000000000', 'hex'), 0, 17), undefined, 'a 5-byte bool: protobufjs decides')
+  t.same({ ...flat.decode(Buffer.from('20020801410000000000000000', 'hex'), 0, 13) }, { b: true, u: 1, d: 0 }, 'bool 2 is true')
   // Unknown fields and wrong wire types are protobufjs's (it keeps unknowns).
   for (const hex of ['41000000000000f03f0805a80101', '41000000000000f03f0a0105', '41000000000000f03f', '0805']) {
     t.equal(flat.decode(Buffer.from(hex, 'hex'), 0, hex.length / 2), undefined, `${hex}: protobufjs decides`)
@@ -145,7 +165,7 @@ t.test('through MessageType: the fast path and the fallbacks give protobufjs\'s 
   const n = { u: 300, i: 5, s: -7, b: true, d: 2.5 }
   const length = all.flatLength(n)
   const out = Buffer.alloc(length)
-  t.equal(all.writeFlat(n, out, 0), length)
+  t.equal(all.writeFlat(out, 0), length)
   t.same(out, Buffer.from(all.encode(n)))
   t.throws(() => all.flatLength({ u: 'x', d: 1 }), RpcError, 'verified as encode verifies')
   t.throws(() => all.flatLength({ d: 1 }), /missing fields: u/)
@@ -158,9 +178,9 @@ t.test('through MessageType: the fast path and the fallbacks give protobufjs\'s 
   const decoded = all.decodeRange(unknown, 0, unknown.length) as Record<string, unknown>
   t.equal(decoded.u, 5)
   const reencoded = Buffer.alloc(Math.max(0, all.flatLength(decoded)))
-  if (reencoded.length > 0) all.writeFlat(decoded, reencoded, 0)
+  if (reencoded.length > 0) all.writeFlat(reencoded, 0)
   t.same(reencoded.length > 0 ? reencoded : Buffer.from(all.encode(decoded)), Buffer.from(all.encode(decoded)))
   const str = schema.type('t.Str')
   t.equal(str.flatLength({ s: 'x' }), -1, 'not a flat type')
-  t.throws(() => str.writeFlat({ s: 'x' }, out, 0), /not a flat message type/)
+  t.throws(() => str.writeFlat(out, 0), /not a flat message type/)
 })

@@ -164,3 +164,17 @@ t.test('calls of one checkpoint share one clock reading, taken when it ends: tim
   timers.advance(1)
   t.same(tally(await Promise.all(calls.map((c) => c.done))), { [ErrorCode.DEADLINE_EXCEEDED]: 10 })
 })
+
+t.test('a call made by a fake-clock timer gets its deadline before the clock moves on', async t => {
+  const { fake, clock, calc } = await setup(t)
+  const warm = calc.Add({ x: 0, y: 0 }, { timeoutMs: 0 })
+  const peer = await fake.peer()
+  await peer.callsReceived(1)
+  peer.respond(peer.calls[0]!.header.call_id, AddResponse, { result: 0 })
+  await warm
+  let call: ReturnType<typeof track> | null = null
+  clock.setTimer(() => { call = track(calc.Add({ x: 1, y: 1 }, { timeoutMs: 100 })) }, 10)
+  // One step past both the call (t + 10) and its deadline (t + 110).
+  clock.advance(150)
+  t.equal(await call!.done, ErrorCode.DEADLINE_EXCEEDED, 'expired within the step, at its deadline')
+})
