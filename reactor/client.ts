@@ -157,11 +157,10 @@ class OutboundCall implements OutboundTransfer {
   needsApplicationFeatures = false
   featureMissing = false
   /**
-   * On the client's clock; NaN until stamped: a call in a deadline list
-   * gets its deadline at the end of the microtask checkpoint it was made in
-   * (see `Client.#stamp`).
+   * Its deadline, shared with the calls made in the same checkpoint (see
+   * `Client.#armDeadline`); NaN until that checkpoint ends.
    */
-  deadline: number
+  stamp: Stamp
   readonly method: PreparedMethod
   readonly target: { host: string, port: number }
   /** Resolve with the response alone (typed stubs), not a CallResult. */
@@ -172,11 +171,11 @@ class OutboundCall implements OutboundTransfer {
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
 
-  constructor (method: PreparedMethod, target: { host: string, port: number }, deadline: number,
+  constructor (method: PreparedMethod, target: { host: string, port: number }, stamp: Stamp,
     responseOnly: boolean, resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void) {
     this.method = method
     this.target = target
-    this.deadline = deadline
+    this.stamp = stamp
     this.responseOnly = responseOnly
     this.resolve = resolve
     this.reject = reject
@@ -481,7 +480,7 @@ export class Client {
       return reject(err as RpcError, false)
     }
     const timed = timeoutMs > 0 && Number.isFinite(timeoutMs)
-    const call = new OutboundCall(method, target, timed ? UNSTAMPED : Number.POSITIVE_INFINITY, responseOnly, resolve, reject)
+    const call = new OutboundCall(method, target, NO_DEADLINE, responseOnly, resolve, reject)
     if (options.signal !== undefined) {
       if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${call.label} was cancelled before it started`), false)
       call.signal = options.signal
@@ -492,7 +491,7 @@ export class Client {
 
     const cached = this.#lastConnection
     const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionFor(target, key)
-    if (balanced === null && typeof endpoint === 'string') {
+    if (balanced === null && typeof endpoint === 'string' && cc !== cached) {
       // Balanced calls pick a connection each time: only single endpoints are remembered.
       this.#lastEndpoint = endpoint
       this.#lastConnection = cc
@@ -709,7 +708,7 @@ export class Client {
     let list = this.#lastDeadlines !== null && this.#lastDeadlines.timeoutMs === timeoutMs ? this.#lastDeadlines : this.#deadlines.get(timeoutMs)
     if (list === undefined) {
       if (!Number.isInteger(timeoutMs) || this.#deadlines.size >= MAX_DEADLINE_LISTS) {
-        call.deadline = this.#clock.now() + timeoutMs
+        call.stamp = new Stamp(this.#clock.now() + timeoutMs)
         call.timer = this.#clock.setTimer(() => this.#onTimer(call, timeoutMs), timeoutMs)
         return
       }
@@ -720,30 +719,26 @@ export class Client {
     list.calls.push(call)
     list.live++
     call.deadlines = list
-    if (!list.unstamped) {
-      list.unstamped = true
+    let stamp = list.open
+    if (stamp === null) {
+      stamp = list.open = new Stamp(Number.NaN)
       this.#unstamped.push(list)
-      if (this.#unstamped.length === 1) queueMicrotask(this.#stampMicrotask)
+      // A resolved promise's then: unlike queueMicrotask, no AsyncResource.
+      if (this.#unstamped.length === 1) void RESOLVED.then(this.#stampMicrotask)
     }
+    call.stamp = stamp
     if (list.timer === null) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), timeoutMs)
   }
 
-  // Gives the calls made since the last stamp their deadlines: they are at
-  // the back of their lists, in order.
+  // Gives the calls made since the last stamp their deadlines: one stamp per list.
   #stamp (): void {
     const lists = this.#unstamped
     if (lists.length === 0) return
     const now = this.#clock.now()
     for (let i = 0; i < lists.length; i++) {
       const list = lists[i]!
-      list.unstamped = false
-      const calls = list.calls
-      const deadline = now + list.timeoutMs
-      for (let j = calls.length - 1; j >= 0; j--) {
-        const call = calls.peekAt(j)!
-        if (!Number.isNaN(call.deadline)) break
-        call.deadline = deadline
-      }
+      list.open!.deadline = now + list.timeoutMs
+      list.open = null
     }
     lists.length = 0
   }
@@ -756,14 +751,14 @@ export class Client {
     const calls = list.calls
     for (let head = calls.peekFront(); head !== undefined; head = calls.peekFront()) {
       if (head.deadlines !== list) { calls.shift(); continue }
-      if (head.deadline > now) break
+      if (head.stamp.deadline > now) break
       calls.shift()
       head.deadlines = null
       list.live--
       this.#onTimer(head, list.timeoutMs)
     }
     const next = calls.peekFront()
-    if (next !== undefined) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), next.deadline - now)
+    if (next !== undefined) list.timer = this.#clock.setTimer(() => this.#onDeadlines(list), next.stamp.deadline - now)
   }
 
   // A finished call leaves its list: finished calls at the front go at once,
@@ -918,8 +913,17 @@ class BalancedTarget {
 // Distinct timeouts with a shared list each; beyond, calls get their own timer.
 const MAX_DEADLINE_LISTS = 32
 
-// The deadline of a call until its checkpoint ends (see Client.#armDeadline).
-const UNSTAMPED = Number.NaN
+/** The deadline of the calls one checkpoint put in a deadline list (NaN until it ends), or of one call. */
+class Stamp {
+  deadline: number
+  constructor (deadline: number) {
+    this.deadline = deadline
+  }
+}
+
+// The stamp of calls without a deadline.
+const NO_DEADLINE = new Stamp(Number.POSITIVE_INFINITY)
+const RESOLVED = Promise.resolve()
 
 /** The pending calls of one timeout value, in deadline order, and their one timer. */
 class DeadlineList {
@@ -928,8 +932,8 @@ class DeadlineList {
   /** Calls in `calls` not finished yet. */
   live = 0
   timer: TimerHandle | null = null
-  /** Holds calls not stamped with their deadline yet (in the client's list of such lists). */
-  unstamped = false
+  /** The stamp of the calls this checkpoint added, until it ends (the list is then in the client's list of such lists). */
+  open: Stamp | null = null
 
   constructor (timeoutMs: number) {
     this.timeoutMs = timeoutMs
