@@ -145,7 +145,7 @@ type CallState = typeof CallState[keyof typeof CallState]
  */
 class OutboundCall implements OutboundTransfer {
   state: CallState = CallState.QUEUED
-  slices: Buffer[] = []
+  slices: Buffer[] = NO_SLICES
   bytes = 0
   sentHook: ((call: OutboundCall, error: RpcError | undefined) => void) | null = null
   callId = -1
