@@ -17,7 +17,12 @@ import type { OutboundTransfer } from '../transport/transfer-queue.js'
 
 /** Per-call options. */
 export interface CallOptions {
-  /** Time allowed for the whole call, from now: connect, negotiation, send and response. Default: the client's `defaultTimeoutMs`. */
+  /**
+   * Time allowed for the whole call: connect, negotiation, send and
+   * response. Default: the client's `defaultTimeoutMs`. Sent as the
+   * request's `timeout_millis`; the client's own deadline runs from the end
+   * of the microtask checkpoint the call is made in (docs/scheduling.md).
+   */
   timeoutMs?: number
   /** Cancels the call. */
   signal?: AbortSignal
