@@ -34,6 +34,7 @@
  * messages, every prefix and random bytes.
  */
 import protobuf from 'protobufjs'
+import { varintBytes as vlen, writeVarint as wv } from './varint.js'
 
 /** The fast encoder and decoder of one flat type. */
 export interface FlatCodec<T = Record<string, unknown>> {
@@ -52,7 +53,7 @@ export interface FlatCodec<T = Record<string, unknown>> {
   decode: (bytes: Uint8Array, start: number, end: number) => T | undefined
 }
 
-const VARINT = new Set(['uint32', 'int32', 'sint32', 'bool'])
+const VARINT = new Set(['uint32', 'int32', 'sint32'])
 const FIXED32 = new Set(['fixed32', 'sfixed32', 'float'])
 const WIRE_TYPE: Record<string, number> = { uint32: 0, int32: 0, sint32: 0, bool: 0, fixed32: 5, sfixed32: 5, float: 5, double: 1 }
 
@@ -62,19 +63,6 @@ const f64 = new Float64Array(1)
 const f32Bytes = new Uint8Array(f32.buffer)
 const f64Bytes = new Uint8Array(f64.buffer)
 const littleEndian = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1
-
-function vlen (v: number): number {
-  return v < 0x80 ? 1 : v < 0x4000 ? 2 : v < 0x200000 ? 3 : v < 0x10000000 ? 4 : 5
-}
-
-function wv (out: Uint8Array, at: number, v: number): number {
-  while (v >= 0x80) {
-    out[at++] = (v & 0x7f) | 0x80
-    v >>>= 7
-  }
-  out[at++] = v
-  return at
-}
 
 function wfixed (out: Uint8Array, at: number, u: number): number {
   out[at] = u & 0xff
