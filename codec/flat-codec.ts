@@ -14,9 +14,11 @@
  * - encoding writes the fields protobufjs would write (a required field
  *   always, an optional one when it is an own property that is not null or
  *   undefined), in field-number order, with the same conversions
- *   (`>>> 0`, `| 0`, zigzag, 0/1, IEEE 754 little-endian). The caller
- *   verifies the message with protobufjs first. Measuring reads each field
- *   once and keeps the converted values; writing then reads nothing of the
+ *   (`>>> 0`, `| 0`, zigzag, 0/1, IEEE 754 little-endian), for messages
+ *   protobufjs's `verify` accepts: measuring reads each field once, checks
+ *   it as `verify` does (an object; integers, booleans, numbers), and keeps
+ *   the converted values; anything `verify` would refuse is handed back to
+ *   protobufjs, which names the problem. Writing then reads nothing of the
  *   message, so no user code (a getter, a proxy) runs while the frame's
  *   room in the outbound slab is reserved, and the bytes written are
  *   exactly the bytes measured. An int32 negative after `| 0` (ten bytes)
@@ -39,8 +41,10 @@ import { varintBytes as vlen, writeVarint as wv } from './varint.js'
 /** The fast encoder and decoder of one flat type. */
 export interface FlatCodec<T = Record<string, unknown>> {
   /**
-   * Bytes `message` (verified) encodes to; -1 when protobufjs must encode
-   * it. Reads each field once and keeps what it read for `write`.
+   * Bytes `message` encodes to; -1 when protobufjs must encode it (or
+   * refuse it: a value its `verify` rejects is not checked further here).
+   * Reads each field once, checks it as `verify` would, and keeps what it
+   * read for `write`.
    */
   length: (message: T) => number
   /**
@@ -131,7 +135,7 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
   // its converted value (cN) and presence (hN) for write(): so write() runs
   // no user code (getters, proxies) while its frame's room is reserved.
   const captured: string[] = []
-  const lengthBody: string[] = ['if (m.$unknowns != null) return -1', 'let n = 0']
+  const lengthBody: string[] = ["if (typeof m !== 'object' || m === null || m.$unknowns != null) return -1", 'let n = 0']
   const writeBody: string[] = []
   const cases: string[] = []
   let requiredMask = 0
@@ -158,7 +162,9 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
       default: convert = '+v'; size = '8'; put = `at = wf64(out, at, ${c})`
     }
     const presence = f.required ? 'true' : `v != null && hasOwn.call(m, ${key})`
-    lengthBody.push(`{ const v = m[${key}]; ${h} = ${presence}; if (${h}) { ${c} = ${convert}; n += 1 + ${size} } }`)
+    // protobufjs's verify, field by field: a value it would refuse is left to it (it names the problem).
+    const valid = f.type === 'bool' ? "typeof v === 'boolean'" : f.type === 'float' || f.type === 'double' ? "typeof v === 'number'" : 'isInteger(v)'
+    lengthBody.push(`{ const v = m[${key}]; ${h} = ${presence}; if (${h}) { if (!(${valid})) return -1; ${c} = ${convert}; n += 1 + ${size} } }`)
     writeBody.push(`if (${h}) { out[at++] = ${tag}; ${put} }`)
     // The value at p, as protobufjs's reader converts it.
     let read: string
@@ -181,7 +187,7 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
   // NaN: a negative int32.
   lengthBody.push('return Number.isNaN(n) ? -1 : n')
   writeBody.push('return at')
-  const helpers = { hasOwn: Object.prototype.hasOwnProperty, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, at: varintEnd, C: type.ctor }
+  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, at: varintEnd, C: type.ctor }
   const source = `${captured.join('\n')}
 return {
   length (m) {

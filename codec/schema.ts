@@ -29,11 +29,11 @@ export interface MessageType<T = Message> {
    */
   encodeToScratch: (message: T) => ScratchBytes
   /**
-   * For a flat type (codec/flat-codec.ts): verifies `message` as `encode`
-   * does (throwing the same errors), reads its fields once and answers the
-   * bytes it encodes to; `writeFlat` then writes them straight into a frame.
-   * -1 when the type or this message is not for the fast path: use
-   * `encodeToScratch`.
+   * For a flat type (codec/flat-codec.ts): reads the fields of `message`
+   * once, checks them as `verify` does and answers the bytes it encodes
+   * to; `writeFlat` then writes them straight into a frame. -1 when the
+   * type or this message is not for the fast path, invalid messages
+   * included: use `encodeToScratch`, which verifies and throws.
    */
   flatLength: (message: T) => number
   /**
@@ -144,12 +144,8 @@ function wrapType<T> (type: PbType): MessageType<T> {
     return scratch
   }
   const flat = flatCodec<T>(type)
-  const flatLength = flat === null
-    ? () => -1
-    : (message: T): number => {
-        check(message)
-        return flat.length(message)
-      }
+  // The flat path checks what verify checks; what it refuses, encodeToScratch verifies and names.
+  const flatLength = flat === null ? () => -1 : flat.length
   const writeFlat = flat === null
     ? () => { throw new Error(`${fullName} is not a flat message type`) }
     : flat.write

@@ -61,6 +61,20 @@ const message = fc.record({
   extra: opt(fc.string())
 }, { requiredKeys: ['u', 'd'] })
 
+// Values verify refuses, next to valid ones.
+const loose = fc.oneof(fc.constantFrom('1', 1.5, NaN, Infinity, true, null, undefined, {}, []), int, num)
+const looseMessage = fc.record({ u: loose, i: loose, s: loose, b: fc.oneof(fc.boolean(), loose), f: loose, sf: loose, fl: loose, d: loose, last: loose })
+
+t.test('measuring refuses exactly what protobufjs\'s verify refuses', async t => {
+  fc.assert(fc.property(fc.oneof(looseMessage, message), (m) => {
+    const refused = All.verify(m) !== null
+    const length = flat.length(m)
+    if (refused && length !== -1) throw new Error(`measured what verify refuses: ${JSON.stringify(m)}`)
+    if (!refused && length === -1 && !(typeof m.i === 'number' && (m.i | 0) < 0)) throw new Error(`refused what verify accepts: ${JSON.stringify(m)}`)
+  }), { numRuns: 5000 })
+  for (const m of [null, 7, 'x', undefined]) t.equal(flat.length(m as never), -1, `${String(m)}: not an object`)
+})
+
 t.test('encoding: protobufjs\'s bytes, written where asked and nowhere else', async t => {
   let fast = 0
   fc.assert(fc.property(message, fc.integer({ min: 0, max: 20 }), (m, offset) => {
@@ -167,8 +181,12 @@ t.test('through MessageType: the fast path and the fallbacks give protobufjs\'s 
   const out = Buffer.alloc(length)
   t.equal(all.writeFlat(out, 0), length)
   t.same(out, Buffer.from(all.encode(n)))
-  t.throws(() => all.flatLength({ u: 'x', d: 1 }), RpcError, 'verified as encode verifies')
-  t.throws(() => all.flatLength({ d: 1 }), /missing fields: u/)
+  // What verify refuses is left to protobufjs, which names it.
+  for (const bad of [{ u: 'x', d: 1 }, { d: 1 }, { u: 1.5, d: 1 }, { u: 1, d: '1' }, { u: 1, d: 1, b: 1 }]) {
+    t.equal(all.flatLength(bad), -1, JSON.stringify(bad))
+    t.throws(() => all.encodeToScratch(bad), RpcError)
+  }
+  t.throws(() => all.encodeToScratch({ d: 1 }), /missing fields: u/)
   // A missing required field: protobufjs's error, naming it.
   const missing = all.decodeRange(Buffer.from('0805', 'hex'), 0, 2)
   t.ok(missing instanceof RpcError)
