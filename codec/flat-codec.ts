@@ -173,7 +173,7 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
       read = `const v = b[p]; if (p >= end || v >= 0x80) return undefined; m[${key}] = v !== 0; p++`
     } else if (VARINT.has(f.type)) {
       const to = f.type === 'uint32' ? 'v' : f.type === 'int32' ? 'v | 0' : '(v >>> 1 ^ -(v & 1)) | 0'
-      read = `const v = rv(b, p, end); if (at.p < 0) return undefined; p = at.p; m[${key}] = ${to}`
+      read = `const v = rv(b, p, end); if (rvEnd.p < 0) return undefined; p = rvEnd.p; m[${key}] = ${to}`
     } else if (FIXED32.has(f.type)) {
       const to = f.type === 'fixed32'
         ? '(b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24) >>> 0'
@@ -187,7 +187,7 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
   // NaN: a negative int32.
   lengthBody.push('return Number.isNaN(n) ? -1 : n')
   writeBody.push('return at')
-  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, at: varintEnd, C: type.ctor }
+  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, rvEnd: varintEnd, C: type.ctor }
   const source = `${captured.join('\n')}
 return {
   length (m) {

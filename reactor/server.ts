@@ -661,33 +661,14 @@ export class Server {
       this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
       return
     }
-    if (body === NO_BODY) {
-      if (this.#respondFlat(call, bodyBytes)) return
-      // Not in place (sidecars, a backed-up connection): the body's own bytes.
-      body = Buffer.allocUnsafe(bodyBytes)
-      type.writeFlat(body, 0)
-    }
     this.#respondEncoded(call, body, call.responseSidecars, bodyBytes)
-  }
-
-  // A flat response written straight into the connection's outbound slab;
-  // false (nothing sent) when it cannot go there.
-  #respondFlat (call: InboundCall, bodyBytes: number): boolean {
-    const sc = call.owner as ServerConnection | null
-    if (sc === null || sc.connection.isClosed || (call.responseSidecars !== undefined && call.responseSidecars.length > 0)) return false
-    const connection = sc.connection
-    const bytes = responseFrameBytes(call.callId, bodyBytes)
-    const out = connection.reserve(bytes)
-    if (out === null) return false
-    call.methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, connection.reservedAt, call.callId, bodyBytes))
-    this.#committed(call, sc, bytes)
-    return true
   }
 
   // Answers with an encoded response (encoded here, or by a worker thread).
   // The frame goes out first; the bookkeeping (metrics, in-flight table)
   // follows, off the path of a synchronous caller waiting for the answer.
-  // The body is body[0, bodyBytes).
+  // The body is body[0, bodyBytes), or NO_BODY: a flat response the
+  // response type's writeFlat writes, as `flatLength` just measured it.
   #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined, bodyBytes = body.length): void {
     const sc = call.owner as ServerConnection | null
     if (sc === null || sc.connection.isClosed) {
@@ -701,8 +682,14 @@ export class Server {
     const out = inPlace ? connection.reserve(bytes) : null
     let slices: Buffer[] | null = null
     if (out !== null) {
-      writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
+      if (body !== NO_BODY) writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
+      else call.methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, connection.reservedAt, call.callId, bodyBytes))
     } else {
+      if (body === NO_BODY) {
+        // Not in place (sidecars, a backed-up connection): the body's own bytes.
+        body = Buffer.allocUnsafe(bodyBytes)
+        call.methodDef.responseType.writeFlat(body, 0)
+      }
       try {
         slices = encodeResponseFrame(call.callId, false, bodyBytes === body.length ? body : body.subarray(0, bodyBytes), sidecars)
       } catch (err) {
@@ -710,21 +697,10 @@ export class Server {
         return
       }
     }
-    if (slices === null) this.#committed(call, sc, bytes)
-    else {
-      this.#stats.callsSucceeded++
-      const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-      this.#send(sc, slices)
-      this.#release(call, settledAt)
-      this.#maybeDrained()
-    }
-  }
-
-  // The call's response frame of `bytes`, written at the connection's reservation, goes out.
-  #committed (call: InboundCall, sc: ServerConnection, bytes: number): void {
     this.#stats.callsSucceeded++
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-    sc.connection.commit(bytes)
+    if (slices === null) connection.commit(bytes)
+    else this.#send(sc, slices)
     this.#release(call, settledAt)
     this.#maybeDrained()
   }
