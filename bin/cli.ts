@@ -101,12 +101,22 @@ Usage:
 /** Runs the CLI; resolves with the exit code (serve resolves when the server has closed). */
 export async function main (argv: string[]): Promise<number> {
   const [command, ...rest] = argv
+  const run = COMMANDS[command as string]
+  if (run !== undefined) {
+    if (rest.includes('--help') || rest.includes('-h')) {
+      process.stdout.write(HELP)
+      return 0
+    }
+    try {
+      return await run(rest)
+    } catch (err) {
+      // A mistyped flag or value is the user's error: one line and the exit code of a usage error, no stack.
+      if (!isUsageError(err)) throw err
+      process.stderr.write(`nyala ${command}: ${(err as Error).message}\n(nyala help lists the options)\n`)
+      return 2
+    }
+  }
   switch (command) {
-    case 'serve': return await serve(rest)
-    case 'call': return await call(rest)
-    case 'fairness': return await fairness(rest)
-    case 'bench': return await bench(rest)
-    case 'trace': return await trace(rest)
     case undefined:
     case 'help':
     case '--help':
@@ -117,6 +127,15 @@ export async function main (argv: string[]): Promise<number> {
       process.stderr.write(`nyala: unknown command '${command}'\n\n${HELP}`)
       return 2
   }
+}
+
+const COMMANDS: Record<string, ((args: string[]) => Promise<number>) | undefined> = { serve, call, fairness, bench, trace }
+
+// Errors node:util's parseArgs throws for unknown options, missing values and stray arguments, and our own option checks.
+function isUsageError (err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code
+  return (typeof code === 'string' && code.startsWith('ERR_PARSE_ARGS_')) ||
+    (err instanceof RpcError && err.code === 'RPC_ERR_INVALID_ARGUMENT')
 }
 
 function intOption (value: string | undefined, name: string, fallback?: number): number | undefined {

@@ -86,3 +86,21 @@ t.test('bad flags exit non-zero with a message', async t => {
   t.not(await run.exit, 0)
   t.match(run.stderr(), /--queue must be edf or fifo/)
 })
+
+t.test('unknown flags and bad values are usage errors: one line, exit 2, no stack', async t => {
+  for (const args of [['bench', '--bogus'], ['serve', '--port'], ['serve', '--workers', 'many'], ['fairness', '--clients', 'x', '--json']]) {
+    const run = nyala(args)
+    t.equal(await run.exit, 2, args.join(' '))
+    t.match(run.stderr(), new RegExp(`^nyala ${args[0]}: `), args.join(' '))
+    t.notMatch(run.stderr(), /\n\s+at /, `${args.join(' ')}: no stack trace`)
+  }
+})
+
+t.test('COMMAND --help prints the usage and exits 0', async t => {
+  for (const command of ['serve', 'bench', 'call', 'trace', 'fairness']) {
+    const run = nyala([command, '--help'])
+    t.equal(await run.exit, 0, command)
+    t.match(run.stdout(), /^nyala: raw-TCP binary RPC servers/, command)
+    t.match(run.stdout(), new RegExp(`nyala ${command} `), command)
+  }
+})
