@@ -298,6 +298,11 @@ export function encodeResponseFrame (callId: number, isError: boolean | undefine
   }, body, sidecars)
 }
 
+// TypedArray#set, called as a known function: `out.set` is a property load
+// that went through V8's generic LoadIC on every call (~2 % of a pipelining
+// client's CPU in perf).
+const typedArraySet = Uint8Array.prototype.set
+
 // Copies src[0, n) to out[at]; returns the end. Measured here: a byte loop
 // wins up to ~10 bytes (8 vs 16 ns for 4 bytes), TypedArray#set beyond (17
 // vs 50 ns for 37 bytes), Buffer#copy when only part of src is wanted (no view).
@@ -306,7 +311,7 @@ function copySmall (src: Uint8Array, n: number, out: Buffer, at: number): number
     for (let i = 0; i < n; i++) out[at++] = src[i]!
     return at
   }
-  if (n === src.length) out.set(src, at)
+  if (n === src.length) typedArraySet.call(out, src, at)
   else Buffer.prototype.copy.call(src, out, at, 0, n)
   return at + n
 }
@@ -316,16 +321,29 @@ export function wireTimeout (timeoutMs: number | undefined): number {
   return Math.min(Math.floor(timeoutMs ?? 0), 0xffffffff)
 }
 
-function requestHeaderBytes (callId: number, remoteMethod: Buffer, timeout: number): number {
-  return 1 + int32Bytes(callId) + remoteMethod.length + (timeout > 0 ? 1 + varintBytes(timeout) : 0)
+/**
+ * The part of a RequestHeader after call_id, for calls to one method with
+ * one timeout (as `wireTimeout` gives it; 0 for none): remote_method and
+ * timeout_millis, encoded once and copied into each such request by the
+ * in-place writers below.
+ */
+export function requestHeaderTail (remoteMethod: Buffer, timeout: number): Buffer {
+  const out = Buffer.allocUnsafe(remoteMethod.length + (timeout > 0 ? 1 + varintBytes(timeout) : 0))
+  let at = remoteMethod.copy(out, 0)
+  if (timeout > 0) {
+    out[at++] = 0x50 // field 10, timeout_millis
+    writeVarint(out, at, timeout)
+  }
+  return out
 }
 
 /**
  * Bytes of a request frame without sidecars or feature flags (prefix
- * included): `timeout` as `wireTimeout` gives it, the body PB `bodyBytes` long.
+ * included) whose header ends with `tail` (`requestHeaderTail`) and whose
+ * body PB is `bodyBytes` long.
  */
-export function requestFrameBytes (callId: number, remoteMethod: Buffer, timeout: number, bodyBytes: number): number {
-  const headerBytes = requestHeaderBytes(callId, remoteMethod, timeout)
+export function requestFrameBytes (callId: number, tail: Uint8Array, bodyBytes: number): number {
+  const headerBytes = 1 + int32Bytes(callId) + tail.length
   return 4 + varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes
 }
 
@@ -333,9 +351,9 @@ export function requestFrameBytes (callId: number, remoteMethod: Buffer, timeout
  * Writes the frame `requestFrameBytes` sized at `out[at]`, the bytes
  * `encodeRequestFrame` would encode for it, and returns where it ends.
  */
-export function writeRequestFrame (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number,
+export function writeRequestFrame (out: Buffer, at: number, callId: number, tail: Uint8Array,
   body: Uint8Array, bodyBytes = body.length): number {
-  at = writeRequestFrameHead(out, at, callId, remoteMethod, timeout, bodyBytes)
+  at = writeRequestFrameHead(out, at, callId, tail, bodyBytes)
   return copySmall(body, bodyBytes, out, at)
 }
 
@@ -343,17 +361,13 @@ export function writeRequestFrame (out: Buffer, at: number, callId: number, remo
  * As `writeRequestFrame`, all but the body: returns where the caller then
  * writes the `bodyBytes` of the body PB (`MessageType.writeFlat`).
  */
-export function writeRequestFrameHead (out: Buffer, at: number, callId: number, remoteMethod: Buffer, timeout: number, bodyBytes: number): number {
-  const headerBytes = requestHeaderBytes(callId, remoteMethod, timeout)
+export function writeRequestFrameHead (out: Buffer, at: number, callId: number, tail: Uint8Array, bodyBytes: number): number {
+  const headerBytes = 1 + int32Bytes(callId) + tail.length
   writeU32(out, at, varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes)
   at = writeVarint(out, at + 4, headerBytes)
   out[at++] = 0x18 // field 3, call_id
   at = writeInt32(out, at, callId)
-  at = copySmall(remoteMethod, remoteMethod.length, out, at)
-  if (timeout > 0) {
-    out[at++] = 0x50 // field 10, timeout_millis
-    at = writeVarint(out, at, timeout)
-  }
+  at = copySmall(tail, tail.length, out, at)
   return writeVarint(out, at, bodyBytes)
 }
 

@@ -78,19 +78,21 @@ export class CallTable<T> {
 
   /** Adds or replaces the call with `id` (a 32-bit signed integer). */
   set (id: number, value: T): void {
-    if ((id | 0) !== id) throw new RangeError(`CallTable: call id ${id} is not a 32-bit integer`)
-    if (value === undefined) throw new TypeError('CallTable: undefined is not a value')
-    const found = this.#find(id)
-    if (found >= 0) {
-      this.#values[found] = value
-      return
-    }
+    // Small on purpose: it is inlined into the client's call path, where
+    // V8's inlining budget is short (the rare cases are calls out).
+    if ((id | 0) !== id || value === undefined) badEntry(id)
     if ((this.#size + 1) * 2 > this.#values.length) this.#resize(this.#values.length * 2)
     const keys = this.#keys
     const values = this.#values
     const mask = this.#mask
+    // One probe: the id's slot if present, else the free slot that ends its run.
     let i = this.#home(id)
-    while (values[i] !== undefined) i = (i + 1) & mask
+    for (; values[i] !== undefined; i = (i + 1) & mask) {
+      if (keys[i] === id) {
+        values[i] = value
+        return
+      }
+    }
     keys[i] = id
     values[i] = value
     this.#size++
@@ -158,4 +160,9 @@ export class CallTable<T> {
       this.#values[i] = value
     }
   }
+}
+
+function badEntry (id: number): never {
+  if ((id | 0) !== id) throw new RangeError(`CallTable: call id ${id} is not a 32-bit integer`)
+  throw new TypeError('CallTable: undefined is not a value')
 }

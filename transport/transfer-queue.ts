@@ -124,6 +124,14 @@ class SlabRun implements OutboundTransfer {
 const NO_SLICES: Buffer[] = []
 const RESOLVED = Promise.resolve()
 
+// A fresh shared slab (out of line: `reserve` is inlined into callers). The
+// old one stays alive as long as slices of it are queued or in a socket.
+function newSlab (): Buffer {
+  const slab = slabs.slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
+  slabs.at = 0
+  return slab
+}
+
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
  * with the 2020 "avoid an extra epoll cycle" change, seed 002).
@@ -238,11 +246,7 @@ export class TransferQueue {
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes) return null
     let slab = slabs.slab
-    if (slab === null || slab.length - slabs.at < bytes) {
-      // The old slab stays alive as long as slices of it are queued or in a socket.
-      slab = slabs.slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
-      slabs.at = 0
-    }
+    if (slab === null || slab.length - slabs.at < bytes) slab = newSlab()
     this.#reservedAt = slabs.at
     this.#reservation = ++slabs.reservation
     return slab

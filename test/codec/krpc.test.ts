@@ -6,7 +6,7 @@ import t, { type Test } from 'tap'
 import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
 import {
   ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
-  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, requestFrameBytes, responseFrameBytes, wireTimeout,
+  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout,
   writeRequestFrame, writeResponseFrame,
   type RequestFrame, type ResponseFrame
 } from '../../codec/krpc.js'
@@ -508,9 +508,10 @@ t.test('writeRequestFrame writes, in place, the bytes encodeRequestFrame encodes
           const body = Buffer.alloc(bodyBytes, callId & 0xff)
           const expected = Buffer.concat(encodeRequestFrame({ callId, remoteMethod, timeoutMs }, body))
           const timeout = wireTimeout(timeoutMs)
-          const size = requestFrameBytes(callId, remoteMethod, timeout, bodyBytes)
+          const tail = requestHeaderTail(remoteMethod, timeout)
+          const size = requestFrameBytes(callId, tail, bodyBytes)
           const out = Buffer.alloc(size + 3, 0xee)
-          const end = writeRequestFrame(out, 3, callId, remoteMethod, timeout, body)
+          const end = writeRequestFrame(out, 3, callId, tail, body)
           if (size !== expected.length || end !== 3 + size || !out.subarray(3, end).equals(expected) || out[2] !== 0xee) {
             t.fail(`call ${callId}, timeout ${timeoutMs}, body ${bodyBytes}: ${out.subarray(3, end).toString('hex')} != ${expected.toString('hex')}`)
             return
@@ -531,8 +532,9 @@ t.test('the in-place writers take the body as the first bodyBytes of a longer sc
       writeResponseFrame(response, 0, 7, scratch, bodyBytes)
       t.ok(response.equals(Buffer.concat(encodeResponseFrame(7, false, body))), `response, body ${bodyBytes}, ${Buffer.isBuffer(scratch) ? 'Buffer' : 'Uint8Array'}`)
       const remoteMethod = encodeRemoteMethod('s', 'm')
-      const request = Buffer.alloc(requestFrameBytes(7, remoteMethod, 100, bodyBytes))
-      writeRequestFrame(request, 0, 7, remoteMethod, 100, scratch, bodyBytes)
+      const tail = requestHeaderTail(remoteMethod, 100)
+      const request = Buffer.alloc(requestFrameBytes(7, tail, bodyBytes))
+      writeRequestFrame(request, 0, 7, tail, scratch, bodyBytes)
       t.ok(request.equals(Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod, timeoutMs: 100 }, body))), `request, body ${bodyBytes}`)
     }
   }
