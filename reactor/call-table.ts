@@ -100,8 +100,22 @@ export class CallTable<T> {
 
   /** Removes the call with `id`; false if there was none. */
   delete (id: number): boolean {
-    let i = this.#find(id)
+    const i = this.#find(id)
     if (i < 0) return false
+    this.#removeAt(i)
+    return true
+  }
+
+  /** Removes and returns the call with `id` (one probe, where get and delete take two); undefined if there was none. */
+  take (id: number): T | undefined {
+    const i = this.#find(id)
+    if (i < 0) return undefined
+    const value = this.#values[i]
+    this.#removeAt(i)
+    return value
+  }
+
+  #removeAt (i: number): void {
     const keys = this.#keys
     const values = this.#values
     const mask = this.#mask
@@ -114,7 +128,7 @@ export class CallTable<T> {
         if (values[j] === undefined) {
           this.#size--
           if (values.length > SHRINK_FLOOR && this.#size * 8 < values.length) this.#resize(values.length / 2)
-          return true
+          return
         }
         const home = this.#home(keys[j]!)
         const stays = i <= j ? (i < home && home <= j) : (i < home || home <= j)

@@ -3,10 +3,12 @@
  * returned errors, the preamble check, and the server's negotiation refusals.
  */
 import t, { type Test } from 'tap'
+import fc from 'fast-check'
+import assert from 'node:assert'
 import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
 import {
   ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
-  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout,
+  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, fastResponseFrame, parseResponseInto, parseResponseIntoGeneral, ResponseParts, requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout,
   writeRequestFrame, writeResponseFrame,
   type RequestFrame, type ResponseFrame
 } from '../../codec/krpc.js'
@@ -538,4 +540,55 @@ t.test('the in-place writers take the body as the first bodyBytes of a longer sc
       t.ok(request.equals(Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod, timeoutMs: 100 }, body))), `request, body ${bodyBytes}`)
     }
   }
+})
+
+t.test('parseResponseInto\'s fast path answers as the general path does: the same parts or the same refusal', async t => {
+  const answer = (buf: Buffer, start: number, end: number, parse: typeof parseResponseInto): unknown => {
+    const parts = new ResponseParts()
+    const error = parse(buf, start, end, parts)
+    if (error !== null) return { error: error.message }
+    return {
+      callId: parts.callId,
+      isError: parts.isError,
+      sidecarOffsets: parts.sidecarOffsets,
+      message: buf.subarray(parts.messageStart, parts.messageEnd).toString('hex'),
+      messageStart: parts.messageStart,
+      sidecars: parts.sidecars.map((s) => s.toString('hex'))
+    }
+  }
+  // Real frames (call ids of every varint length, bodies of 1- and 2-byte
+  // lengths and beyond, sidecars or not), then bytes flipped, cut or added.
+  const frame = fc.record({
+    callId: fc.oneof(fc.integer({ min: 0, max: 300 }), fc.integer({ min: 0, max: 0x7fffffff }), fc.constantFrom(127, 128, 16383, 16384, 0x1fffff, 0x200000, 0xfffffff, 0x10000000, 0x7fffffff)),
+    isError: fc.boolean(),
+    body: fc.oneof(fc.uint8Array({ maxLength: 20 }), fc.uint8Array({ minLength: 120, maxLength: 140 }), fc.uint8Array({ minLength: 16380, maxLength: 16390 })),
+    sidecars: fc.oneof(fc.constant(undefined), fc.array(fc.uint8Array({ maxLength: 8 }), { maxLength: 3 }))
+  })
+  const edit = fc.oneof(
+    fc.constant(null),
+    fc.tuple(fc.nat(), fc.integer({ min: 0, max: 255 })).map(([at, v]) => (b: Buffer) => { const c = Buffer.from(b); if (c.length > 0) c[at % c.length] = v; return c }),
+    fc.nat().map((n) => (b: Buffer) => b.subarray(0, n % (b.length + 1))),
+    fc.uint8Array({ minLength: 1, maxLength: 4 }).map((extra) => (b: Buffer) => Buffer.concat([b, extra]))
+  )
+  let fast = 0
+  fc.assert(fc.property(frame, edit, fc.uint8Array({ maxLength: 6 }), fc.uint8Array({ maxLength: 6 }), (f, change, before, after) => {
+    const whole = Buffer.concat(encodeResponseFrame(f.callId, f.isError, f.body, f.sidecars))
+    const bytes = change === null ? whole : change(whole)
+    // The frame inside a larger read, as the decoder hands it on.
+    const buf = Buffer.concat([before, bytes, after])
+    const start = before.length
+    const end = start + bytes.length
+    assert.deepStrictEqual(answer(buf, start, end, parseResponseInto), answer(buf, start, end, parseResponseIntoGeneral))
+    // The fast path is not a bystander: it takes every unedited frame of its shape.
+    if (change === null && f.sidecars === undefined && f.body.length < 0x4000) {
+      assert.ok(fastResponseFrame(buf, start, end, new ResponseParts()), 'taken by the fast path')
+      fast++
+    }
+  }), { numRuns: 3000 })
+  // And random bytes.
+  fc.assert(fc.property(fc.uint8Array({ maxLength: 40 }), (bytes) => {
+    const buf = Buffer.from(bytes)
+    assert.deepStrictEqual(answer(buf, 0, buf.length, parseResponseInto), answer(buf, 0, buf.length, parseResponseIntoGeneral))
+  }), { numRuns: 2000 })
+  t.ok(fast > 100, `${fast} frames went the fast path`)
 })

@@ -8,7 +8,7 @@ import t from 'tap'
 import fc from 'fast-check'
 import { CallTable } from '../../reactor/call-table.js'
 
-type Op = { kind: 'set', id: number } | { kind: 'delete', id: number } | { kind: 'get', id: number }
+type Op = { kind: 'set', id: number } | { kind: 'delete', id: number } | { kind: 'take', id: number } | { kind: 'get', id: number }
 
 function check (ops: Op[]): void {
   const table = new CallTable<{ id: number, n: number }>()
@@ -21,6 +21,10 @@ function check (ops: Op[]): void {
       model.set(op.id, value)
     } else if (op.kind === 'delete') {
       if (table.delete(op.id) !== model.delete(op.id)) throw new Error(`delete(${op.id}) disagrees`)
+    } else if (op.kind === 'take') {
+      const expected = model.get(op.id)
+      model.delete(op.id)
+      if (table.take(op.id) !== expected) throw new Error(`take(${op.id}) disagrees`)
     } else if (table.get(op.id) !== model.get(op.id) || table.has(op.id) !== model.has(op.id)) {
       throw new Error(`get(${op.id}) disagrees`)
     }
@@ -36,6 +40,7 @@ t.test('agrees with a Map on random ids, including negative and extreme ones', a
   const op = fc.oneof(
     id.map((id): Op => ({ kind: 'set', id })),
     id.map((id): Op => ({ kind: 'delete', id })),
+    id.map((id): Op => ({ kind: 'take', id })),
     id.map((id): Op => ({ kind: 'get', id })))
   fc.assert(fc.property(fc.array(op, { maxLength: 400 }), (ops) => { check(ops) }), { numRuns: 300 })
   t.pass('no disagreement')
@@ -51,7 +56,7 @@ t.test('agrees with a Map on rising ids with a window of outstanding calls, thro
       for (let i = 0; i < finish && oldest < next; i++) {
         ops.push({ kind: 'get', id: oldest })
         // Out of order now and then, as responses to different methods are.
-        ops.push({ kind: 'delete', id: i % 7 === 3 && oldest + 1 < next ? oldest + 1 : oldest })
+        ops.push({ kind: i % 2 === 0 ? 'take' : 'delete', id: i % 7 === 3 && oldest + 1 < next ? oldest + 1 : oldest })
         oldest++
       }
     }

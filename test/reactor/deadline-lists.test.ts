@@ -178,3 +178,53 @@ t.test('a call made by a fake-clock timer gets its deadline before the clock mov
   clock.advance(150)
   t.equal(await call!.done, ErrorCode.DEADLINE_EXCEEDED, 'expired within the step, at its deadline')
 })
+
+t.test('batches answered in random order across checkpoints: every call settles once, the unanswered ones exactly in the step of their deadline', async t => {
+  for (const seed of [1, 2, 3]) {
+    const { fake, clock, calc } = await setup(t)
+    let state = seed
+    const random = (): number => { state = (state * 1103515245 + 12345) & 0x7fffffff; return state / 0x80000000 }
+    const made: Array<{ at: number, outcome: Promise<{ code: string, at: number }> }> = []
+    let peer: Awaited<ReturnType<typeof fake.peer>> | undefined
+    // Ten checkpoints 10 ms apart, 50 calls each, all with a 1000 ms timeout.
+    for (let batch = 0; batch < 10; batch++) {
+      const at = clock.now()
+      for (let i = 0; i < 50; i++) {
+        const outcome = calc.Add({ x: i, y: 1 }, { timeoutMs: 1000 }).then(() => ({ code: 'OK', at: clock.now() }), (err: { code: string }) => ({ code: err.code, at: clock.now() }))
+        made.push({ at, outcome })
+      }
+      peer ??= await fake.peer()
+      await peer.callsReceived(made.length)
+      clock.advance(10)
+      await turns(2)
+    }
+    // Answer a random 80 %, in random order: stamps empty out of order, a
+    // few stuck calls keep theirs (and the list compacts around them).
+    const ids = peer!.calls.map((c) => c.header.call_id)
+    const answered = new Set<number>()
+    for (const i of ids.map((_, i) => i).sort(() => random() - 0.5)) {
+      if (random() < 0.8) {
+        answered.add(i)
+        peer!.respond(ids[i]!, AddResponse, { result: 1 })
+      }
+    }
+    // Every answer is in before time moves on.
+    await Promise.all([...answered].map((i) => made[i]!.outcome))
+    for (let step = 0; step < 110; step++) {
+      clock.advance(10)
+      await turns(2)
+    }
+    const outcomes = await Promise.all(made.map((m) => m.outcome))
+    let late = 0
+    let early = 0
+    outcomes.forEach((o, i) => {
+      if (o.code !== ErrorCode.DEADLINE_EXCEEDED) return
+      const deadline = made[i]!.at + 1000
+      if (o.at < deadline) early++
+      if (o.at >= deadline + 10) late++
+    })
+    t.same(tally(outcomes.map((o) => o.code)), answered.size === made.length ? { OK: made.length } : { OK: answered.size, [ErrorCode.DEADLINE_EXCEEDED]: made.length - answered.size }, `seed ${seed}: 500 calls, 500 settlements`)
+    t.equal(early + late, 0, `seed ${seed}: no timeout before its deadline or after its step`)
+    t.equal(clock.pendingTimers, 0, `seed ${seed}: no timer left`)
+  }
+})
