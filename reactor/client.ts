@@ -118,9 +118,30 @@ export interface ClientOptions {
   clock?: Clock
 }
 
-/** A typed stub: one async function per method of the service. */
+/**
+ * How a call made with a callback ends: with an error, or with null and the
+ * response. Called exactly once, never before the call that made it has
+ * returned (Kudu's `Proxy::AsyncRequest` callback).
+ */
+export type Callback<Res> = (error: RpcError | null, response?: Res) => void
+
+/**
+ * One method of a stub. Called without a callback it returns a promise of
+ * the response. Called with one it returns nothing and calls it once the
+ * call ends: no promise and no await, for callers that issue the next call
+ * from the last one's completion (rpc-bench's async chains). A callback that
+ * throws does not disturb the client: the exception is rethrown from a
+ * `setImmediate` callback, as an uncaught exception.
+ */
+export interface StubMethod<Req, Res> {
+  (request: Req, options?: CallOptions): Promise<Res>
+  (request: Req, callback: Callback<Res>): void
+  (request: Req, options: CallOptions | undefined, callback: Callback<Res>): void
+}
+
+/** A typed stub: one method per method of the service, each with a promise and a callback form. */
 export type Stub<M extends MethodMap> = {
-  [K in keyof M & string]: (request: M[K]['request'], options?: CallOptions) => Promise<M[K]['response']>
+  [K in keyof M & string]: StubMethod<M[K]['request'], M[K]['response']>
 }
 
 /** A method of a service as calls to it need it: resolved once, not per call. */
@@ -196,6 +217,8 @@ interface OutboundCall extends OutboundTransfer {
   readonly resolve: (result: CallResult<Message> | Message) => void
   /** `sent`: some of the request's bytes were handed to the socket, so the server may have run it. */
   readonly reject: (error: RpcError, sent: boolean) => void
+  /** A callback-form call: settled through this instead of resolve/reject. */
+  callback: Callback<Message> | null
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
   // Transfer-queue hooks, shared by every call: the call is its own transfer, so no closure per call.
@@ -222,6 +245,7 @@ function newCall (method: PreparedMethod, target: { host: string, port: number }
     responseOnly,
     resolve,
     reject,
+    callback: null,
     signal: undefined,
     onAbort: undefined,
     beforeWrite: callBeforeWrite,
@@ -261,6 +285,24 @@ const NO_BODY = new Uint8Array(0)
 // What a call resolves with: a CallResult, or the response alone for stubs (`responseOnly`).
 type AnyResolve = (result: CallResult<Message> | Message) => void
 const responseOf = (result: CallResult<Message>): Message => result.response
+const unusedResolve: AnyResolve = () => {}
+const unusedReject = (): void => {}
+
+// A callback's exception belongs to its caller, not to the read or timer that
+// settled the call: it is rethrown from setImmediate, the client left whole.
+// (Not process.nextTick: a tick that throws at the end of an `onread`
+// callback leaves Node's reads of that socket stopped.)
+function deliver (callback: Callback<Message>, error: RpcError | null, response: Message | undefined): void {
+  try {
+    callback(error, response)
+  } catch (err) {
+    setImmediate(rethrow, err)
+  }
+}
+
+function rethrow (err: unknown): never {
+  throw err
+}
 
 /** One connection to one endpoint, shared by every call to it. */
 class ClientConnection {
@@ -337,6 +379,10 @@ export class Client {
   #lastEndpoint: Target | null = null
   #lastConnection: ClientConnection | null = null
   readonly #poller: BusyPoller | undefined
+  // While a callback-form call starts: its callback (#attempt hands it to
+  // the call it creates, or settles it if it fails before), and that call.
+  #starting: Callback<Message> | null = null
+  #startedCall: OutboundCall | null = null
 
   constructor (options: ClientOptions = {}) {
     this.#options = options
@@ -357,19 +403,29 @@ export class Client {
   service<M extends MethodMap> (def: ServiceDef<M>, endpoint?: Target): Stub<M> {
     const target = endpoint ?? this.#options.endpoint
     if (target === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: pass one to service() or to the Client')
-    const stub: Record<string, (request: unknown, options?: CallOptions) => Promise<unknown>> = {}
+    const stub: Record<string, (request: unknown, options?: CallOptions | Callback<Message>, callback?: Callback<Message>) => Promise<unknown> | undefined> = {}
     for (const name of Object.keys(def.methods)) {
       // Resolved once per stub: its definition and its encoded remote_method.
       const method = this.#prepared(def, name)!
-      stub[name] = (request, options = NO_OPTIONS) => {
-        if (this.#retry !== null && options.retry !== false) return this.call(target, def, name, request as Message, options).then(responseOf)
+      stub[name] = (request: unknown, options?: CallOptions | Callback<Message>, callback?: Callback<Message>) => {
+        if (typeof options === 'function') {
+          callback = options
+          options = undefined
+        }
+        const opts = options ?? NO_OPTIONS
+        if (callback !== undefined) {
+          if (typeof callback !== 'function') throw new TypeError(`${def.fullName}.${name}: the callback must be a function`)
+          this.#startWithCallback(target, def, name, method, request as Message, opts, callback)
+          return undefined
+        }
+        if (this.#retry !== null && opts.retry !== false) return this.call(target, def, name, request as Message, opts).then(responseOf)
         // The common path: one promise per call, resolved with the response itself.
         return new Promise((resolve, reject) => {
-          this.#start(target, method, request as Message, options, resolve as AnyResolve, reject, true)
+          this.#start(target, method, request as Message, opts, resolve as AnyResolve, reject, true)
         })
       }
     }
-    return stub as Stub<M>
+    return stub as unknown as Stub<M>
   }
 
   /** Calls `service.method` at `endpoint`; resolves with the response and its sidecars. */
@@ -471,6 +527,25 @@ export class Client {
     }
   }
 
+  // A callback-form call. Its callback never runs before this returns: a call
+  // that fails while it starts (client closed, bad request, queue full) is
+  // settled on the next tick, so a chain that re-issues from its callback
+  // cannot recurse.
+  #startWithCallback (endpoint: Target, def: ServiceDef, name: string, method: PreparedMethod, request: Message, options: CallOptions, callback: Callback<Message>): void {
+    if (this.#retry !== null && options.retry !== false) {
+      this.call(endpoint, def, name, request, options).then((result) => deliver(callback, null, result.response), (error: RpcError) => deliver(callback, error, undefined))
+      return
+    }
+    const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    this.#starting = callback
+    try {
+      this.#attempt(endpoint, method, request, options, timeoutMs, unusedResolve, unusedReject, true)
+    } finally {
+      this.#starting = null
+      this.#startedCall = null
+    }
+  }
+
   #start (endpoint: Target, method: PreparedMethod, request: Message, options: CallOptions,
     resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
@@ -479,7 +554,10 @@ export class Client {
 
   #attempt (endpoint: Target, method: PreparedMethod, request: Message, options: CallOptions, timeoutMs: number,
     resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly = false): void {
-    if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
+    // A callback-form call's callback, taken at once: nothing below may see another's.
+    const callback = this.#starting
+    this.#starting = null
+    if (this.#closed) return this.#failEarly(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), reject, callback)
     const methodDef = method.methodDef
     let target: { host: string, port: number }
     let key: string
@@ -501,8 +579,13 @@ export class Client {
         if (balanced.resolving !== null) {
           // Names still resolving: this attempt starts once they are known.
           balanced.resolving.then(
-            () => this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly),
-            (error: RpcError) => reject(error, false))
+            () => {
+              this.#starting = callback
+              this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
+              this.#starting = null
+              this.#startedCall = null
+            },
+            (error: RpcError) => this.#failEarly(error, reject, callback))
           return
         }
         balanced.refresh()
@@ -523,12 +606,16 @@ export class Client {
         body = NO_BODY
       }
     } catch (err) {
-      return reject(err as RpcError, false)
+      return this.#failEarly(err as RpcError, reject, callback)
     }
     const timed = timeoutMs > 0 && Number.isFinite(timeoutMs)
     const call = newCall(method, target, responseOnly, resolve, reject)
+    if (callback !== null) {
+      call.callback = callback
+      this.#startedCall = call
+    }
     if (options.signal !== undefined) {
-      if (options.signal.aborted) return reject(new RpcError(ErrorCode.CANCELLED, `${labelOf(call)} was cancelled before it started`), false)
+      if (options.signal.aborted) return this.#failEarly(new RpcError(ErrorCode.CANCELLED, `${labelOf(call)} was cancelled before it started`), reject, callback)
       call.signal = options.signal
       call.onAbort = () => this.#cancel(call)
       options.signal.addEventListener('abort', call.onAbort, { once: true })
@@ -722,7 +809,8 @@ export class Client {
     }
     const sidecars = parts.sidecars
     this.#finish(call, true)
-    call.resolve(call.responseOnly ? response : { response, sidecars })
+    if (call.callback !== null) deliver(call.callback, null, response)
+    else call.resolve(call.responseOnly ? response : { response, sidecars })
     return true
   }
 
@@ -907,7 +995,17 @@ export class Client {
     if (isFinished(call)) return
     const sent = call.state !== CallState.QUEUED
     this.#finish(call, taken)
-    call.reject(error, sent)
+    const callback = call.callback
+    if (callback === null) call.reject(error, sent)
+    // Failed while it starts: its caller has not got control back yet.
+    else if (call === this.#startedCall) process.nextTick(deliver, callback, error, undefined)
+    else deliver(callback, error, undefined)
+  }
+
+  // A call that failed before it was made: a promise rejects, a callback is called on the next tick.
+  #failEarly (error: RpcError, reject: (error: RpcError, sent: boolean) => void, callback: Callback<Message> | null): void {
+    if (callback === null) reject(error, false)
+    else process.nextTick(deliver, callback, error, undefined)
   }
 
   #retire (cc: ClientConnection): void {

@@ -5,7 +5,7 @@
  * by path (`nyala/dist/reactor/server.js`).
  */
 export { Server, type AddServiceOptions, type Handler, type ServerConnectionStats, type ServerOptions, type ServerStats, type ServiceHandlers, type ThreadServiceOptions, type HandlerModule } from './server.js'
-export { Client, type CallOptions, type CallResult, type ClientConnectionStats, type ClientOptions, type Endpoint, type RetryOptions, type RetryStats, type Stub, type Target } from './client.js'
+export { Client, type CallOptions, type CallResult, type Callback, type StubMethod, type ClientConnectionStats, type ClientOptions, type Endpoint, type RetryOptions, type RetryStats, type Stub, type Target } from './client.js'
 export type { CallContext } from './inbound-call.js'
 export { serveReactors, reusePortSupported, type Reactors, type ReactorsOptions } from './cluster.js'
 export { consoleLogger, silentLogger, type Logger } from './logger.js'
