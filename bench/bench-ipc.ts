@@ -13,9 +13,19 @@
 import { fork, type ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 
-/** The systems `--against` names. */
-export const SYSTEMS = ['nyala', 'raw', 'grpc'] as const
+/**
+ * The systems `--against` names. `nyala` calls as rpc-bench does: sync mode
+ * awaits each call's promise (SyncRequest), async mode re-issues each chain's
+ * call from the last one's callback (AsyncRequest, the stub's callback
+ * form). `nyala-promise` awaits promises in both modes (the same server).
+ */
+export const SYSTEMS = ['nyala', 'nyala-promise', 'raw', 'grpc'] as const
 export type System = typeof SYSTEMS[number]
+
+/** The server a system's runs use. */
+export function serverOf (system: System): 'nyala' | 'raw' | 'grpc' {
+  return system === 'nyala-promise' ? 'nyala' : system
+}
 
 /** `nyala serve`'s IPC contract: sent once the server accepts connections. */
 export interface ListeningMessage { type: 'nyala:listening', host: string, port: number, pids: number[] }
@@ -38,6 +48,8 @@ export interface LoadPlan {
   callTimeoutMs: number
   /** nyala's client busy-polling window in µs; 0: off. */
   busyPollUs: number
+  /** How a nyala load calls: awaiting the stub's promise, or through its callback form. */
+  api: 'promise' | 'callback'
 }
 
 /** The measured window, in epoch milliseconds (`performance.timeOrigin + performance.now()`), and the go signal. */

@@ -4,7 +4,9 @@
  * opens its connections and makes one call on each (`ready`), then on `go`
  * keeps every chain busy until the window ends: a chain issues its next
  * call from the previous one's completion, so a connection with k chains
- * has k calls outstanding (sync mode: k = 1). Calls that complete inside
+ * has k calls outstanding (sync mode: k = 1). nyala's chains await each
+ * call's promise, or (`plan.api === 'callback'`, rpc-bench's async mode)
+ * re-issue from the stub's callback, as the raw and grpc loads do. Calls that complete inside
  * the window are counted and their latencies recorded; CPU time is sampled
  * at the window's edges. It answers `done` once every chain has drained.
  */
@@ -13,6 +15,7 @@ import { connect, type Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
 import { fileURLToPath } from 'node:url'
 import { Client } from '../reactor/client.js'
+import type { RpcError } from '../codec/errors.js'
 import { CalculatorService } from '../examples/calculator.js'
 import { createLatencyHistogram, encodeLatencies, recordLatency } from './latency.js'
 import { loadGrpc } from './grpc-calculator.js'
@@ -61,6 +64,36 @@ function nyalaConnection (plan: LoadPlan, chains: number): LoadConnection {
   const calc = client.service(CalculatorService)
   const data = 'x'.repeat(plan.payloadBytes)
   const echo = plan.payloadBytes > 0
+  // rpc-bench's async workload: each chain re-issues its call from the last
+  // one's callback (the stub's callback form, Kudu's AsyncRequest).
+  const callbackChain = (window: Window, seed: number): Promise<void> => new Promise((resolve) => {
+    let x = seed
+    let sent = 0
+    const onAdd = (error: RpcError | null, response?: { result: number }): void => {
+      const done = performance.now()
+      if (error !== null) window.fail(error)
+      else if (response!.result !== x + 1) window.fail(new Error(`Add(${x}, 1) answered ${response!.result}`))
+      else {
+        window.complete(sent, done)
+        x = (x + 1) & 0xffff
+      }
+      next()
+    }
+    const onEcho = (error: RpcError | null, response?: { data: string }): void => {
+      const done = performance.now()
+      if (error !== null) window.fail(error)
+      else if (response!.data.length !== data.length) window.fail(new Error('Echo answered a different payload'))
+      else window.complete(sent, done)
+      next()
+    }
+    const next = (): void => {
+      if (window.stopped) return resolve()
+      sent = performance.now()
+      if (echo) calc.Echo({ data }, onEcho)
+      else calc.Add({ x, y: 1 }, onAdd)
+    }
+    next()
+  })
   const chain = async (window: Window, seed: number): Promise<void> => {
     let x = seed
     while (!window.stopped) {
@@ -85,7 +118,7 @@ function nyalaConnection (plan: LoadPlan, chains: number): LoadConnection {
     prepare: async () => { await calc.Add({ x: 1, y: 2 }) },
     run: async (window) => {
       const running: Array<Promise<void>> = []
-      for (let i = 0; i < chains; i++) running.push(chain(window, i * 1000))
+      for (let i = 0; i < chains; i++) running.push(plan.api === 'callback' ? callbackChain(window, i * 1000) : chain(window, i * 1000))
       await Promise.all(running)
     },
     close: () => client.close()
@@ -222,7 +255,7 @@ async function main (): Promise<void> {
   const plan = await new Promise<LoadPlan>((resolve) => process.once('message', (m) => resolve(m as LoadPlan)))
   const connections: LoadConnection[] = []
   for (const chains of plan.chains) {
-    connections.push(plan.system === 'nyala'
+    connections.push(plan.system === 'nyala' || plan.system === 'nyala-promise'
       ? nyalaConnection(plan, chains)
       : plan.system === 'raw' ? rawConnection(plan, chains) : await grpcConnection(plan, chains))
   }

@@ -25,7 +25,7 @@ import type { ChildProcess } from 'node:child_process'
 import { mergeLatencies, summarizeLatencies } from './latency.js'
 import {
   epochNow, forkSibling, nextMessage, ofType,
-  type ListeningMessage, type LoadDone, type LoadFailed, type LoadGo, type LoadPlan, type LoadReady, type System, type UsageAnswer
+  type ListeningMessage, type LoadDone, type LoadFailed, type LoadGo, type LoadPlan, type LoadReady, type System, type UsageAnswer, serverOf
 } from './bench-ipc.js'
 
 export type BenchMode = 'sync' | 'async'
@@ -123,8 +123,8 @@ export async function runBench (config: BenchConfig, hooks: BenchHooks = {}, ord
 
 /** Forks a server process for `system`; resolves once it listens. */
 async function startServer (system: System, config: BenchConfig): Promise<{ child: ChildProcess, host: string, port: number }> {
-  const args: string[] = [system]
-  if (system === 'nyala') {
+  const args: string[] = [serverOf(system)]
+  if (serverOf(system) === 'nyala') {
     if (config.workerThreads !== undefined) args.push('--workers', String(config.workerThreads))
     if ((config.busyPollUs ?? 0) > 0) args.push('--busy-poll-us', String(config.busyPollUs))
     args.push('--reactors', String(config.serverReactors))
@@ -196,7 +196,8 @@ export async function runSystem (system: System, config: BenchConfig, hooks: Ben
         chains: chains.filter((_, i) => i % processes === p),
         payloadBytes: config.payloadBytes,
         callTimeoutMs: CALL_TIMEOUT_MS,
-        busyPollUs: config.busyPollUs ?? 0
+        busyPollUs: config.busyPollUs ?? 0,
+        api: system === 'nyala' && config.mode === 'async' ? 'callback' : 'promise'
       }
       child.send(plan)
     })

@@ -243,15 +243,17 @@ export function formatReport (config: BenchConfig, rows: readonly BenchRow[], re
     ['system', 'Reqs/sec', 'User CPU µs/req', 'Sys CPU µs/req', 'Ctx Sw./req', 'Client CPU µs/req', 'p50 µs', 'p99 µs', 'p99.9 µs'],
     rows.map((r) => [r.system, GROUP.format(r.reqsPerSec), fixed(r.userCpuUsPerReq, 2), fixed(r.sysCpuUsPerReq, 2), fixed(r.ctxSwPerReq, 3),
       fixed(r.clientCpuUsPerReq, 2), GROUP.format(r.p50Us), GROUP.format(r.p99Us), GROUP.format(r.p999Us)]))
-  const nyala = rows.find((r) => r.system === 'nyala')
-  if (nyala !== undefined) {
+  // nyala against every other system; nyala-promise against the others that are not nyala.
+  let ratios = ''
+  for (const mine of rows) {
+    if (mine.system !== 'nyala' && mine.system !== 'nyala-promise') continue
     for (const other of rows) {
-      if (other === nyala) continue
-      const cpu = (nyala.userCpuUsPerReq + nyala.sysCpuUsPerReq) / (other.userCpuUsPerReq + other.sysCpuUsPerReq)
-      out += `\nnyala / ${other.system}: ${fixed(nyala.reqsPerSec / other.reqsPerSec, 2)}x Reqs/sec, ${fixed(cpu, 2)}x server CPU per request`
+      if (other === mine || (mine.system === 'nyala-promise' && other.system === 'nyala')) continue
+      const cpu = (mine.userCpuUsPerReq + mine.sysCpuUsPerReq) / (other.userCpuUsPerReq + other.sysCpuUsPerReq)
+      ratios += `\n${mine.system} / ${other.system}: ${fixed(mine.reqsPerSec / other.reqsPerSec, 2)}x Reqs/sec, ${fixed(cpu, 2)}x server CPU per request`
     }
-    if (rows.length > 1) out += '\n'
   }
+  if (ratios !== '') out += `${ratios}\n`
   if (repeat > 1) {
     out += '\nReqs/sec per run:\n'
     for (const r of rows) out += `  ${r.system}: ${runs.filter((run) => run.row.system === r.system).map((run) => GROUP.format(run.row.reqsPerSec)).join(' ')}\n`

@@ -72,7 +72,7 @@ Usage:
   nyala bench [--mode sync|async] [--client-threads 16]
               [--async-call-concurrency 60] [--worker-threads W]
               [--server-reactors 1] [--run-seconds 1] [--warmup-seconds W]
-              [--payload-bytes 0] [--against nyala,raw,grpc]
+              [--payload-bytes 0] [--against nyala,nyala-promise,raw,grpc]
               [--load-processes P] [--busy-poll-us U] [--json]
               [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
               [--server-cpu-prof DIR] [--load-cpu-prof DIR]
@@ -80,6 +80,10 @@ Usage:
       grpc-js (a devDependency), one system after the other in one run
       (default --against nyala,raw). Sync: N client connections with one
       call outstanding each. Async: C calls outstanding over N connections.
+      nyala calls as rpc-bench does: sync awaits each call's promise, async
+      re-issues each chain from the last call's callback (the stub's
+      callback form, as the raw and grpc loads do); nyala-promise awaits
+      promises in both modes.
       Server and load run in separate processes (one load process per
       connection, at most one per core). One row per system: Reqs/sec,
       server user/sys CPU us and context switches per request (all server

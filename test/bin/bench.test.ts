@@ -174,3 +174,20 @@ t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints
   t.ok(cpuProfiles(serverDir) >= 3, `server profiles: ${cpuProfiles(serverDir)}`)
   t.ok(cpuProfiles(loadDir) >= 3, `load profiles: ${cpuProfiles(loadDir)}`)
 })
+
+t.test('bench smoke, async: nyala (callback chains) and nyala-promise (awaiting chains) both answer, with the text report\'s ratios', async t => {
+  const args = ['bench', '--mode', 'async', '--run-seconds', '0.3', '--client-threads', '1', '--async-call-concurrency', '20', '--against', 'nyala,nyala-promise,raw']
+  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
+  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout.on('data', (d: Buffer) => { out += d.toString() })
+  child.stderr.on('data', (d: Buffer) => { err += d.toString() })
+  const code = await new Promise<number | null>((resolve) => child.once('exit', resolve))
+  t.equal(code, 0, err)
+  for (const system of ['nyala', 'nyala-promise', 'raw']) t.match(out, new RegExp(`^${system} +[1-9][\\d,]* `, 'm'), `${system}: a row with calls`)
+  t.match(out, /^nyala \/ nyala-promise: [\d.]+x Reqs\/sec/m)
+  t.match(out, /^nyala \/ raw: [\d.]+x Reqs\/sec/m)
+  t.match(out, /^nyala-promise \/ raw: [\d.]+x Reqs\/sec/m)
+  t.notMatch(out, /call\(s\) failed/)
+})
