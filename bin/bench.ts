@@ -73,6 +73,9 @@ export function applyConfig (base: BenchConfig, values: ConfigValues): BenchConf
     for (const s of against) if (!(SYSTEMS as readonly string[]).includes(s)) throw invalid(`--against: unknown system '${s}'; known: ${SYSTEMS.join(', ')}`)
     if (against.length === 0 || new Set(against).size !== against.length) throw invalid(`--against must name systems once each, got '${values.against}'`)
     config.against = against as System[]
+  } else if (config.mode === 'async' && base === DEFAULT_CONFIG) {
+    // nyala's async chains use the callback form: the awaiting chains run beside them unless asked otherwise.
+    config.against = ['nyala', 'nyala-promise', 'raw']
   }
   return config
 }

@@ -78,8 +78,9 @@ Usage:
               [--server-cpu-prof DIR] [--load-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
       grpc-js (a devDependency), one system after the other in one run
-      (default --against nyala,raw). Sync: N client connections with one
-      call outstanding each. Async: C calls outstanding over N connections.
+      (default --against nyala,raw; in async mode nyala,nyala-promise,raw).
+      Sync: N client connections with one call outstanding each. Async: C
+      calls outstanding over N connections.
       nyala calls as rpc-bench does: sync awaits each call's promise, async
       re-issues each chain from the last call's callback (the stub's
       callback form, as the raw and grpc loads do); nyala-promise awaits
@@ -105,7 +106,7 @@ Usage:
 /** Runs the CLI; resolves with the exit code (serve resolves when the server has closed). */
 export async function main (argv: string[]): Promise<number> {
   const [command, ...rest] = argv
-  const run = COMMANDS[command as string]
+  const run = command !== undefined && Object.hasOwn(COMMANDS, command) ? COMMANDS[command] : undefined
   if (run !== undefined) {
     if (rest.includes('--help') || rest.includes('-h')) {
       process.stdout.write(HELP)

@@ -332,7 +332,13 @@ class ClientConnection {
 }
 
 function parseEndpoint (endpoint: Endpoint, cache: Map<string, { host: string, port: number }>): { host: string, port: number } {
-  if (typeof endpoint !== 'string') return endpoint
+  if (typeof endpoint !== 'string') {
+    const { host, port } = endpoint
+    if (typeof host !== 'string' || host === '' || !Number.isInteger(port) || port <= 0 || port > 65535) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `bad endpoint ${JSON.stringify(endpoint)}: expected { host, port } with a port in 1..65535`)
+    }
+    return endpoint
+  }
   const cached = cache.get(endpoint)
   if (cached !== undefined) return cached
   const at = endpoint.lastIndexOf(':')
@@ -529,7 +535,7 @@ export class Client {
 
   // A callback-form call. Its callback never runs before this returns: a call
   // that fails while it starts (client closed, bad request, queue full) is
-  // settled on the next tick, so a chain that re-issues from its callback
+  // settled from setImmediate, so a chain that re-issues from its callback
   // cannot recurse.
   #startWithCallback (endpoint: Target, def: ServiceDef, name: string, method: PreparedMethod, request: Message, options: CallOptions, callback: Callback<Message>): void {
     if (this.#retry !== null && options.retry !== false) {
@@ -537,12 +543,14 @@ export class Client {
       return
     }
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
+    // Calls can nest (a callback run while this one starts may start another): the outer one's state comes back after.
+    const outer = this.#startedCall
     this.#starting = callback
     try {
       this.#attempt(endpoint, method, request, options, timeoutMs, unusedResolve, unusedReject, true)
     } finally {
       this.#starting = null
-      this.#startedCall = null
+      this.#startedCall = outer
     }
   }
 
@@ -580,10 +588,14 @@ export class Client {
           // Names still resolving: this attempt starts once they are known.
           balanced.resolving.then(
             () => {
+              const outer = this.#startedCall
               this.#starting = callback
-              this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
-              this.#starting = null
-              this.#startedCall = null
+              try {
+                this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
+              } finally {
+                this.#starting = null
+                this.#startedCall = outer
+              }
             },
             (error: RpcError) => this.#failEarly(error, reject, callback))
           return
@@ -623,7 +635,8 @@ export class Client {
     if (timed) this.#armDeadline(call, timeoutMs)
 
     const cached = this.#lastConnection
-    const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionFor(target, key)
+    const cc = balanced === null && cached !== null && cached.key === key && !cached.closed && !cached.retired ? cached : this.#connectionOrError(target, key)
+    if (cc instanceof RpcError) return this.#finishError(call, cc)
     if (balanced === null && typeof endpoint === 'string' && cc !== cached) {
       // Balanced calls pick a connection each time: only single endpoints are remembered.
       this.#lastEndpoint = endpoint
@@ -725,6 +738,15 @@ export class Client {
       byService.set(def.fullName, prepared)
     }
     return prepared
+  }
+
+  // A connection for a call, or why none could be opened (net.connect throws on some addresses).
+  #connectionOrError (target: { host: string, port: number }, key: string): ClientConnection | RpcError {
+    try {
+      return this.#connectionFor(target, key)
+    } catch (err) {
+      return err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: ${(err as Error).message}`, { cause: err })
+    }
   }
 
   #connectionFor (target: { host: string, port: number }, key: string): ClientConnection {
@@ -865,7 +887,7 @@ export class Client {
       // A resolved promise's then: unlike queueMicrotask, no AsyncResource.
       if (this.#unstamped.length === 1) void RESOLVED.then(this.#stampMicrotask)
     }
-    if (stamp.live++ === 0) list.liveStamps++
+    stamp.live++
     stamp.calls.push(call)
     list.liveCalls++
     // Finished calls wait in their stamps until the stamps leave the list: a
@@ -898,7 +920,6 @@ export class Client {
       if (front.live > 0 && front.deadline > now) break
       this.#dropStamp(list, stamps.shift()!)
       if (front.live === 0) continue
-      list.liveStamps--
       list.liveCalls -= front.live
       for (const call of front.calls) this.#onTimer(call, list.timeoutMs)
     }
@@ -922,7 +943,6 @@ export class Client {
   #leaveDeadlines (stamp: Stamp, list: DeadlineList): void {
     list.liveCalls--
     if (--stamp.live > 0) return
-    list.liveStamps--
     const stamps = list.stamps
     for (let front = stamps.peekFront(); front !== undefined && front.live === 0 && front !== list.open; front = stamps.peekFront()) {
       this.#dropStamp(list, stamps.shift()!)
@@ -998,14 +1018,16 @@ export class Client {
     const callback = call.callback
     if (callback === null) call.reject(error, sent)
     // Failed while it starts: its caller has not got control back yet.
-    else if (call === this.#startedCall) process.nextTick(deliver, callback, error, undefined)
+    else if (call === this.#startedCall) setImmediate(deliver, callback, error, undefined)
     else deliver(callback, error, undefined)
   }
 
-  // A call that failed before it was made: a promise rejects, a callback is called on the next tick.
+  // A call that failed before it was made: a promise rejects, a callback is
+  // called from setImmediate (not a tick: a chain that re-issues on every
+  // failure must not starve I/O).
   #failEarly (error: RpcError, reject: (error: RpcError, sent: boolean) => void, callback: Callback<Message> | null): void {
     if (callback === null) reject(error, false)
-    else process.nextTick(deliver, callback, error, undefined)
+    else setImmediate(deliver, callback, error, undefined)
   }
 
   #retire (cc: ClientConnection): void {
@@ -1118,8 +1140,6 @@ const RESOLVED = Promise.resolve()
 class DeadlineList {
   readonly timeoutMs: number
   readonly stamps = new Denque<Stamp>()
-  /** Stamps in `stamps` with calls not finished. */
-  liveStamps = 0
   /** Calls not finished in those stamps. */
   liveCalls = 0
   /** Calls the stamps in `stamps` hold, finished or not. */

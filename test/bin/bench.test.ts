@@ -122,6 +122,8 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(config.mode, 'async')
   t.same(config.against, ['nyala', 'grpc'])
   t.same(DEFAULT_CONFIG.against, ['nyala', 'raw'], 'the defaults are not changed')
+  t.same(applyConfig(DEFAULT_CONFIG, { mode: 'async' }).against, ['nyala', 'nyala-promise', 'raw'], 'async: the awaiting chains beside the callback ones by default')
+  t.same(applyConfig(DEFAULT_CONFIG, { mode: 'sync' }).against, ['nyala', 'raw'])
   const b = parseCompareFlags(config, '--worker-threads 2  --run-seconds 0.5 --busy-poll-us 80')
   t.equal(b.workerThreads, 2)
   t.equal(b.busyPollUs, 80)

@@ -104,3 +104,11 @@ t.test('COMMAND --help prints the usage and exits 0', async t => {
     t.match(run.stdout(), new RegExp(`nyala ${command} `), command)
   }
 })
+
+t.test('names of Object.prototype are not commands', async t => {
+  for (const command of ['constructor', 'toString', '__proto__']) {
+    const run = nyala([command])
+    t.equal(await run.exit, 2, command)
+    t.match(run.stderr(), new RegExp(`unknown command '${command}'`))
+  }
+})

@@ -211,3 +211,23 @@ t.test('tallies: 200 callback calls against a server that answers half and then 
   await turns(3)
   t.same(tally(outcomes), { OK: 100, [ErrorCode.CONNECTION_CLOSED]: 100 })
 })
+
+t.test('an endpoint net.connect cannot use fails the call once, in either form, and leaves nothing to time out', async t => {
+  const clock = new FakeClock()
+  const client = newClient(t, { clock })
+  for (const endpoint of [{ host: '127.0.0.1', port: 70000 }, { host: '', port: 7050 }, { host: '127.0.0.1', port: 1.5 }]) {
+    const calc = client.service(CalculatorService, endpoint)
+    const r = recorder()
+    calc.Add({ x: 1, y: 1 }, { timeoutMs: 100 }, r.callback)
+    r.returned()
+    await r.done
+    await calc.Add({ x: 1, y: 1 }, { timeoutMs: 100 }).then(() => t.fail('answered'), (err: RpcError) => t.equal(err.code, ErrorCode.INVALID_ARGUMENT, `${JSON.stringify(endpoint)}: promise form`))
+    clock.advance(1000)
+    clock.runDeferred()
+    await turns(3)
+    t.equal(r.calls.length, 1, `${JSON.stringify(endpoint)}: one callback, no later timeout`)
+    t.equal(r.calls[0]!.error?.code, ErrorCode.INVALID_ARGUMENT)
+    t.ok(r.calls[0]!.afterReturn)
+  }
+  t.equal(client.pendingCalls, 0)
+})

@@ -198,8 +198,8 @@ t.test('batches answered in random order across checkpoints: every call settles 
       clock.advance(10)
       await turns(2)
     }
-    // Answer a random 80 %, in random order: stamps empty out of order, a
-    // few stuck calls keep theirs (and the list compacts around them).
+    // Answer a random 80 %, in random order: stamps empty out of order and
+    // the unanswered calls keep theirs until their deadline.
     const ids = peer!.calls.map((c) => c.header.call_id)
     const answered = new Set<number>()
     for (const i of ids.map((_, i) => i).sort(() => random() - 0.5)) {
