@@ -254,6 +254,13 @@ export function formatReport (config: BenchConfig, rows: readonly BenchRow[], re
       if (other === mine || (mine.system === 'nyala-promise' && other.system === 'nyala')) continue
       const cpu = (mine.userCpuUsPerReq + mine.sysCpuUsPerReq) / (other.userCpuUsPerReq + other.sysCpuUsPerReq)
       ratios += `\n${mine.system} / ${other.system}: ${fixed(mine.reqsPerSec / other.reqsPerSec, 2)}x Reqs/sec, ${fixed(cpu, 2)}x server CPU per request`
+      // Rounds run every system back to back: a round's ratio shares its phase of the machine.
+      const a = runs.filter((run) => run.row.system === mine.system)
+      const b = runs.filter((run) => run.row.system === other.system)
+      if (a.length > 1 && a.length === b.length) {
+        const perRound = a.map((run, i) => run.row.reqsPerSec / b[i]!.row.reqsPerSec).sort((x, y) => x - y)
+        ratios += `; per round: median ${fixed(median(perRound), 2)}x (${fixed(perRound[0]!, 2)}–${fixed(perRound[perRound.length - 1]!, 2)})`
+      }
     }
   }
   if (ratios !== '') out += `${ratios}\n`

@@ -13,7 +13,7 @@ import { join } from 'node:path'
 import { regularizedIncompleteBeta, studentTCdf, studentTQuantile, welchTest } from '../../bench/welch.js'
 import { createLatencyHistogram, encodeLatencies, mergeLatencies, recordLatency, summarizeLatencies } from '../../bench/latency.js'
 import { chainsPerConnection, computeRun } from '../../bench/rpc-bench.js'
-import { DEFAULT_CONFIG, applyConfig, describeConfig, medianRow, parseCompareFlags, takeCompare } from '../../bin/bench.js'
+import { DEFAULT_CONFIG, applyConfig, describeConfig, formatReport, medianRow, parseCompareFlags, takeCompare } from '../../bin/bench.js'
 import type { LoadDone } from '../../bench/bench-ipc.js'
 
 // The smoke run forks a server and load processes per system, each compiling
@@ -192,4 +192,16 @@ t.test('bench smoke, async: nyala (callback chains) and nyala-promise (awaiting 
   t.match(out, /^nyala \/ raw: [\d.]+x Reqs\/sec/m)
   t.match(out, /^nyala-promise \/ raw: [\d.]+x Reqs\/sec/m)
   t.notMatch(out, /call\(s\) failed/)
+})
+
+t.test('the report gives each nyala ratio as a ratio of medians and as the median of the rounds\' ratios', async t => {
+  const row = (system: 'nyala' | 'nyala-promise' | 'raw', reqsPerSec: number) => ({ system, mode: 'async' as const, reqsPerSec, userCpuUsPerReq: 1, sysCpuUsPerReq: 1, ctxSwPerReq: 0, clientCpuUsPerReq: 1, p50Us: 1, p99Us: 2, p999Us: 3 })
+  const run = (r: ReturnType<typeof row>) => ({ row: r, calls: 1, errors: 0, firstError: null, loadProcesses: 1, connections: 1, windowSeconds: 1 })
+  // Three rounds; raw is fast in the middle one only (a phase of the machine).
+  const rounds = [[row('nyala', 80), row('raw', 100)], [row('nyala', 90), row('raw', 200)], [row('nyala', 70), row('raw', 100)]]
+  const runs = rounds.flat().map(run)
+  const rows = [medianRow(rounds.map((r) => r[0]!)), medianRow(rounds.map((r) => r[1]!))]
+  const config = applyConfig(DEFAULT_CONFIG, { mode: 'async', against: 'nyala,raw' })
+  const out = formatReport(config, rows, 3, runs)
+  t.match(out, /nyala \/ raw: 0\.80x Reqs\/sec, 1\.00x server CPU per request; per round: median 0\.70x \(0\.45–0\.80\)/)
 })
