@@ -543,11 +543,18 @@ export class Client {
       return
     }
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
-    // Calls can nest (a callback run while this one starts may start another): the outer one's state comes back after.
+    this.#attemptWith(callback, endpoint, method, request, options, timeoutMs, unusedResolve, unusedReject, true)
+  }
+
+  // #attempt for a call that settles through `callback` (null: through
+  // resolve/reject). Calls can nest (a callback run while this one starts may
+  // start another): the outer one's state comes back after.
+  #attemptWith (callback: Callback<Message> | null, endpoint: Target, method: PreparedMethod, request: Message, options: CallOptions, timeoutMs: number,
+    resolve: (result: CallResult<Message> | Message) => void, reject: (error: RpcError, sent: boolean) => void, responseOnly: boolean): void {
     const outer = this.#startedCall
     this.#starting = callback
     try {
-      this.#attempt(endpoint, method, request, options, timeoutMs, unusedResolve, unusedReject, true)
+      this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
     } finally {
       this.#starting = null
       this.#startedCall = outer
@@ -587,16 +594,7 @@ export class Client {
         if (balanced.resolving !== null) {
           // Names still resolving: this attempt starts once they are known.
           balanced.resolving.then(
-            () => {
-              const outer = this.#startedCall
-              this.#starting = callback
-              try {
-                this.#attempt(endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly)
-              } finally {
-                this.#starting = null
-                this.#startedCall = outer
-              }
-            },
+            () => this.#attemptWith(callback, endpoint, method, request, options, timeoutMs, resolve, reject, responseOnly),
             (error: RpcError) => this.#failEarly(error, reject, callback))
           return
         }

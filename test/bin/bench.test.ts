@@ -145,13 +145,8 @@ t.test('flags: configurations, --compare operands, medians', async t => {
   t.equal(m.p50Us, 1)
 })
 
-t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints one row per system, and writes the CPU profiles asked for', async t => {
-  const profiles = mkdtempSync(join(tmpdir(), 'nyala-bench-prof-'))
-  t.teardown(() => rmSync(profiles, { recursive: true, force: true }))
-  const serverDir = join(profiles, 'server')
-  const loadDir = join(profiles, 'load')
-  const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc',
-    '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir, '--busy-poll-us', '50']
+/** Runs `nyala ARGS` from the TypeScript sources in a child process; resolves once it exits. */
+async function runNyala (args: string[]): Promise<{ code: number | null, out: string, err: string }> {
   const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
   const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
@@ -159,6 +154,17 @@ t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints
   child.stdout.on('data', (d: Buffer) => { out += d.toString() })
   child.stderr.on('data', (d: Buffer) => { err += d.toString() })
   const code = await new Promise<number | null>((resolve) => child.once('exit', resolve))
+  return { code, out, err }
+}
+
+t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints one row per system, and writes the CPU profiles asked for', async t => {
+  const profiles = mkdtempSync(join(tmpdir(), 'nyala-bench-prof-'))
+  t.teardown(() => rmSync(profiles, { recursive: true, force: true }))
+  const serverDir = join(profiles, 'server')
+  const loadDir = join(profiles, 'load')
+  const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc',
+    '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir, '--busy-poll-us', '50']
+  const { code, out, err } = await runNyala(args)
   t.equal(code, 0, err)
   const rows = JSON.parse(out) as Array<Record<string, unknown>>
   t.same(rows.map((r) => r.system), ['nyala', 'raw', 'grpc'])
@@ -179,13 +185,7 @@ t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints
 
 t.test('bench smoke, async: nyala (callback chains) and nyala-promise (awaiting chains) both answer, with the text report\'s ratios', async t => {
   const args = ['bench', '--mode', 'async', '--run-seconds', '0.3', '--client-threads', '1', '--async-call-concurrency', '20', '--against', 'nyala,nyala-promise,raw']
-  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  let err = ''
-  child.stdout.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr.on('data', (d: Buffer) => { err += d.toString() })
-  const code = await new Promise<number | null>((resolve) => child.once('exit', resolve))
+  const { code, out, err } = await runNyala(args)
   t.equal(code, 0, err)
   for (const system of ['nyala', 'nyala-promise', 'raw']) t.match(out, new RegExp(`^${system} +[1-9][\\d,]* `, 'm'), `${system}: a row with calls`)
   t.match(out, /^nyala \/ nyala-promise: [\d.]+x Reqs\/sec/m)
