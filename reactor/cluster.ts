@@ -145,6 +145,8 @@ interface Slot {
   listening: boolean
   /** The port the reactor was told to listen on (0 or the real one). */
   port: number
+  /** The reactor is closing because it got a port of its own; fork it again on the real one. */
+  moving: boolean
 }
 
 interface Pending { resolve: (reply: FromReactor | null) => void, timer: NodeJS.Timeout, worker: Worker }
@@ -189,7 +191,7 @@ class ClusterReactors implements Reactors {
     })
     const started = new Promise<void>((resolve, reject) => { this.#started = { resolve, reject } })
     for (let index = 0; index < this.#options.reactors; index++) {
-      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false, port: this.#options.port })
+      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false, port: this.#options.port, moving: false })
     }
     // With reusePort and port 0, the first reactor picks the port the others join.
     const first = this.distribution === 'reusePort' && this.#options.port === 0 ? [this.#slots[0]!] : this.#slots
@@ -253,12 +255,12 @@ class ClusterReactors implements Reactors {
     return workers
   }
 
-  #fork (slot: Slot): void {
+  #fork (slot: Slot, port = this.#listenPort()): void {
     slot.restartTimer = null
     slot.failure = null
     slot.listening = false
-    slot.port = this.#listenPort()
-    const port = slot.port
+    slot.moving = false
+    slot.port = port
     const worker = cluster.fork({ [ENV_SLOT]: String(slot.index), [ENV_DISTRIBUTION]: this.distribution, [ENV_PORT]: String(port) })
     slot.worker = worker
     slot.startedAt = Date.now()
@@ -266,22 +268,34 @@ class ClusterReactors implements Reactors {
     // IPC errors (a channel closed under a send) surface as the exit below.
     worker.on('error', (err: Error) => this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}): ${err.message}`))
     worker.once('exit', (code: number | null, signal: string | null) => this.#onReactorExit(slot, worker, code, signal))
+    this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) started, listening on port ${port}`)
   }
 
   // The port a new reactor listens on. With reusePort, the real one. With
   // round-robin, the one the live reactors asked for: the primary shares one
   // handle per requested address, so a reactor asking for port 0 again joins
   // them; once none is alive that handle is gone and the real port is bound anew.
+  // A reactor forked while the last one in the handle was dying may find the
+  // handle gone when it asks; it then gets a new port and is moved (below).
   #listenPort (): number {
     if (this.#address === null) return this.#options.port
     if (this.distribution === 'reusePort') return this.#address.port
-    const alive = this.#slots.find(s => s.worker !== null)
+    const alive = this.#slots.find(s => s.worker !== null && !s.moving)
     return alive === undefined ? this.#address.port : alive.port
   }
 
   #onReactorMessage (slot: Slot, worker: Worker, message: FromReactor): void {
     switch (message?.type) {
       case 'nyala:reactor-listening': {
+        if (this.#address !== null && message.port !== this.#address.port && this.#closing === null) {
+          // Round-robin with port 0: the primary's handle for port 0 closed
+          // with the last reactor in it before this one asked, so this one got
+          // a port of its own that no client knows. Move it to the real port.
+          this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) got port ${message.port}, not ${this.#address.port}; restarting it on ${this.#address.port}`)
+          slot.moving = true
+          send(worker, { type: 'nyala:reactor-close' })
+          return
+        }
         slot.listening = true
         this.#address ??= { host: message.host, port: message.port }
         this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) listening on ${message.host}:${message.port}`)
@@ -329,6 +343,10 @@ class ClusterReactors implements Reactors {
     if (this.#closing !== null) {
       this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) ${how}`)
       this.#maybeClosed()
+      return
+    }
+    if (slot.moving && this.#address !== null) {
+      this.#fork(slot, this.#address.port)
       return
     }
     if (this.#started !== null) {

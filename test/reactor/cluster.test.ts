@@ -211,17 +211,36 @@ t.test('two reactors serve; a killed one is replaced; SIGTERM drains both and ex
     t.ok(replaced.includes(pid), `client ${i} is served by a live reactor`)
   }
 
-  // Both at once: with port 0 the primary's shared handle goes with the last
-  // reactor; the replacements bind the same real port again.
-  for (const pid of replaced) process.kill(pid, 'SIGKILL')
-  const fresh = await until('two replacement reactors', run, async () => {
+  // One dies; its replacement starts asking for port 0 as the other did; the
+  // other dies before the replacement listens. The primary's handle for port
+  // 0 went with it, so the replacement gets a port of its own: it is moved to
+  // the real one, and the endpoint keeps serving.
+  const port = endpoint.split(':')[1]
+  const startedOnZero = (): number => run.stderr().match(/started, listening on port 0\n/g)?.length ?? 0
+  const before = startedOnZero()
+  process.kill(replaced[0]!, 'SIGKILL')
+  await until('a replacement starting on port 0', run, () => startedOnZero() > before ? true : undefined)
+  process.kill(replaced[1]!, 'SIGKILL')
+  const moved = await until('two reactors on the endpoint\'s port', run, async () => {
     const live = (await livePids()).slice(1)
     return live.length === 2 && !live.some((pid) => replaced.includes(pid)) ? live : undefined
+  })
+  for (const pid of moved) pids.add(pid)
+  t.match(run.stderr(), new RegExp(`got port \\d+, not ${port}; restarting it on ${port}`), 'a reactor that got another port was moved')
+  const movedClients = clients(t, endpoint, 2)
+  t.same((await Promise.all(movedClients.map(async (c) => (await c.service(ReactorService).Pid({})).pid))).sort(), [...moved].sort(), 'the endpoint reaches both')
+  t.equal(sample(await scrape(), 'nyala_reactor_restarts_total'), 3, 'a move is not a restart')
+
+  // Both at once: the replacements bind the same real port again.
+  for (const pid of moved) process.kill(pid, 'SIGKILL')
+  const fresh = await until('two replacement reactors', run, async () => {
+    const live = (await livePids()).slice(1)
+    return live.length === 2 && !live.some((pid) => moved.includes(pid)) ? live : undefined
   })
   for (const pid of fresh) pids.add(pid)
   const after = clients(t, endpoint, 2)
   t.same((await Promise.all(after.map(async (c) => (await c.service(ReactorService).Pid({})).pid))).sort(), [...fresh].sort(), 'the same endpoint reaches both replacements')
-  t.equal(sample(await scrape(), 'nyala_reactor_restarts_total'), 3)
+  t.equal(sample(await scrape(), 'nyala_reactor_restarts_total'), 5)
 
   // SIGTERM to the primary: calls in flight on both reactors are answered, then exit 0.
   const sleepers = clients(t, endpoint, 4)
