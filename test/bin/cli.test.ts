@@ -1,7 +1,10 @@
 /**
  * The `nyala` command line, run as a child process from the TypeScript
  * sources (through the same loader tap uses): serve with scheduling flags
- * and a metrics endpoint, call, fairness --json, and bad flags.
+ * and a metrics endpoint, call, fairness --json, and bad flags. The usage
+ * cases, which start nothing, run in one child process (`usage`): a child
+ * per case cost two to five seconds each and brought the file near tap's
+ * per-file timeout on a loaded machine.
  */
 import t from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
@@ -12,6 +15,9 @@ import { CalculatorService } from '../../examples/calculator.js'
 const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
 // Only the TypeScript loader: coverage and mocking hooks stay in this process.
 const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+
+// Several processes start here through the TypeScript loader.
+t.setTimeout(300_000)
 
 interface Run { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
 
@@ -24,6 +30,35 @@ function nyala (args: string[]): Run {
   child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
   const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
   return { child, stdout: () => out, stderr: () => err, exit }
+}
+
+interface Outcome { code: number, stdout: string, stderr: string }
+
+/**
+ * Runs `main(args)` for each of `cases` in one child process, each with its
+ * own stdout and stderr captured, and resolves with their outcomes in order.
+ * Only for cases that start nothing (usage errors, help).
+ */
+async function usage (cases: string[][]): Promise<Outcome[]> {
+  const script = `
+    const cli = await import(${JSON.stringify(CLI)})
+    const out = process.stdout.write, err = process.stderr.write, outcomes = []
+    for (const args of ${JSON.stringify(cases)}) {
+      const o = { code: -1, stdout: '', stderr: '' }
+      process.stdout.write = (d) => { o.stdout += d; return true }
+      process.stderr.write = (d) => { o.stderr += d; return true }
+      try { o.code = await cli.main(args) } catch (e) { o.stderr += String(e && e.stack) } finally { process.stdout.write = out; process.stderr.write = err }
+      outcomes.push(o)
+    }
+    process.stdout.write(JSON.stringify(outcomes))`
+  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
+  let out = ''
+  let err = ''
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
+  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
+  const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)))
+  if (code !== 0) throw new Error(`the usage runner exited with ${code}: ${err}`)
+  return JSON.parse(out) as Outcome[]
 }
 
 async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
@@ -81,34 +116,42 @@ t.test('fairness with two queues prints one row each, in one run', async t => {
   t.same(rows.map((r) => r.queue), ['edf', 'fifo'])
 })
 
-t.test('bad flags exit non-zero with a message', async t => {
+t.test('bad flags exit non-zero with a message, in a real process', async t => {
   const run = nyala(['serve', '--queue', 'lifo', '--port', '0'])
-  t.not(await run.exit, 0)
+  t.equal(await run.exit, 2)
   t.match(run.stderr(), /--queue must be edf or fifo/)
 })
 
-t.test('unknown flags and bad values are usage errors: one line, exit 2, no stack', async t => {
-  for (const args of [['bench', '--bogus'], ['serve', '--port'], ['serve', '--workers', 'many'], ['fairness', '--clients', 'x', '--json']]) {
-    const run = nyala(args)
-    t.equal(await run.exit, 2, args.join(' '))
-    t.match(run.stderr(), new RegExp(`^nyala ${args[0]}: `), args.join(' '))
-    t.notMatch(run.stderr(), /\n\s+at /, `${args.join(' ')}: no stack trace`)
-  }
-})
+t.test('usage: unknown flags and bad values, COMMAND --help, Object.prototype names', async t => {
+  const bad = [['bench', '--bogus'], ['serve', '--port'], ['serve', '--workers', 'many'], ['fairness', '--clients', 'x', '--json']]
+  const help = ['serve', 'bench', 'call', 'trace', 'fairness']
+  const notCommands = ['constructor', 'toString', '__proto__']
+  const outcomes = await usage([...bad, ...help.map((command) => [command, '--help']), ...notCommands.map((command) => [command])])
+  t.equal(outcomes.length, bad.length + help.length + notCommands.length)
 
-t.test('COMMAND --help prints the usage and exits 0', async t => {
-  for (const command of ['serve', 'bench', 'call', 'trace', 'fairness']) {
-    const run = nyala([command, '--help'])
-    t.equal(await run.exit, 0, command)
-    t.match(run.stdout(), /^nyala: raw-TCP binary RPC servers/, command)
-    t.match(run.stdout(), new RegExp(`nyala ${command} `), command)
-  }
-})
+  t.test('unknown flags and bad values are usage errors: one line, exit 2, no stack', async t => {
+    for (const [i, args] of bad.entries()) {
+      const run = outcomes[i]!
+      t.equal(run.code, 2, args.join(' '))
+      t.match(run.stderr, new RegExp(`^nyala ${args[0]}: `), args.join(' '))
+      t.notMatch(run.stderr, /\n\s+at /, `${args.join(' ')}: no stack trace`)
+    }
+  })
 
-t.test('names of Object.prototype are not commands', async t => {
-  for (const command of ['constructor', 'toString', '__proto__']) {
-    const run = nyala([command])
-    t.equal(await run.exit, 2, command)
-    t.match(run.stderr(), new RegExp(`unknown command '${command}'`))
-  }
+  t.test('COMMAND --help prints the usage and exits 0', async t => {
+    for (const [i, command] of help.entries()) {
+      const run = outcomes[bad.length + i]!
+      t.equal(run.code, 0, command)
+      t.match(run.stdout, /^nyala: raw-TCP binary RPC servers/, command)
+      t.match(run.stdout, new RegExp(`nyala ${command} `), command)
+    }
+  })
+
+  t.test('names of Object.prototype are not commands', async t => {
+    for (const [i, command] of notCommands.entries()) {
+      const run = outcomes[bad.length + help.length + i]!
+      t.equal(run.code, 2, command)
+      t.match(run.stderr, new RegExp(`unknown command '${command}'`))
+    }
+  })
 })
