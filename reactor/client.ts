@@ -269,6 +269,12 @@ function callOnSent (this: OutboundCall, error: RpcError | undefined): void {
   this.sentHook?.(this, error)
 }
 
+/** DEADLINE_EXCEEDED for a call whose retries ran out of time, naming the error that made it retry. */
+function retriesTimedOut (def: ServiceDef, method: string, timeoutMs: number, attempts: number, last: RpcError): RpcError {
+  return new RpcError(ErrorCode.DEADLINE_EXCEEDED,
+    `${def.fullName}.${method} timed out after ${timeoutMs} ms and ${attempts} attempt(s); last error: ${last.message}`, { cause: last })
+}
+
 /** For messages: built only when an error needs it, never per call. */
 function labelOf (call: OutboundCall): string {
   return `${call.method.service}.${call.method.methodDef.name} RPC to ${call.target.host}:${call.target.port}`
@@ -461,6 +467,7 @@ export class Client {
     const timeoutMs = options.timeoutMs ?? this.#options.defaultTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS
     const deadline = timeoutMs > 0 ? clock.now() + timeoutMs : Number.POSITIVE_INFINITY
     retry.budget?.recordCall()
+    let previous: RpcError | null = null
     for (let attempt = 1; ; attempt++) {
       const remaining = deadline - clock.now()
       // A retry never starts after the deadline; 0 would mean "no deadline".
@@ -470,6 +477,11 @@ export class Client {
       })
       if (!('error' in outcome)) return outcome
       const { error, sent } = outcome
+      if (previous !== null && error.code === ErrorCode.DEADLINE_EXCEEDED) {
+        // A retry ran into the call's deadline: the error that made it retry is the story.
+        this.#retryCounts.exhausted++
+        throw retriesTimedOut(def, method, timeoutMs, attempt, previous)
+      }
       if (!isRetryable(error, sent, options.idempotent === true)) throw error
       const refusedBefore = retry.budget?.stats.refused ?? 0
       const remainingNow = deadline - clock.now()
@@ -480,9 +492,9 @@ export class Client {
         const outOfBudget = (retry.budget?.stats.refused ?? 0) > refusedBefore
         if (outOfAttempts || outOfBudget) throw error
         // The next attempt could not start before the deadline.
-        throw new RpcError(ErrorCode.DEADLINE_EXCEEDED,
-          `${def.fullName}.${method} timed out after ${timeoutMs} ms and ${attempt} attempt(s); last error: ${error.message}`, { cause: error })
+        throw retriesTimedOut(def, method, timeoutMs, attempt, error)
       }
+      previous = error
       this.#retryCounts.retries++
       try {
         await sleep(clock, delay, options.signal)

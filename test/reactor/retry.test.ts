@@ -38,12 +38,27 @@ t.test('retries keep the original deadline: a call that stays busy ends DEADLINE
     workers: 0,
     queueLength: 0
   })
-  const client = newClient(t, { endpoint, retry: { backoff: new LinearBackoff({ stepMs: 5 }) } })
-  const error = await client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 60 }).then(() => null, (e: unknown) => e as Error & { code: string })
+  const client = newClient(t, { endpoint, retry: { backoff: new LinearBackoff({ stepMs: 20 }) } })
+  const error = await client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 300 }).then(() => null, (e: unknown) => e as Error & { code: string })
   t.equal(error?.code, 'RPC_ERR_DEADLINE_EXCEEDED')
   t.match(error?.message, /attempt\(s\); last error: .*service queue is full/)
   t.equal(client.retryStats!.exhausted, 1)
   t.ok(client.retryStats!.retries >= 1)
+})
+
+t.test('a retry that runs into the deadline ends DEADLINE_EXCEEDED naming the error that made it retry', async t => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const client = newClient(t, { endpoint: fake.endpoint, retry: { backoff: new LinearBackoff({ stepMs: 1 }) } })
+  const pending = client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 300 }).then(() => null, (e: unknown) => e as Error & { code: string })
+  const peer = await fake.peer(0)
+  const first = await peer.nextCall()
+  peer.respondError(first.header.call_id, KrpcCode.ERROR_SERVER_TOO_BUSY, 'busy now')
+  await peer.nextCall() // the retry, never answered
+  const error = await pending
+  t.equal(error?.code, 'RPC_ERR_DEADLINE_EXCEEDED')
+  t.match(error?.message, /timed out after 300 ms and 2 attempt\(s\); last error: .*busy now/)
+  t.same(client.retryStats && [client.retryStats.retries, client.retryStats.exhausted], [1, 1])
 })
 
 t.test('without a retry policy, or with retry: false, TOO_BUSY surfaces at once', async t => {
@@ -77,7 +92,7 @@ t.test('the retry budget stops retries from amplifying an overload', async t => 
 t.test('connect failures are retried until the deadline', async t => {
   const port = await closedPort()
   const client = newClient(t, { endpoint: `127.0.0.1:${port}`, retry: { backoff: new LinearBackoff({ stepMs: 5 }) } })
-  t.equal(await settle(client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 50 })), 'RPC_ERR_DEADLINE_EXCEEDED')
+  t.equal(await settle(client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 500 })), 'RPC_ERR_DEADLINE_EXCEEDED')
   t.ok(client.retryStats!.retries >= 1)
 })
 
