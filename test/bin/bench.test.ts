@@ -162,7 +162,7 @@ t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints
   t.teardown(() => rmSync(profiles, { recursive: true, force: true }))
   const serverDir = join(profiles, 'server')
   const loadDir = join(profiles, 'load')
-  const args = ['bench', '--json', '--run-seconds', '0.3', '--client-threads', '2', '--against', 'nyala,raw,grpc',
+  const args = ['bench', '--json', '--run-seconds', '0.5', '--warmup-seconds', '0.5', '--client-threads', '2', '--against', 'nyala,raw,grpc',
     '--server-cpu-prof', serverDir, '--load-cpu-prof', loadDir, '--busy-poll-us', '50']
   const { code, out, err } = await runNyala(args)
   t.equal(code, 0, err)
@@ -184,7 +184,7 @@ t.test('bench smoke: a very short nyala bench --json (nyala busy-polling) prints
 })
 
 t.test('bench smoke, async: nyala (callback chains) and nyala-promise (awaiting chains) both answer, with the text report\'s ratios', async t => {
-  const args = ['bench', '--mode', 'async', '--run-seconds', '0.3', '--client-threads', '1', '--async-call-concurrency', '20', '--against', 'nyala,nyala-promise,raw']
+  const args = ['bench', '--mode', 'async', '--run-seconds', '0.5', '--warmup-seconds', '0.5', '--client-threads', '1', '--async-call-concurrency', '20', '--against', 'nyala,nyala-promise,raw']
   const { code, out, err } = await runNyala(args)
   t.equal(code, 0, err)
   for (const system of ['nyala', 'nyala-promise', 'raw']) t.match(out, new RegExp(`^${system} +[1-9][\\d,]* `, 'm'), `${system}: a row with calls`)

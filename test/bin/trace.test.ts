@@ -10,6 +10,9 @@ import { spawn, spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { CATEGORIES, categorize, parsePerfTraceSummary, parsePlan, parseStraceSummary, trace, tracerProblem, type TraceReport } from '../../bin/trace.js'
 
+// Servers run under strace -f, which costs a context switch per system call: slow on a loaded machine.
+t.setTimeout(300_000)
+
 const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
 // Only the TypeScript loader: coverage and mocking hooks stay in this process.
 const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))

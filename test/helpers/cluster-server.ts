@@ -1,6 +1,6 @@
 /**
  * A cluster of reactors for test/reactor/cluster.test.ts, run as its own
- * process: `node [loader] cluster-server.ts --reactors N [...]`. The reactor
+ * process: `node [loader] cluster-server.ts --reactors N [--build-delay-ms D] [...]`. The reactor
  * processes re-run this script (serveReactors' default `exec`), build the
  * same server and listen. The primary prints, one line each:
  *   listening on HOST:PORT
@@ -21,7 +21,9 @@ const { values } = parseArgs({
   options: {
     reactors: { type: 'string', default: '2' },
     'max-connection-age-ms': { type: 'string' },
-    'restart-base-ms': { type: 'string', default: '50' }
+    'restart-base-ms': { type: 'string', default: '50' },
+    // Each reactor waits this long before building its server: a window in which a test can act between a fork and its listen.
+    'build-delay-ms': { type: 'string', default: '0' }
   }
 })
 
@@ -33,9 +35,12 @@ const reactors = await serveReactors({
   restartBackoff: { baseMs: Number(values['restart-base-ms']), maxMs: 2000 },
   ...(values['max-connection-age-ms'] === undefined ? {} : { maxConnectionAgeMs: Number(values['max-connection-age-ms']) }),
   logger: consoleLogger(true),
-  build: () => new Server({ logger: consoleLogger(true) })
-    .addService(CalculatorService, calculatorHandlers)
-    .addService(ReactorService, reactorHandlers)
+  build: async () => {
+    await new Promise((resolve) => setTimeout(resolve, Number(values['build-delay-ms'])))
+    return new Server({ logger: consoleLogger(true) })
+      .addService(CalculatorService, calculatorHandlers)
+      .addService(ReactorService, reactorHandlers)
+  }
 })
 
 // Only the primary gets here.

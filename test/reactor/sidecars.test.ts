@@ -148,7 +148,8 @@ t.test('a response over the client\'s max message size fails every call on that 
   t.equal((await calc.Add({ x: 1, y: 1 })).result, 2)
 
   // Two calls left pending on the same connection while the big response arrives.
-  const sleeping = [settle(calc.Sleep({ sleep_micros: 200_000 })), settle(calc.Sleep({ sleep_micros: 200_000 }))]
+  // Long enough that only the connection's failure ends them (their handlers end on its abort).
+  const sleeping = [settle(calc.Sleep({ sleep_micros: 30_000_000 })), settle(calc.Sleep({ sleep_micros: 30_000_000 }))]
   await probe.started('Sleep', 2)
   // The request is below the server's (default) limit; its echo is over the client's:
   // a 63 KiB request whose answer is the same size plus sidecar copies would do too,

@@ -176,7 +176,8 @@ t.test('close() lets a call in a thread finish, then terminates the threads', as
   const { port } = await server.listen(0)
   const endpoint = `127.0.0.1:${port}`
   const client = newClient(t, { endpoint })
-  const sleeping = settle(client.call(endpoint, calculatorDef, 'Sleep', { sleep_micros: 100_000 }))
+  // Long enough to be seen busy on a loaded machine; close() waits for it.
+  const sleeping = settle(client.call(endpoint, calculatorDef, 'Sleep', { sleep_micros: 1_000_000 }))
   await until(() => server.threadStats(SERVICE)!.busy === 1)
   const closing = server.close()
   t.equal(await sleeping, 'OK', 'the call in flight is answered')
