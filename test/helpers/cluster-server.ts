@@ -23,7 +23,9 @@ const { values } = parseArgs({
     'max-connection-age-ms': { type: 'string' },
     'restart-base-ms': { type: 'string', default: '50' },
     // Each reactor waits this long before building its server: a window in which a test can act between a fork and its listen.
-    'build-delay-ms': { type: 'string', default: '0' }
+    'build-delay-ms': { type: 'string', default: '0' },
+    // round-robin or reusePort; default: what serveReactors picks for this Node.
+    distribution: { type: 'string' }
   }
 })
 
@@ -33,6 +35,7 @@ const reactors = await serveReactors({
   port: 0,
   graceMs: 10_000,
   restartBackoff: { baseMs: Number(values['restart-base-ms']), maxMs: 2000 },
+  ...(values.distribution === 'round-robin' || values.distribution === 'reusePort' ? { distribution: values.distribution } : {}),
   ...(values['max-connection-age-ms'] === undefined ? {} : { maxConnectionAgeMs: Number(values['max-connection-age-ms']) }),
   logger: consoleLogger(true),
   build: async () => {
