@@ -22,13 +22,18 @@ t.setTimeout(300_000)
 interface Run { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
 
 function nyala (args: string[]): Run {
-  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
+  return node(`import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`)
+}
+
+/** Runs module `script` with the TypeScript loader, its output collected. */
+function node (script: string): Run {
   const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
   let out = ''
   let err = ''
   child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
   child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
-  const exit = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)))
+  // 'close', not 'exit': the output may still be in the pipes when the process exits.
+  const exit = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
   return { child, stdout: () => out, stderr: () => err, exit }
 }
 
@@ -51,14 +56,10 @@ async function usage (cases: string[][]): Promise<Outcome[]> {
       outcomes.push(o)
     }
     process.stdout.write(JSON.stringify(outcomes))`
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  let err = ''
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
-  const code = await new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c)))
-  if (code !== 0) throw new Error(`the usage runner exited with ${code}: ${err}`)
-  return JSON.parse(out) as Outcome[]
+  const run = node(script)
+  const code = await run.exit
+  if (code !== 0) throw new Error(`the usage runner exited with ${code}: ${run.stderr()}`)
+  return JSON.parse(run.stdout()) as Outcome[]
 }
 
 async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {

@@ -378,9 +378,9 @@ export class ManualClock implements Clock {
   }
 }
 
-/** A port on 127.0.0.1 that nothing listens on. */
-export async function closedPort (): Promise<number> {
-  // Not a port 0 pick just freed: a test file running beside this one may be
-  // given it. Port 1 (tcpmux) is privileged and served by nothing here.
-  return 1
-}
+/**
+ * An endpoint nothing listens on. Not a port 0 pick just freed: a test file
+ * running beside this one may be given it. Port 1 (tcpmux) is privileged and
+ * served by nothing here.
+ */
+export const CLOSED_ENDPOINT = '127.0.0.1:1'

@@ -7,7 +7,7 @@ import t from 'tap'
 import { Balancer, type BalancePolicy, type Slot } from '../../reactor/balancer.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CalculatorService, newClient, settle, startServer, tally } from '../helpers/reactor-harness.js'
-import { closedPort } from '../helpers/krpc-peers.js'
+import { CLOSED_ENDPOINT } from '../helpers/krpc-peers.js'
 
 const ADDRESSES = [{ host: '10.0.0.1', port: 1 }, { host: '10.0.0.2', port: 2 }, { host: '10.0.0.3', port: 3 }]
 
@@ -116,7 +116,7 @@ t.test('p2c over one endpoint with several connections uses them all', async t =
 
 t.test('a dead endpoint is skipped after its first failure; with retries no call fails', async t => {
   const live = await startServer(t)
-  const dead = `127.0.0.1:${await closedPort()}`
+  const dead = CLOSED_ENDPOINT
   // A fake clock: the dead slot's backoff never ends during the loop, however slow the machine.
   const plain = newClient(t, { endpoint: [dead, live.endpoint], balance: 'round-robin', clock: new FakeClock() })
   const calc = plain.service(CalculatorService)

@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
 import { Client, type Callback } from '../../reactor/client.js'
 import { FakeClock } from '../../scheduling/clock.js'
-import { FakeServer } from '../helpers/krpc-peers.js'
+import { CLOSED_ENDPOINT, FakeServer } from '../helpers/krpc-peers.js'
 import { CalculatorService, newClient, startServer, tally, turns } from '../helpers/reactor-harness.js'
 
 type AddResponse = { result: number }
@@ -100,7 +100,7 @@ t.test('calls that fail while they start are called back on a later tick, never 
     ['closed client', (cb) => closed.service(CalculatorService).Add({ x: 1, y: 1 }, cb), ErrorCode.CLIENT_CLOSED],
     ['missing required field', (cb) => newClient(t, { endpoint }).service(CalculatorService).Add({ x: 1 } as never, cb), ErrorCode.INVALID_ARGUMENT],
     ['aborted signal', (cb) => newClient(t, { endpoint }).service(CalculatorService).Add({ x: 1, y: 1 }, { signal: AbortSignal.abort() }, cb), ErrorCode.CANCELLED],
-    ['nothing listening', (cb) => newClient(t, { endpoint: '127.0.0.1:1' }).service(CalculatorService).Add({ x: 1, y: 1 }, cb), ErrorCode.CONNECT_FAILED]
+    ['nothing listening', (cb) => newClient(t, { endpoint: CLOSED_ENDPOINT }).service(CalculatorService).Add({ x: 1, y: 1 }, cb), ErrorCode.CONNECT_FAILED]
   ]
   for (const [name, make, code] of cases) {
     const r = recorder()

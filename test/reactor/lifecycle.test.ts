@@ -9,7 +9,7 @@ import { FakeClock } from '../../scheduling/clock.js'
 import {
   CalculatorService, Probe, calculatorDef, calculatorHandlers, crc32, newClient, pattern, prng, settle, startServer, tally, track, turns
 } from '../helpers/reactor-harness.js'
-import { FakeServer, closedPort } from '../helpers/krpc-peers.js'
+import { CLOSED_ENDPOINT, FakeServer } from '../helpers/krpc-peers.js'
 
 const MiB = 1024 * 1024
 
@@ -52,14 +52,13 @@ t.test('a real server going away with calls in flight fails them with a connecti
 })
 
 t.test('connecting to a closed port fails with RPC_ERR_CONNECT_FAILED, five times in a row', async (t) => {
-  const port = await closedPort()
-  const client = newClient(t, { endpoint: `127.0.0.1:${port}` })
+  const client = newClient(t, { endpoint: CLOSED_ENDPOINT })
   const calc = client.service(CalculatorService)
   for (let i = 0; i < 5; i++) {
     const error = await calc.Add({ x: 1, y: 1 }, { timeoutMs: 10_000 }).then(() => null, (e: unknown) => e)
     t.ok(error instanceof RpcError)
     t.equal((error as RpcError).code, ErrorCode.CONNECT_FAILED, `attempt ${i + 1}`)
-    t.match((error as RpcError).message, String(port), 'names the endpoint')
+    t.match((error as RpcError).message, CLOSED_ENDPOINT, 'names the endpoint')
     t.equal(client.connectionCount, 0)
   }
   // Concurrent calls queued on the failing connection all fail the same way.

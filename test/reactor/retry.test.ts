@@ -9,7 +9,7 @@ import { KrpcCode } from '../../codec/errors.js'
 import { LinearBackoff, RetryBudget } from '../../scheduling/retry.js'
 import { realClock } from '../../scheduling/clock.js'
 import { CalculatorService, calculatorHandlers, newClient, settle, startServer } from '../helpers/reactor-harness.js'
-import { FakeServer, closedPort } from '../helpers/krpc-peers.js'
+import { CLOSED_ENDPOINT, FakeServer } from '../helpers/krpc-peers.js'
 
 t.test('TOO_BUSY is retried until a worker is free, and the call succeeds once', async t => {
   let release!: () => void
@@ -90,8 +90,7 @@ t.test('the retry budget stops retries from amplifying an overload', async t => 
 })
 
 t.test('connect failures are retried until the deadline', async t => {
-  const port = await closedPort()
-  const client = newClient(t, { endpoint: `127.0.0.1:${port}`, retry: { backoff: new LinearBackoff({ stepMs: 5 }) } })
+  const client = newClient(t, { endpoint: CLOSED_ENDPOINT, retry: { backoff: new LinearBackoff({ stepMs: 5 }) } })
   t.equal(await settle(client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 500 })), 'RPC_ERR_DEADLINE_EXCEEDED')
   t.ok(client.retryStats!.retries >= 1)
 })
