@@ -28,23 +28,34 @@ export type FrameRangeSink = (buf: Buffer, start: number, end: number) => boolea
 /** The default largest frame a receiver accepts: 50 MiB, as Kudu's `rpc_max_message_size`. */
 export const DEFAULT_MAX_MESSAGE_BYTES = 50 * 1024 * 1024
 
+// A frame that spans chunks starts with room for this much (or twice its
+// first piece), and grows by doubling as more of it arrives.
+const FIRST_PIECE_BYTES = 16 * 1024
+
 /**
  * Splits a byte stream into frames.
  *
  * Chunks may end anywhere, even inside a length prefix. A frame that lies
  * within one chunk is handed on as a view of that chunk, not a copy, so the
- * sink must not write to it. A frame that spans chunks is assembled into one
- * buffer allocated once, when its prefix has arrived and its size is known to
- * be within `maxFrameBytes`; so memory per decoder is bounded by that limit.
- * Bad input is reported as a returned error, never thrown; after an error the
+ * sink must not write to it. A frame that spans chunks is assembled in a
+ * buffer that grows with the bytes that actually arrived (doubling, from
+ * 16 KiB or twice the first piece, up to the announced size), never with
+ * what the length prefix claims: a peer that announces 50 MiB and sends
+ * 1 MiB makes the decoder hold about 2 MiB, not 50. `heldBytes` says how
+ * much it holds, for a budget shared by many connections. The size is
+ * checked against `maxFrameBytes` as soon as the prefix is complete. Bad
+ * input is reported as a returned error, never thrown; after an error the
  * decoder refuses further input.
  */
 export class FrameDecoder {
   readonly #framing: Framing
-  readonly #maxFrameBytes: number
-  // A frame (or, while #inPrefix, a prefix) that spans chunks.
+  #maxFrameBytes: number
+  // A frame (or, while #inPrefix, a prefix) that spans chunks: #filled bytes
+  // of #partial hold its start; the whole frame is #frameBytes long (the
+  // prefix's size while #inPrefix). #partial grows toward it as bytes come.
   #partial: Buffer | null = null
   #filled = 0
+  #frameBytes = 0
   #inPrefix = false
   #error: RpcError | null = null
   #stopped = false
@@ -59,9 +70,28 @@ export class FrameDecoder {
     return this.#partial !== null
   }
 
-  /** Bytes buffered for a frame that has not completed. */
+  /** Bytes received of a frame that has not completed. */
   get bufferedBytes (): number {
     return this.#filled
+  }
+
+  /** Bytes of memory held for a frame that has not completed (at most twice `bufferedBytes`, or 16 KiB). */
+  get heldBytes (): number {
+    return this.#partial === null ? 0 : this.#partial.length
+  }
+
+  /** Size the length prefix announced for the frame being received; 0 when none is (or its prefix is incomplete). */
+  get announcedBytes (): number {
+    return this.#partial === null || this.#inPrefix ? 0 : this.#frameBytes
+  }
+
+  /** The largest frame accepted from now on (checked at each frame's prefix). */
+  get maxFrameBytes (): number {
+    return this.#maxFrameBytes
+  }
+
+  set maxFrameBytes (bytes: number) {
+    this.#maxFrameBytes = bytes
   }
 
   /** Stops decoding: further chunks are ignored and the partial frame is released. */
@@ -84,33 +114,33 @@ export class FrameDecoder {
     const length = chunk.length
 
     while (this.#partial !== null) {
-      const partial = this.#partial
-      const take = Math.min(partial.length - this.#filled, length - offset)
+      let partial = this.#partial
+      const take = Math.min(this.#frameBytes - this.#filled, length - offset)
+      if (this.#filled + take > partial.length) partial = this.#grow(this.#filled + take)
       chunk.copy(partial, this.#filled, offset, offset + take)
       this.#filled += take
       offset += take
-      if (this.#filled < partial.length) return null
+      if (this.#filled < this.#frameBytes) return null
       if (this.#inPrefix) {
         const frameBytes = this.#checkedSize(partial, 0)
         if (typeof frameBytes !== 'number') return frameBytes
-        const frame = Buffer.allocUnsafe(frameBytes)
-        partial.copy(frame, 0)
-        this.#partial = frame
         this.#inPrefix = false
+        this.#frameBytes = frameBytes
         // #filled stays at prefixBytes.
-        if (frameBytes > partial.length) continue
+        if (frameBytes > this.#filled) continue
       }
-      const frame = this.#partial
+      const frame = this.#partial!
       this.#partial = null
       this.#filled = 0
-      if (sink(frame, 0, frame.length) === false || this.#stopped) return null
+      if (sink(frame, 0, this.#frameBytes) === false || this.#stopped) return null
     }
 
     const prefixBytes = this.#framing.prefixBytes
     while (offset < length) {
       const remaining = length - offset
       if (remaining < prefixBytes) {
-        this.#partial = Buffer.allocUnsafe(prefixBytes)
+        this.#partial = Buffer.allocUnsafe(Math.min(FIRST_PIECE_BYTES, prefixBytes))
+        this.#frameBytes = prefixBytes
         chunk.copy(this.#partial, 0, offset)
         this.#filled = remaining
         this.#inPrefix = true
@@ -119,7 +149,8 @@ export class FrameDecoder {
       const frameBytes = this.#checkedSize(chunk, offset)
       if (typeof frameBytes !== 'number') return frameBytes
       if (remaining < frameBytes) {
-        this.#partial = Buffer.allocUnsafe(frameBytes)
+        this.#partial = Buffer.allocUnsafe(Math.min(frameBytes, Math.max(FIRST_PIECE_BYTES, 2 * remaining)))
+        this.#frameBytes = frameBytes
         chunk.copy(this.#partial, 0, offset)
         this.#filled = remaining
         this.#inPrefix = false
@@ -130,6 +161,19 @@ export class FrameDecoder {
       if (sink(chunk, start, offset) === false || this.#stopped) return null
     }
     return null
+  }
+
+  // Room for at least `need` bytes of the partial frame: double what is
+  // held (never past the frame's size), keeping what arrived.
+  #grow (need: number): Buffer {
+    const old = this.#partial!
+    let size = Math.max(old.length, FIRST_PIECE_BYTES)
+    while (size < need) size *= 2
+    // `need` never passes #frameBytes: the buffer ends exactly at the frame's end.
+    const grown = Buffer.allocUnsafe(Math.min(size, this.#frameBytes))
+    old.copy(grown, 0, 0, this.#filled)
+    this.#partial = grown
+    return grown
   }
 
   #checkedSize (buf: Buffer, offset: number): number | RpcError {

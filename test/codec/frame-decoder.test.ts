@@ -361,3 +361,37 @@ t.test('property: golden frames with corrupted bytes never throw', async t => {
   ), { numRuns: 2000 })
   t.pass('2000 corrupted golden frames')
 })
+
+t.test('a frame that spans chunks holds memory for what arrived, not for what its prefix announced', async t => {
+  const decoder = new FrameDecoder(krpcFraming)
+  const prefix = Buffer.alloc(4)
+  prefix.writeUInt32BE(50 * 1024 * 1024 - 4)
+  t.equal(decoder.push(prefix, () => {}), null)
+  t.equal(decoder.announcedBytes, 50 * 1024 * 1024)
+  t.ok(decoder.heldBytes <= 16 * 1024, `a prefix alone holds little (${decoder.heldBytes})`)
+  const piece = Buffer.alloc(64 * 1024)
+  for (let i = 0; i < 16; i++) decoder.push(piece, () => {})
+  t.equal(decoder.bufferedBytes, 4 + 1024 * 1024)
+  t.ok(decoder.heldBytes <= 2 * decoder.bufferedBytes + 16 * 1024, `1 MiB of 50 holds at most about 2 MiB (${decoder.heldBytes})`)
+  // The whole frame still comes out intact.
+  const small = new FrameDecoder(krpcFraming)
+  const body = Buffer.alloc(200_000)
+  for (let i = 0; i < body.length; i++) body[i] = i % 251
+  const len = Buffer.alloc(4)
+  len.writeUInt32BE(body.length)
+  const frames: Buffer[] = []
+  const stream = Buffer.concat([len, body])
+  for (let at = 0; at < stream.length; at += 1000) small.push(stream.subarray(at, at + 1000), f => { frames.push(Buffer.from(f)) })
+  t.equal(frames.length, 1)
+  t.ok(frames[0]!.equals(stream))
+  t.equal(small.heldBytes, 0)
+})
+
+t.test('maxFrameBytes can be changed between frames (set-up frames have a lower limit)', async t => {
+  const decoder = new FrameDecoder(krpcFraming, 1000)
+  decoder.maxFrameBytes = 100
+  const prefix = Buffer.alloc(4)
+  prefix.writeUInt32BE(200)
+  const error = decoder.push(prefix, () => {})
+  t.equal(error?.code, ErrorCode.FRAME_TOO_LARGE)
+})
