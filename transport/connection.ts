@@ -2,6 +2,7 @@ import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, type Framing } from '../codec/frame-decoder.js'
 import type { BusyPoller } from './busy-poll.js'
+import type { InboundBudget } from './inbound-budget.js'
 import type { SocketReader } from './socket-reader.js'
 import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
 
@@ -18,6 +19,12 @@ export interface Handshake<T> {
   /** What to send first (client side). */
   start?: () => Buffer[][]
   onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  /**
+   * Largest frame accepted while the handshake runs (checked at the length
+   * prefix, like `maxFrameBytes`, which applies again once it is done).
+   * Set-up frames are small; a peer must not park megabytes in them.
+   */
+  maxFrameBytes?: number | undefined
 }
 
 /** One step of a handshake: frames to send, then done, failed, or neither (wait for more). */
@@ -25,6 +32,12 @@ export interface HandshakeStep<T> {
   send?: Buffer[][] | undefined
   done?: T | undefined
   error?: RpcError | undefined
+}
+
+interface SetupState { handshake: Handshake<unknown>, resolve: (value: unknown) => void, reject: (error: RpcError) => void }
+
+function setupFailed (err: unknown): HandshakeStep<unknown> {
+  return { error: new RpcError(ErrorCode.NEGOTIATION_FAILED, `set-up failed: ${(err as Error).message}`, { cause: err }) }
 }
 
 /** What a connection reports to its owner (the reactor's server or client). */
@@ -58,6 +71,10 @@ export interface ConnectionOptions {
   reader?: SocketReader | undefined
   /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
   busyPoller?: BusyPoller | undefined
+  /** The reactor-wide budget for bytes held in incomplete inbound frames; none by default. */
+  inboundBudget?: InboundBudget | undefined
+  /** Called when the transfer queue starts waiting for 'drain' (the peer reads slower than we send). */
+  onBackedUp?: (() => void) | undefined
 }
 
 /** Counters of one connection. */
@@ -82,7 +99,7 @@ export class Connection {
   readonly #decoder: FrameDecoder
   readonly #queue: TransferQueue
   #handler: ConnectionHandler | null = null
-  #setup: { handshake: Handshake<unknown>, resolve: (value: unknown) => void, reject: (error: RpcError) => void } | null = null
+  #setup: SetupState | null = null
   #preamble: Buffer | null = null
   #setupChain: Promise<void> = Promise.resolve()
   #closed = false
@@ -91,6 +108,12 @@ export class Connection {
   #framesRead = 0
   #reads = 0
   #activity = 0
+  // Set-up frames waiting for, or in, an asynchronous handshake step.
+  #setupQueued = 0
+  #maxFrameBytes: number
+  #readingPaused = false
+  readonly #budget: InboundBudget | null
+  #heldReported = 0
   readonly #poller: BusyPoller | null
   readonly #readPath: 'onread' | 'data'
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
@@ -98,14 +121,22 @@ export class Connection {
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
     this.#decoder = new FrameDecoder(options.framing, options.maxFrameBytes)
-    this.#queue = new TransferQueue(socket, { maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true })
+    this.#maxFrameBytes = this.#decoder.maxFrameBytes
+    this.#queue = new TransferQueue(socket, {
+      maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true, onBackedUp: options.onBackedUp
+    })
+    this.#budget = options.inboundBudget ?? null
     this.#poller = options.busyPoller ?? null
     socket.setNoDelay(true)
     const onData = (chunk: Buffer): void => this.#onSocketData(chunk)
     this.#readPath = options.reader !== undefined ? 'onread' : 'data'
     if (options.reader !== undefined) options.reader.attach(onData)
     else socket.on('data', onData)
-    socket.on('drain', () => this.#queue.onSocketDrain())
+    socket.on('drain', () => {
+      // The peer read what we sent: progress, for the owner's idle scan.
+      this.#activity++
+      this.#queue.onSocketDrain()
+    })
     socket.on('error', (err: Error) => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `socket error: ${err.message}`, { cause: err })))
     socket.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
     socket.on('close', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')))
@@ -117,8 +148,9 @@ export class Connection {
   }
 
   /**
-   * A counter that moves on every read and every send. The owner compares it
-   * between idle scans, so this class needs no clock.
+   * A counter that moves on every read, every send and every 'drain' (the
+   * peer took bytes we had queued). The owner compares it between idle
+   * scans, so this class needs no clock.
    */
   get activity (): number {
     return this.#activity
@@ -129,6 +161,49 @@ export class Connection {
     return this.#reads
   }
 
+  /** Frames received so far (set-up frames included): a partial frame seen under the same count is the same frame. */
+  get framesRead (): number {
+    return this.#framesRead
+  }
+
+  /** True while part of a frame has arrived and the rest has not. */
+  get hasPartialFrame (): boolean {
+    return this.#decoder.hasPartialFrame
+  }
+
+  /** Bytes received of the frame being received (0 when none is). */
+  get partialFrameBytes (): number {
+    return this.#decoder.bufferedBytes
+  }
+
+  /** Bytes queued or buffered in the socket that the peer has not taken yet. */
+  get outboundBytes (): number {
+    return this.#queue.backlogBytes
+  }
+
+  /** True while the transfer queue waits for 'drain'. */
+  get isBackedUp (): boolean {
+    return this.#queue.isWaitingDrain
+  }
+
+  /** Stops reading from the socket (backpressure: the peer's requests wait in its own buffers and the kernel's). */
+  pauseReading (): void {
+    if (this.#readingPaused || this.#closed) return
+    this.#readingPaused = true
+    this.socket.pause()
+  }
+
+  /** Reads again after `pauseReading`. */
+  resumeReading (): void {
+    if (!this.#readingPaused || this.#closed) return
+    this.#readingPaused = false
+    this.socket.resume()
+  }
+
+  get isReadingPaused (): boolean {
+    return this.#readingPaused
+  }
+
   get isClosed (): boolean {
     return this.#closed
   }
@@ -137,9 +212,13 @@ export class Connection {
     return this.#closeError
   }
 
-  /** True while a frame is half-received or bytes wait to go out. */
+  /**
+   * True while bytes wait to go out. A half-received frame does not make a
+   * connection busy: a peer that stops inside a frame is idle (see
+   * `hasPartialFrame` and `framesRead` for the owner's frame deadline).
+   */
   get isBusy (): boolean {
-    return this.#decoder.hasPartialFrame || !this.#queue.isIdle
+    return !this.#queue.isIdle
   }
 
   /**
@@ -149,6 +228,7 @@ export class Connection {
    */
   handshake<T> (handshake: Handshake<T>): Promise<T> {
     this.#queue.hold()
+    if (handshake.maxFrameBytes !== undefined) this.#decoder.maxFrameBytes = Math.min(this.#maxFrameBytes, handshake.maxFrameBytes)
     return new Promise<T>((resolve, reject) => {
       this.#setup = { handshake: handshake as Handshake<unknown>, resolve: resolve as (value: unknown) => void, reject }
       if ((handshake.preambleBytes ?? 0) > 0) this.#preamble = Buffer.alloc(0)
@@ -190,6 +270,7 @@ export class Connection {
     this.#closed = true
     this.#closeError = error
     this.#decoder.stop()
+    this.#reportHeld()
     this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
     this.socket.destroy()
     const setup = this.#setup
@@ -212,6 +293,7 @@ export class Connection {
   endAfterFlush (error?: RpcError): void {
     if (this.#closed) return
     this.#decoder.stop()
+    this.#reportHeld()
     this.#queue.flushNow()
     // Nothing may follow the end: later sends are dropped, not written after it.
     this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection ending'))
@@ -237,9 +319,19 @@ export class Connection {
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.destroy(error)
+      else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
       this.#queue.endRead()
     }
+  }
+
+  // Tells the inbound budget what the decoder holds now (it may close this connection, or another).
+  #reportHeld (): void {
+    if (this.#budget === null) return
+    const held = this.#decoder.heldBytes
+    if (held === this.#heldReported) return
+    this.#heldReported = held
+    this.#budget.update(this, held)
   }
 
   // Collects the client preamble (server side) before any frame.
@@ -275,25 +367,43 @@ export class Connection {
       }
       return handler.onFrame(buf, start, end) !== false && !this.#closed
     }
-    // Set-up frames are handled in order even when a step is async: keep a copy.
+    // Set-up frames are handled in order even when a step is async: keep a
+    // copy. A synchronous step runs now, so that a handshake that ends in
+    // this read lets the frames after it through at once (and under the
+    // regular frame limit).
     const owned = Buffer.from(buf.subarray(start, end))
-    this.#setupChain = this.#setupChain.then(() => this.#setupFrame(owned))
+    if (this.#setupQueued === 0) {
+      const pending = this.#setupFrame(owned)
+      if (pending === undefined) return !this.#closed
+      this.#setupQueued++
+      this.#setupChain = pending.then(() => { this.#setupQueued-- })
+      return true
+    }
+    this.#setupQueued++
+    this.#setupChain = this.#setupChain.then(() => this.#setupFrame(owned)).then(() => { this.#setupQueued-- })
     return true
   }
 
-  async #setupFrame (frame: Buffer): Promise<void> {
+  // Hands one set-up frame to the handshake; a promise when its step is asynchronous.
+  #setupFrame (frame: Buffer): Promise<void> | undefined {
     const setup = this.#setup
     if (setup === null || this.#closed) {
       // Set-up finished while this frame waited: it is a regular frame.
       if (!this.#closed && this.#handler !== null) this.#handler.onFrame(frame, 0, frame.length)
-      return
+      return undefined
     }
-    let step: HandshakeStep<unknown>
+    let step: HandshakeStep<unknown> | Promise<HandshakeStep<unknown>>
     try {
-      step = await setup.handshake.onFrame(frame)
+      step = setup.handshake.onFrame(frame)
     } catch (err) {
-      step = { error: new RpcError(ErrorCode.NEGOTIATION_FAILED, `set-up failed: ${(err as Error).message}`, { cause: err }) }
+      step = setupFailed(err)
     }
+    if (step instanceof Promise) return step.then((s) => this.#applyStep(setup, s), (err: unknown) => this.#applyStep(setup, setupFailed(err)))
+    this.#applyStep(setup, step)
+    return undefined
+  }
+
+  #applyStep (setup: SetupState, step: HandshakeStep<unknown>): void {
     if (this.#closed) return
     if (step.send !== undefined) this.#writeRaw(step.send)
     if (step.error !== undefined) {
@@ -304,6 +414,7 @@ export class Connection {
     }
     if (step.done !== undefined) {
       this.#setup = null
+      this.#decoder.maxFrameBytes = this.#maxFrameBytes
       setup.resolve(step.done)
       this.#queue.release()
     }

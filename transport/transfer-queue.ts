@@ -47,6 +47,8 @@ export interface TransferQueueOptions {
    * responses resumed many awaiting callers). Default false.
    */
   coalesceMicrotasks?: boolean | undefined
+  /** Called each time the queue starts waiting for 'drain' (the kernel buffer is full). */
+  onBackedUp?: (() => void) | undefined
 }
 
 /** Counters a connection exposes, as Kudu's `DumpConnections` does. */
@@ -170,6 +172,7 @@ export class TransferQueue {
   readonly #maxOutboundBytes: number
   readonly #batchFrames: number
   readonly #coalesceMicrotasks: boolean
+  readonly #onBackedUp: (() => void) | undefined
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
   // Frames queued: a SlabRun entry holds several.
@@ -204,6 +207,7 @@ export class TransferQueue {
     this.#maxOutboundBytes = options.maxOutboundBytes ?? DEFAULT_MAX_OUTBOUND_BYTES
     this.#batchFrames = Math.max(2, options.batchFrames ?? DEFAULT_BATCH_FRAMES)
     this.#coalesceMicrotasks = options.coalesceMicrotasks === true
+    this.#onBackedUp = options.onBackedUp
   }
 
   /** Queues `transfer`, writing it at once when possible; false when the bound is exceeded (nothing was queued). */
@@ -421,6 +425,16 @@ export class TransferQueue {
     this.#checkpointBytes = 0
   }
 
+  /** Bytes queued here plus bytes the socket still buffers. */
+  get backlogBytes (): number {
+    return this.#queuedBytes + this.#sink.writableLength
+  }
+
+  /** True while the queue waits for the socket's 'drain'. */
+  get isWaitingDrain (): boolean {
+    return this.#waitingDrain
+  }
+
   /** True when nothing waits here or in the socket's buffer. */
   get isIdle (): boolean {
     return this.#queue.length === 0 && this.#sink.writableLength === 0
@@ -538,6 +552,7 @@ export class TransferQueue {
     if (!ok) {
       this.#waitingDrain = true
       this.#stats.drainWaits++
+      this.#onBackedUp?.()
     }
   }
 }
