@@ -24,6 +24,11 @@ Usage:
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
               [--metrics-port P] [--threads N] [--reactors N]
               [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
+              [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
+              [--max-outbound-bytes N] [--max-outbound-buffered-bytes N]
+              [--max-connections N] [--max-negotiating-connections 1000]
+              [--max-negotiation-bytes N] [--abandon-after-ms 5000]
+              [--shutdown-grace-ms 30000] [--burst-limit 4096]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
@@ -39,6 +44,18 @@ Usage:
       rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
       loop polling N µs after each read or send instead of sleeping: lower
       latency for a core spinning while busy (docs/performance.md).
+      Limits per reactor against hostile or broken peers (README, "Limits
+      and hostile peers"): a frame must arrive within --frame-timeout-ms;
+      incomplete frames of all connections hold at most
+      --max-inbound-buffered-bytes (256 MiB); a connection may have
+      --max-outbound-bytes (100 MiB) of unsent answers, all connections
+      --max-outbound-buffered-bytes (512 MiB) before the heaviest stop
+      being read; --max-connections (default: the descriptor limit less a
+      reserve) and --max-negotiating-connections bound connections; a
+      negotiation frame is at most --max-negotiation-bytes (1 MiB); a
+      handler still running --abandon-after-ms past its deadline gives its
+      worker back; SIGTERM waits at most --shutdown-grace-ms for calls and
+      flushes, then closes every connection.
 
   nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW]
@@ -167,11 +184,37 @@ async function serve (args: string[]): Promise<number> {
       reactors: { type: 'string' },
       'max-connection-age-ms': { type: 'string' },
       'busy-poll-us': { type: 'string' },
+      'frame-timeout-ms': { type: 'string' },
+      'max-inbound-buffered-bytes': { type: 'string' },
+      'max-outbound-bytes': { type: 'string' },
+      'max-outbound-buffered-bytes': { type: 'string' },
+      'max-connections': { type: 'string' },
+      'max-negotiating-connections': { type: 'string' },
+      'max-negotiation-bytes': { type: 'string' },
+      'abandon-after-ms': { type: 'string' },
+      'shutdown-grace-ms': { type: 'string' },
+      'burst-limit': { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
   })
   const options: ConstructorParameters<typeof Server>[0] = { logger: consoleLogger(values.verbose) }
+  const limitFlags = {
+    frameTimeoutMs: 'frame-timeout-ms',
+    maxInboundBufferedBytes: 'max-inbound-buffered-bytes',
+    maxOutboundBytes: 'max-outbound-bytes',
+    maxOutboundBufferedBytes: 'max-outbound-buffered-bytes',
+    maxConnections: 'max-connections',
+    maxNegotiatingConnections: 'max-negotiating-connections',
+    maxNegotiationBytes: 'max-negotiation-bytes',
+    abandonAfterMs: 'abandon-after-ms',
+    burstLimit: 'burst-limit'
+  } as const
+  for (const [option, flag] of Object.entries(limitFlags) as Array<[keyof typeof limitFlags, typeof limitFlags[keyof typeof limitFlags]]>) {
+    const value = intOption(values[flag], flag)
+    if (value !== undefined) options[option] = value
+  }
+  const shutdownGraceMs = intOption(values['shutdown-grace-ms'], 'shutdown-grace-ms')
   const maxMessageBytes = intOption(values['max-message-bytes'], 'max-message-bytes')
   const negotiationTimeoutMs = intOption(values['negotiation-timeout-ms'], 'negotiation-timeout-ms')
   const idleTimeoutMs = intOption(values['idle-timeout-ms'], 'idle-timeout-ms')
@@ -199,6 +242,7 @@ async function serve (args: string[]): Promise<number> {
     port: intOption(values.port, 'port', 7050)!,
     build,
     ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
+    ...(shutdownGraceMs === undefined ? {} : { graceMs: shutdownGraceMs }),
     exec: REACTOR_ENTRY,
     args: ['serve', ...args],
     logger: consoleLogger(values.verbose)

@@ -101,6 +101,9 @@ function negotiateFrame (body: NegotiatePB, fromServer: boolean): Buffer[] {
   return fromServer ? encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, bytes) : encodeRequestFrame({ callId: NEGOTIATE_CALL_ID }, bytes)
 }
 
+/** Longest SASL PLAIN user name (authcid) a server accepts, in bytes; a longer one is refused FATAL_UNAUTHORIZED. */
+export const MAX_USER_BYTES = 256
+
 /** Checks a user name and password from SASL PLAIN; resolve false to refuse. */
 export type Authenticator = (user: string, password: string) => boolean | Promise<boolean>
 
@@ -175,6 +178,7 @@ export class ServerNegotiation {
     const first = token.indexOf(0)
     const second = first < 0 ? -1 : token.indexOf(0, first + 1)
     if (second < 0) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'malformed SASL PLAIN token')
+    if (second - first - 1 > MAX_USER_BYTES) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `SASL PLAIN user name of ${second - first - 1} bytes refused (at most ${MAX_USER_BYTES})`)
     const user = token.subarray(first + 1, second).toString('utf8')
     const password = token.subarray(second + 1).toString('utf8')
     const accept = (ok: boolean): NegotiationStep => {

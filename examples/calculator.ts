@@ -51,12 +51,25 @@ export function crc32 (data: Uint8Array): number {
 export const calculatorHandlers: ServiceHandlers<CalculatorMethods> = {
   Add: (request) => ({ result: (request.x + request.y) >>> 0 }),
 
-  // Waits without blocking the event loop; the call holds its slot meanwhile.
-  Sleep: (request) => new Promise<SleepResponse>((resolve, reject) => {
-    setTimeout(() => {
+  // Waits without blocking the event loop; the call holds its slot
+  // meanwhile, but no longer than the call lives: at its deadline, or when
+  // its connection closes, the signal ends the wait.
+  Sleep: (request, ctx) => new Promise<SleepResponse>((resolve, reject) => {
+    const signal = ctx.signal
+    if (signal.aborted) {
+      reject(signal.reason)
+      return
+    }
+    const onAbort = (): void => {
+      clearTimeout(timer)
+      reject(signal.reason)
+    }
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort)
       if (request.return_app_error === true) reject(new Error('Got some error'))
       else resolve({})
     }, request.sleep_micros / 1000)
+    signal.addEventListener('abort', onAbort, { once: true })
   }),
 
   Echo: (request) => ({ data: request.data }),

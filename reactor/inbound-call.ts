@@ -66,6 +66,8 @@ export class InboundCall implements CallContext {
   metrics: MethodMetrics | null = null
   /** The server's per-connection state this call belongs to; null once answered. Internal. */
   owner: unknown = null
+  /** Its handler was abandoned (its worker given back, its result to be dropped). Internal. */
+  abandoned = false
   #clock: Clock
   #controller: AbortController | null = null
   #timer: TimerHandle | null = null

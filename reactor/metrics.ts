@@ -84,6 +84,8 @@ export class MethodMetrics {
   timedOutOnResponse = 0
   /** Refused because the server was shutting down. */
   shutdownRejected = 0
+  /** Handlers abandoned after running `abandonAfterMs` past their deadline (their workers given back). */
+  abandoned = 0
 }
 
 /** Live sources of a service's gauges. */
@@ -100,6 +102,7 @@ export interface MethodSnapshot {
   timedOutInQueue: number
   timedOutOnResponse: number
   shutdownRejected: number
+  abandoned: number
   queueTime: HistogramSnapshot
   handlerLatency: HistogramSnapshot
 }
@@ -118,10 +121,39 @@ interface ServiceEntry {
 
 type Value = { labels: Record<string, string | number>, value: number, metricName?: string }
 
+/** Server-wide counters of connections closed or refused by the limits, read when scraped. */
+export interface LimitCounters {
+  idleClosed: number
+  frameTimeouts: number
+  inboundBudgetClosed: number
+  outboundPauses: number
+  connectionsRefused: number
+  connectionsEvicted: number
+  negotiatingEvicted: number
+  acceptErrors: number
+}
+
+const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
+  ['idleClosed', 'nyala_connections_idle_closed_total', 'Connections closed after the idle timeout without progress (also those stopped inside a frame).'],
+  ['frameTimeouts', 'nyala_connections_frame_timeout_total', 'Connections closed because a frame did not complete within the frame timeout.'],
+  ['inboundBudgetClosed', 'nyala_connections_inbound_budget_closed_total', 'Connections closed because incomplete inbound frames passed their budget.'],
+  ['outboundPauses', 'nyala_connections_outbound_paused_total', 'Times reading from a connection was paused because unsent answers passed their budget.'],
+  ['connectionsRefused', 'nyala_connections_refused_total', 'Connections refused at the connection limit (none idle enough to close).'],
+  ['connectionsEvicted', 'nyala_connections_evicted_total', 'Idle connections closed to admit a newcomer at the connection limit.'],
+  ['negotiatingEvicted', 'nyala_connections_negotiating_evicted_total', 'Negotiating connections closed to admit a newcomer at their limit.'],
+  ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures for lack of file descriptors (EMFILE, ENFILE).']
+]
+
 /** All metrics of one server. */
 export class ServerMetrics {
   readonly #services = new Map<string, ServiceEntry>()
   #registry: Registry | null = null
+  #limits: (() => LimitCounters) | null = null
+
+  /** Where the server-wide limit counters are read from (the server sets it). */
+  set limitCounters (read: () => LimitCounters) {
+    this.#limits = read
+  }
 
   /** Registers a service; `methods` are its method names. */
   addService (service: string, methods: readonly string[], gauges: ServiceGauges): Map<string, MethodMetrics> {
@@ -148,6 +180,7 @@ export class ServerMetrics {
           timedOutInQueue: m.timedOutInQueue,
           timedOutOnResponse: m.timedOutOnResponse,
           shutdownRejected: m.shutdownRejected,
+          abandoned: m.abandoned,
           queueTime: m.queueTime.snapshot(),
           handlerLatency: m.handlerLatency.snapshot()
         }
@@ -209,6 +242,10 @@ export class ServerMetrics {
     counter('nyala_rpcs_timed_out_in_queue_total', 'Calls whose deadline passed while they waited in the queue (never run).', m => m.timedOutInQueue)
     counter('nyala_rpcs_timed_out_on_response_total', 'Calls whose handler finished after their deadline.', m => m.timedOutOnResponse)
     counter('nyala_rpcs_shutdown_rejected_total', 'Calls answered FATAL_SERVER_SHUTTING_DOWN by the service queue.', m => m.shutdownRejected)
+    counter('nyala_handlers_abandoned_total', 'Handlers still running abandonAfterMs past their deadline whose workers were given back.', m => m.abandoned)
+    for (const [key, name, help] of LIMIT_COUNTERS) {
+      registry.registerMetric(collector(name, help, 'counter', () => this.#limits === null ? [] : [{ labels: {}, value: this.#limits()[key] }]))
+    }
     gauge('nyala_service_queue_length', 'Calls waiting in the service queue now.', g => g.queueLength())
     gauge('nyala_service_idle_workers', 'Workers parked now.', g => g.idleWorkers())
     gauge('nyala_service_workers', 'Workers of the service.', g => g.workers)

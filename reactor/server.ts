@@ -14,8 +14,11 @@ import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
 import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
 import { ServerMetrics, type MethodMetrics } from './metrics.js'
-import { type Logger, silentLogger } from './logger.js'
+import { RateLimitedLog, type Logger, silentLogger } from './logger.js'
 import { CallTable } from './call-table.js'
+import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
+import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
+import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, defaultMaxConnections, longestIdle, type AdmissionCandidate } from './admission.js'
 
 /** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
 export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
@@ -30,8 +33,48 @@ export interface ServerOptions {
   negotiationTimeoutMs?: number
   /** Idle connections are closed after this long, never while a call is in flight; default 65000 ms; 0 or less disables. */
   idleTimeoutMs?: number
-  /** Bound on a connection's unsent response bytes; a client that reads slower than that is disconnected. */
+  /**
+   * A frame that has started arriving must be complete within this long
+   * (default 60 000 ms; 0 or less disables): a peer that trickles a large
+   * frame byte by byte cannot hold its buffer forever. One that stops
+   * sending inside a frame is idle and meets `idleTimeoutMs` first.
+   */
+  frameTimeoutMs?: number
+  /**
+   * Budget for bytes held in incomplete inbound frames over all connections
+   * of this server (default 256 MiB): past it, the connection holding the
+   * largest incomplete frame is closed (FRAME_TOO_LARGE).
+   */
+  maxInboundBufferedBytes?: number
+  /** Bound on a connection's unsent response bytes (default 100 MiB); a client that reads slower than that is disconnected. */
   maxOutboundBytes?: number
+  /**
+   * Budget for unsent response bytes over all connections (default 512 MiB):
+   * while over it, the server stops reading requests from the connections
+   * holding the most unsent bytes, and reads again once below it.
+   */
+  maxOutboundBufferedBytes?: number
+  /**
+   * Connections this server keeps open (default: the process's descriptor
+   * limit less a reserve; 960 under `ulimit -n 1024`). A newcomer at the
+   * limit closes the connection idle longest (≥ 1 s, nothing in flight), or
+   * is refused at once when none is.
+   */
+  maxConnections?: number
+  /** Connections still negotiating (default 1000); past it the oldest negotiating one is closed for the newcomer. */
+  maxNegotiatingConnections?: number
+  /** Largest negotiation frame (default 1 MiB), checked at its length prefix. */
+  maxNegotiationBytes?: number
+  /**
+   * A handler still running this long after its call's deadline, or after
+   * its connection closed, gives its worker back (default 5000 ms; 0
+   * disables): its result is dropped and it is counted as abandoned. Per
+   * service with `AddServiceOptions.abandonAfterMs`. In-loop handlers only
+   * (a thread-mode call holds its thread until it returns).
+   */
+  abandonAfterMs?: number
+  /** Abandoned handlers still running, per service, past which no more are abandoned (their workers stay held, so the service answers TOO_BUSY); default 100. */
+  maxAbandonedHandlers?: number
   /**
    * Connections older than this (±10 % jitter) are retired, so long-lived
    * clients rebalance across reactors (gRPC's MAX_CONNECTION_AGE): calls in
@@ -57,6 +100,12 @@ export interface ServerOptions {
   /** `edf` (default): earliest deadline first, a full queue evicts the latest deadline. `fifo`: arrival order, a full queue refuses the newcomer. */
   queue?: QueueDiscipline
   /**
+   * Calls per service held back while a burst is absorbed (default 4096):
+   * past it, newcomers are judged by the queue at once (TOO_BUSY or
+   * eviction). See docs/scheduling.md.
+   */
+  burstLimit?: number
+  /**
    * Busy polling: after a connection reads or sends, keep the event loop
    * polling this many microseconds instead of sleeping, so the next request
    * needs no wake-up. Lowers latency and raises calls/s (most on VMs, where
@@ -77,6 +126,10 @@ export interface AddServiceOptions {
   queueLength?: number
   /** Overrides the server's `queue` discipline for this service. */
   queue?: QueueDiscipline
+  /** Overrides the server's `abandonAfterMs` for this service. */
+  abandonAfterMs?: number
+  /** Overrides the server's `maxAbandonedHandlers` for this service. */
+  maxAbandonedHandlers?: number
   /**
    * Worker-thread mode (issue 3): the handlers run in this many
    * `worker_threads` threads, each loading the module given in place of the
@@ -109,6 +162,11 @@ interface RegisteredService {
   dispatcher: ServiceDispatcher | null
   /** The service's threads in thread mode; else null. */
   threads: ThreadPool | null
+  /** A handler running this long past its deadline (or its connection's close) is abandoned; 0: never. */
+  abandonAfterMs: number
+  maxAbandoned: number
+  /** Abandoned handlers that have not settled yet. */
+  abandoned: number
 }
 
 /** A method a request named, resolved to what runs it; cached per RemoteMethod object. */
@@ -142,13 +200,38 @@ export interface ServerStats {
   callsFailed: number
   callsInFlight: number
   badFrames: number
+  /** Connections closed after `idleTimeoutMs` without progress (also those stopped inside a frame). */
   idleClosed: number
   /** Connections closed because they reached `maxConnectionAgeMs`. */
   agedClosed: number
+  /** Connections closed because a frame took longer than `frameTimeoutMs` to arrive. */
+  frameTimeouts: number
+  /** Connections closed because the inbound buffer budget was exceeded. */
+  inboundBudgetClosed: number
+  /** Times reading from a connection was paused because the outbound budget was exceeded. */
+  outboundPauses: number
+  /** Connections refused at once: at `maxConnections` with none idle enough to close. */
+  connectionsRefused: number
+  /** Idle connections closed to admit a newcomer at `maxConnections`. */
+  connectionsEvicted: number
+  /** Connections closed while negotiating to admit a newcomer at `maxNegotiatingConnections`. */
+  negotiatingEvicted: number
+  /** accept() failures (EMFILE, ENFILE: out of descriptors). */
+  acceptErrors: number
+  /** Handlers abandoned after `abandonAfterMs` (their workers given back). */
+  handlersAbandoned: number
+  /** Abandoned handlers still running. */
+  abandonedRunning: number
 }
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
+const DEFAULT_FRAME_TIMEOUT_MS = 60_000
+const DEFAULT_MAX_NEGOTIATION_BYTES = 1024 * 1024
+const DEFAULT_ABANDON_AFTER_MS = 5000
+const DEFAULT_MAX_ABANDONED = 100
+/** Refusals, evictions and accept errors are logged at most this often, each kind. */
+const LOG_INTERVAL_MS = 10_000
 const DEFAULT_WORKERS = 10
 const DEFAULT_QUEUE_LENGTH = 50
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
@@ -163,7 +246,7 @@ const RETIRED_QUIET_MS = 1000
 const RETIRED_BUSY_LIMIT_MS = 5000
 
 /** Per-connection state of the server. */
-class ServerConnection {
+class ServerConnection implements AdmissionCandidate {
   readonly connection: Connection
   readonly remoteAddress: string
   readonly inFlight = new CallTable<InboundCall>()
@@ -171,7 +254,13 @@ class ServerConnection {
   /** Closed by #badFrame (already counted). */
   badFrame = false
   lastActivity = -1
+  lastOutbound = 0
   lastActiveAt: number
+  /** The incomplete frame the idle scan saw (by `framesRead`) and since when; -1: none. */
+  partialFrame = -1
+  partialSince = -1
+  /** When the connection closed; -1 while open. */
+  closedAt = -1
   /** When the connection reaches its maximum age; Infinity without one. */
   retireAt = Number.POSITIVE_INFINITY
   /** Since when new calls are refused (the connection is past its age); -1 before. */
@@ -186,6 +275,15 @@ class ServerConnection {
 
   /** Who its calls come from: a small object of its own, so a kept call context does not keep the connection. */
   peer: CallPeer
+
+  /** Negotiated, nothing in flight or unsent, and no activity since the last idle scan. */
+  get quiet (): boolean {
+    return this.negotiated !== null && this.inFlight.size === 0 && !this.connection.isBusy && this.connection.activity === this.lastActivity
+  }
+
+  get idleSince (): number {
+    return this.lastActiveAt
+  }
 }
 
 /**
@@ -202,12 +300,28 @@ export class Server {
   readonly metrics = new ServerMetrics()
   readonly #services = new Map<string, RegisteredService>()
   readonly #connections = new Set<ServerConnection>()
+  /** Connections still negotiating, oldest first. */
+  readonly #negotiating = new Set<ServerConnection>()
+  readonly #maxConnections: number
+  readonly #maxNegotiating: number
+  readonly #inbound: InboundBudget
+  readonly #outbound: OutboundBudget
+  /** Async in-loop handlers running now, with what releases their worker (abandonment watches them). */
+  readonly #running = new Map<InboundCall, () => void>()
+  readonly #logRefused: RateLimitedLog
+  readonly #logEvicted: RateLimitedLog
+  readonly #logAcceptError: RateLimitedLog
   readonly #net: NetServer
   #ready: boolean
   #idleTimer: TimerHandle | null = null
   #closing: Promise<void> | null = null
   #drained: (() => void) | null = null
-  #stats = { connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0 }
+  /** While closing: called when the last connection has closed. */
+  #onLastClose: (() => void) | null = null
+  #stats = {
+    connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
+    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, handlersAbandoned: 0
+  }
   readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
   readonly #threadPools: ThreadPool[] = []
@@ -239,10 +353,33 @@ export class Server {
     this.#direct = options.scheduler === 'direct'
     this.#ready = options.ready ?? true
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
+    this.#maxConnections = options.maxConnections ?? defaultMaxConnections()
+    this.#maxNegotiating = options.maxNegotiatingConnections ?? DEFAULT_MAX_NEGOTIATING_CONNECTIONS
+    const now = (): number => this.#clock.now()
+    this.#logRefused = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logAcceptError = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#inbound = new InboundBudget(options.maxInboundBufferedBytes ?? DEFAULT_MAX_INBOUND_BUFFERED_BYTES, (_member, held) => {
+      inboundLog.log(this.#log.warn, () => `closing a connection holding ${held} bytes of an incomplete frame: the inbound buffers of all connections passed their budget of ${this.#inbound.maxBytes} bytes`)
+    })
+    const outboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#outbound = new OutboundBudget(options.maxOutboundBufferedBytes ?? DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES, this.#clock, (member, total) => {
+      outboundLog.log(this.#log.warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`)
+    })
+    this.metrics.limitCounters = () => this.stats()
     // Paused on accept: nothing is read before #onAccept moves the socket to
     // a SocketReader (see readThrough).
     this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
-    this.#net.on('error', (err) => this.#log.error(`listener error: ${err.message}`))
+    this.#net.on('error', (err: NodeJS.ErrnoException) => {
+      if (err.code === 'EMFILE' || err.code === 'ENFILE') {
+        // Out of descriptors: libuv dropped the connection; accepting goes on once some are free.
+        this.#stats.acceptErrors++
+        this.#logAcceptError.log(this.#log.error, () => `accept failed: ${err.code} (out of file descriptors; ${this.#connections.size} connections open, limit ${this.#maxConnections})`)
+        return
+      }
+      this.#log.error(`listener error: ${err.message}`)
+    })
   }
 
   /**
@@ -288,7 +425,7 @@ export class Server {
     if (pooled) {
       const run = threads === null ? this.#run : (call: InboundCall, worker: number) => this.#runInThread(call as ThreadCall, worker, threads, dispatcher!)
       dispatcher = new ServiceDispatcher({
-        workers, queueLength, discipline, clock: this.#clock, run, reject: this.#reject, metrics,
+        workers, queueLength, discipline, clock: this.#clock, run, reject: this.#reject, metrics, burstLimit: this.#options.burstLimit,
         holdWindowMs: threads === null ? undefined : THREAD_HOLD_WINDOW_MS
       })
     }
@@ -304,7 +441,10 @@ export class Server {
       featureFlags: new Set(options.supportedFeatureFlags ?? []),
       metrics,
       dispatcher,
-      threads
+      threads,
+      abandonAfterMs: threads !== null ? 0 : options.abandonAfterMs ?? this.#options.abandonAfterMs ?? DEFAULT_ABANDON_AFTER_MS,
+      maxAbandoned: options.maxAbandonedHandlers ?? this.#options.maxAbandonedHandlers ?? DEFAULT_MAX_ABANDONED,
+      abandoned: 0
     })
     return this
   }
@@ -361,7 +501,26 @@ export class Server {
   stats (): ServerStats {
     let inFlight = 0
     for (const sc of this.#connections) inFlight += sc.inFlight.size
-    return { ...this.#stats, connectionsOpen: this.#connections.size, callsInFlight: inFlight }
+    let abandonedRunning = 0
+    for (const service of this.#services.values()) abandonedRunning += service.abandoned
+    return {
+      ...this.#stats,
+      connectionsOpen: this.#connections.size,
+      callsInFlight: inFlight,
+      inboundBudgetClosed: this.#inbound.closedConnections,
+      outboundPauses: this.#outbound.pauses,
+      abandonedRunning
+    }
+  }
+
+  /** The limits in force (defaults resolved), as `nyala serve` reports them. */
+  limits (): { maxConnections: number, maxNegotiatingConnections: number, maxInboundBufferedBytes: number, maxOutboundBufferedBytes: number } {
+    return {
+      maxConnections: this.#maxConnections,
+      maxNegotiatingConnections: this.#maxNegotiating,
+      maxInboundBufferedBytes: this.#inbound.maxBytes,
+      maxOutboundBufferedBytes: this.#outbound.maxBytes
+    }
   }
 
   /**
@@ -381,7 +540,11 @@ export class Server {
    * FATAL_SERVER_SHUTTING_DOWN, lets calls in flight finish (up to `graceMs`,
    * default 30 s; then their signals abort and their connections close), and
    * resolves when every connection is closed (and worker threads, if any,
-   * have been terminated).
+   * have been terminated). Once drained, each connection is ended after its
+   * answers are flushed; a peer that does not read them cannot hold the
+   * shutdown: when the grace period ends, every connection still open is
+   * destroyed. So `close()` resolves by the end of the grace period,
+   * whatever the peers do.
    */
   close (options: { graceMs?: number } = {}): Promise<void> {
     if (this.#closing !== null) return this.#closing
@@ -402,21 +565,31 @@ export class Server {
       // queues, so each connection is ended after its queue is flushed. After
       // the grace period they are destroyed right after the flush (a peer
       // that does not read must not hold the shutdown).
+      // The grace timer stays armed after the drain: connections still
+      // flushing to a peer that does not read are destroyed when it fires.
       const finish = (flush = true): void => {
-        if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
         this.#drained = null
         for (const sc of [...this.#connections]) {
           if (flush) sc.connection.endAfterFlush()
           else sc.connection.flushAndDestroy()
         }
+        if (this.#connections.size === 0 && graceTimer !== null) {
+          this.#clock.clearTimer(graceTimer)
+          graceTimer = null
+        }
       }
       this.#drained = finish
+      this.#onLastClose = () => {
+        if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
+        graceTimer = null
+      }
       graceTimer = this.#clock.setTimer(() => {
         graceTimer = null
         const reason = new RpcError(ErrorCode.CONNECTION_CLOSED, 'server shutting down: grace period over')
         for (const sc of this.#connections) for (const call of sc.inFlight.values()) call.abort(reason)
         finish(false)
       }, graceMs)
+      this.#outbound.stop()
       this.#maybeDrained()
     })
     this.#closing = this.#threadPools.length === 0
@@ -436,6 +609,7 @@ export class Server {
       accepted.destroy()
       return
     }
+    if (!this.#admit(accepted)) return
     this.#stats.connectionsAccepted++
     const reader = new SocketReader()
     const socket = readThrough(accepted, reader)
@@ -445,9 +619,12 @@ export class Server {
       framing: krpcFraming,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
-      busyPoller: this.#poller
+      busyPoller: this.#poller,
+      inboundBudget: this.#inbound,
+      onBackedUp: () => this.#outbound.watch(connection)
     })
     const sc = new ServerConnection(connection, remoteAddress, this.#clock.now())
+    this.#negotiating.add(sc)
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     // Jitter keeps connections opened together from all reconnecting together.
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
@@ -460,12 +637,14 @@ export class Server {
     const handshake: Handshake<Negotiated> = {
       preambleBytes: PREAMBLE_BYTES,
       checkPreamble,
+      maxFrameBytes: this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES,
       onFrame: (frame) => {
         const step = negotiation.onFrame(frame)
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
             sc.negotiated = s.done
             sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress })
+            this.#negotiating.delete(sc)
           }
           return s
         }
@@ -483,8 +662,35 @@ export class Server {
     })
   }
 
+  // Makes room for a new connection, or refuses it (false: destroyed).
+  #admit (accepted: Socket): boolean {
+    if (this.#negotiating.size >= this.#maxNegotiating) {
+      // The oldest negotiating connection has had the longest to finish.
+      const oldest = this.#negotiating.values().next().value!
+      this.#stats.negotiatingEvicted++
+      this.#logEvicted.log(this.#log.warn, () => `${this.#negotiating.size} connections negotiating (the limit): closing the oldest, from ${oldest.remoteAddress}, for a new one`)
+      oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
+    }
+    if (this.#connections.size < this.#maxConnections) return true
+    const now = this.#clock.now()
+    const victim = longestIdle(this.#connections, now)
+    if (victim !== null) {
+      this.#stats.connectionsEvicted++
+      this.#logEvicted.log(this.#log.warn, () => `${this.#connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`)
+      victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
+      return true
+    }
+    this.#stats.connectionsRefused++
+    this.#logRefused.log(this.#log.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms`)
+    accepted.destroy()
+    return false
+  }
+
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
     this.#connections.delete(sc)
+    this.#negotiating.delete(sc)
+    sc.closedAt = this.#clock.now()
+    if (this.#connections.size === 0) this.#onLastClose?.()
     // A frame the decoder refused at its prefix is a bad frame too.
     if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) {
       this.#stats.badFrames++
@@ -613,10 +819,41 @@ export class Server {
       return undefined
     }
     if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown }).then === 'function')) {
-      return (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
+      const settled = (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
+      if (route.service.abandonAfterMs <= 0) return settled
+      // Watched for abandonment: the worker is released when the handler
+      // settles, or earlier by #abandon.
+      return new Promise<void>((release) => {
+        this.#running.set(call, release)
+        void settled.then(() => {
+          if (this.#running.delete(call)) release()
+          else if (call.abandoned) route.service.abandoned--
+        })
+      })
     }
     this.#respond(call, result)
     return undefined
+  }
+
+  // Gives back the workers of handlers running `abandonAfterMs` past their
+  // call's deadline or their connection's close (one pass of the idle scan).
+  #abandonOverdue (now: number): void {
+    for (const [call, release] of this.#running) {
+      const route = call.route as Route
+      const service = route.service
+      const sc = call.owner as ServerConnection | null
+      const since = sc !== null && sc.closedAt >= 0 ? Math.min(sc.closedAt, call.deadline) : call.deadline
+      if (now - since < service.abandonAfterMs || service.abandoned >= service.maxAbandoned) continue
+      this.#running.delete(call)
+      call.abandoned = true
+      service.abandoned++
+      this.#stats.handlersAbandoned++
+      route.metrics.abandoned++
+      this.#log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${sc !== null && sc.closedAt >= 0 ? 'connection closed' : 'deadline'}; its worker is given back and its result will be dropped`)
+      call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
+      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler abandoned: still running ${service.abandonAfterMs} ms after the call's deadline`)
+      release()
+    }
   }
 
   // Runs the call in thread `worker` of the service's pool; the promise
@@ -635,6 +872,7 @@ export class Server {
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
+    if (call.abandoned) return
     if (err instanceof RpcError && err.krpcCode !== undefined) {
       this.#respondError(call, err.krpcCode, stripCodePrefix(err.message))
       return
@@ -644,6 +882,7 @@ export class Server {
   }
 
   #respond (call: InboundCall, response: Message): void {
+    if (call.abandoned) return
     const type = call.methodDef.responseType
     let body: Uint8Array
     let bodyBytes: number
@@ -741,21 +980,34 @@ export class Server {
     }
   }
 
-  // One periodic scan closes idle connections and retires old ones.
+  // One periodic scan closes idle connections and frames that take too
+  // long, retires old connections, and abandons overdue handlers.
   #armIdleScan (): void {
     const idleMs = this.#options.idleTimeoutMs
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
-    if ((idleMs <= 0 && maxAgeMs <= 0) || this.#idleTimer !== null) return
-    const periodMs = Math.max(10, Math.min(1000, Math.min(idleMs > 0 ? idleMs : Infinity, maxAgeMs > 0 ? maxAgeMs : Infinity) / 4))
+    const frameMs = this.#options.frameTimeoutMs ?? DEFAULT_FRAME_TIMEOUT_MS
+    let abandonMs = Infinity
+    for (const service of this.#services.values()) if (service.abandonAfterMs > 0) abandonMs = Math.min(abandonMs, service.abandonAfterMs)
+    const positive = (ms: number): number => ms > 0 ? ms : Infinity
+    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs)
+    if (shortest === Infinity || this.#idleTimer !== null) return
+    const periodMs = Math.max(10, Math.min(1000, shortest / 4))
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
+      if (this.#running.size > 0) this.#abandonOverdue(now)
       for (const sc of this.#connections) {
-        const activity = sc.connection.activity
-        if (activity !== sc.lastActivity || sc.inFlight.size > 0 || sc.connection.isBusy) {
+        const connection = sc.connection
+        if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
+        const activity = connection.activity
+        // Progress is a read, a send, a drain, or the kernel taking some of
+        // what waits to go out. A peer stopped inside a frame makes none.
+        const outbound = connection.outboundBytes
+        if (activity !== sc.lastActivity || outbound !== sc.lastOutbound || sc.inFlight.size > 0) {
           sc.lastActivity = activity
+          sc.lastOutbound = outbound
           sc.lastActiveAt = now
-          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !sc.connection.isBusy && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
+          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !connection.isBusy && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
           else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.negotiated !== null) sc.retiredAt = now
           continue
         }
@@ -765,12 +1017,34 @@ export class Server {
           sc.retiredAt = now
         } else if (idleMs > 0 && sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
           this.#stats.idleClosed++
-          this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms`)
-          sc.connection.destroy()
+          const inFrame = connection.hasPartialFrame ? ', stopped inside a frame' : ''
+          this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms without progress${inFrame}`)
+          connection.destroy()
         }
       }
     }
     this.#idleTimer = this.#clock.setTimer(scan, periodMs)
+  }
+
+  // Closes the connection when the frame it is receiving started arriving
+  // `frameMs` ago (seen by the scan; at most a scan period late).
+  #frameOverdue (sc: ServerConnection, now: number, frameMs: number): boolean {
+    const connection = sc.connection
+    if (!connection.hasPartialFrame) {
+      sc.partialSince = -1
+      return false
+    }
+    const frame = connection.framesRead
+    if (sc.partialSince < 0 || sc.partialFrame !== frame) {
+      sc.partialFrame = frame
+      sc.partialSince = now
+      return false
+    }
+    if (now - sc.partialSince < frameMs) return false
+    this.#stats.frameTimeouts++
+    this.#log.warn(`closing ${sc.remoteAddress}: a frame has been arriving for ${Math.round(now - sc.partialSince)} ms (frame timeout ${frameMs} ms)`)
+    connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `frame not complete within ${frameMs} ms`))
+    return true
   }
 
   #closeAged (sc: ServerConnection): void {

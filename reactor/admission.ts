@@ -1,0 +1,69 @@
+/**
+ * Connection admission for one reactor: how many connections it keeps, and
+ * which one makes room when a new one arrives at the limit.
+ *
+ * A silent connection costs its peer almost nothing, so an unbounded server
+ * is locked out by whoever opens the most. Past `maxConnections` a newcomer
+ * is admitted by closing the connection that has been idle longest (idle at
+ * least `MIN_EVICTABLE_IDLE_MS`, nothing in flight, nothing unsent); when
+ * there is none, the newcomer is refused at once. Connections still
+ * negotiating have a smaller limit of their own; past it the oldest of them
+ * (the one that has had the longest to finish) makes room.
+ */
+import { readFileSync } from 'node:fs'
+
+/** An established connection may be closed for a newcomer only after this long without activity. */
+export const MIN_EVICTABLE_IDLE_MS = 1000
+/** The default limit on connections still negotiating. */
+export const DEFAULT_MAX_NEGOTIATING_CONNECTIONS = 1000
+/** Without a readable descriptor limit (not Linux), the default connection limit. */
+export const FALLBACK_MAX_CONNECTIONS = 10_000
+
+/** Descriptors kept for the server's own files, listeners, pipes and outgoing sockets. */
+export function descriptorReserve (limit: number): number {
+  return Math.max(64, Math.ceil(limit / 16))
+}
+
+/** The soft "Max open files" limit in the text of `/proc/self/limits`; undefined when absent or unlimited. */
+export function parseOpenFilesLimit (limits: string): number | undefined {
+  const match = /^Max open files\s+(\d+|unlimited)\s/m.exec(limits)
+  if (match === null || match[1] === 'unlimited') return undefined
+  return Number(match[1])
+}
+
+/**
+ * The default `maxConnections`: the process's descriptor limit less a
+ * reserve (1/16 of it, at least 64), so that the reactor refuses or makes
+ * room before accept() runs out of descriptors. 960 under `ulimit -n 1024`.
+ */
+export function defaultMaxConnections (limits = readLimits()): number {
+  const limit = limits === undefined ? undefined : parseOpenFilesLimit(limits)
+  if (limit === undefined) return FALLBACK_MAX_CONNECTIONS
+  return Math.max(1, limit - descriptorReserve(limit))
+}
+
+function readLimits (): string | undefined {
+  try {
+    return readFileSync('/proc/self/limits', 'utf8')
+  } catch {
+    return undefined
+  }
+}
+
+/** What admission needs to know of an established connection. */
+export interface AdmissionCandidate {
+  /** Nothing in flight and nothing unsent, and no activity seen since `idleSince`. */
+  readonly quiet: boolean
+  /** Clock reading since which it has been seen idle. */
+  readonly idleSince: number
+}
+
+/** The candidate idle longest (at least `MIN_EVICTABLE_IDLE_MS` by `now`), or null when none may be closed. */
+export function longestIdle<T extends AdmissionCandidate> (candidates: Iterable<T>, now: number): T | null {
+  let best: T | null = null
+  for (const c of candidates) {
+    if (!c.quiet || now - c.idleSince < MIN_EVICTABLE_IDLE_MS) continue
+    if (best === null || c.idleSince < best.idleSince) best = c
+  }
+  return best
+}

@@ -1,0 +1,108 @@
+import type { Clock, TimerHandle } from '../scheduling/clock.js'
+
+/** What the budget needs of a connection. */
+export interface OutboundBudgetMember {
+  /** Bytes queued or in the socket's buffer that the peer has not taken. */
+  readonly outboundBytes: number
+  /** True while its transfer queue waits for 'drain'. */
+  readonly isBackedUp: boolean
+  readonly isClosed: boolean
+  readonly isReadingPaused: boolean
+  pauseReading: () => void
+  resumeReading: () => void
+}
+
+/** The default reactor-wide budget for unsent response bytes: 512 MiB. */
+export const DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES = 512 * 1024 * 1024
+/** How often the budget is checked while some connection is backed up. */
+export const OUTBOUND_CHECK_MS = 50
+
+/**
+ * One reactor's budget for response bytes its peers have not read yet.
+ * Each connection already has its own bound (closed past it); this one
+ * bounds their sum. Only connections whose transfer queue waits for
+ * 'drain' hold more than a socket buffer's worth, so only those are
+ * watched: from the moment they back up, a timer checks the sum every
+ * `OUTBOUND_CHECK_MS` until none is backed up. While the sum is over the
+ * budget, the reactor stops reading from the connections holding the most
+ * unsent bytes, heaviest first, until those left reading hold at most half
+ * of the budget: their clients' new requests wait in the clients' own
+ * buffers (TCP backpressure) instead of producing more answers here. Once
+ * the sum is below the budget, every paused connection reads again.
+ */
+export class OutboundBudget {
+  readonly maxBytes: number
+  readonly #clock: Clock
+  readonly #watched = new Set<OutboundBudgetMember>()
+  readonly #onPause: ((member: OutboundBudgetMember, totalBytes: number) => void) | undefined
+  #timer: TimerHandle | null = null
+  #pauses = 0
+  readonly #check = (): void => {
+    this.#timer = null
+    this.check()
+  }
+
+  constructor (maxBytes: number, clock: Clock, onPause?: (member: OutboundBudgetMember, totalBytes: number) => void) {
+    this.maxBytes = maxBytes
+    this.#clock = clock
+    this.#onPause = onPause
+  }
+
+  /** Times a connection was paused because the budget was exceeded. */
+  get pauses (): number {
+    return this.#pauses
+  }
+
+  /** Connections paused now. */
+  get paused (): number {
+    let n = 0
+    for (const member of this.#watched) if (member.isReadingPaused) n++
+    return n
+  }
+
+  /** `member` started waiting for 'drain'. */
+  watch (member: OutboundBudgetMember): void {
+    this.#watched.add(member)
+    this.check()
+  }
+
+  /** Sums the watched connections' unsent bytes, pauses or resumes reading, and keeps checking while any is backed up. */
+  check (): void {
+    let total = 0
+    for (const member of this.#watched) {
+      if (member.isClosed || (!member.isBackedUp && !member.isReadingPaused)) {
+        this.#watched.delete(member)
+        continue
+      }
+      total += member.outboundBytes
+    }
+    if (total > this.maxBytes) this.#pauseHeaviest(total)
+    else if (total < this.maxBytes) {
+      for (const member of this.#watched) {
+        if (member.isReadingPaused) member.resumeReading()
+        if (!member.isBackedUp) this.#watched.delete(member)
+      }
+    }
+    if (this.#watched.size > 0 && this.#timer === null) this.#timer = this.#clock.setTimer(this.#check, OUTBOUND_CHECK_MS)
+  }
+
+  /** Stops the timer (the server is closing). */
+  stop (): void {
+    if (this.#timer !== null) this.#clock.clearTimer(this.#timer)
+    this.#timer = null
+    this.#watched.clear()
+  }
+
+  #pauseHeaviest (total: number): void {
+    const reading = [...this.#watched].filter(m => !m.isReadingPaused).sort((a, b) => b.outboundBytes - a.outboundBytes)
+    let left = 0
+    for (const member of reading) left += member.outboundBytes
+    for (const member of reading) {
+      if (left <= this.maxBytes / 2) break
+      left -= member.outboundBytes
+      member.pauseReading()
+      this.#pauses++
+      this.#onPause?.(member, total)
+    }
+  }
+}
