@@ -29,8 +29,12 @@ export type FrameRangeSink = (buf: Buffer, start: number, end: number) => boolea
 export const DEFAULT_MAX_MESSAGE_BYTES = 50 * 1024 * 1024
 
 // A frame that spans chunks starts with room for this much (or twice its
-// first piece), and grows by doubling as more of it arrives.
+// first piece), and grows by doubling as more of it arrives, up to
+// BLOCK_BYTES; a larger frame then takes further blocks of that size, so
+// that it holds at most one block more than it received and leaves no
+// outgrown buffers behind for the collector.
 const FIRST_PIECE_BYTES = 16 * 1024
+const BLOCK_BYTES = 1024 * 1024
 
 /**
  * Splits a byte stream into frames.
@@ -39,9 +43,10 @@ const FIRST_PIECE_BYTES = 16 * 1024
  * within one chunk is handed on as a view of that chunk, not a copy, so the
  * sink must not write to it. A frame that spans chunks is assembled in a
  * buffer that grows with the bytes that actually arrived (doubling, from
- * 16 KiB or twice the first piece, up to the announced size), never with
- * what the length prefix claims: a peer that announces 50 MiB and sends
- * 1 MiB makes the decoder hold about 2 MiB, not 50. `heldBytes` says how
+ * 16 KiB or twice the first piece, up to 1 MiB, then in blocks of 1 MiB
+ * joined once when the frame completes), never with what the length
+ * prefix claims: a peer that announces 50 MiB and sends 1 MiB makes the
+ * decoder hold 1 MiB, not 50. `heldBytes` says how
  * much it holds, for a budget shared by many connections. The size is
  * checked against `maxFrameBytes` as soon as the prefix is complete. Bad
  * input is reported as a returned error, never thrown; after an error the
@@ -50,10 +55,16 @@ const FIRST_PIECE_BYTES = 16 * 1024
 export class FrameDecoder {
   readonly #framing: Framing
   #maxFrameBytes: number
-  // A frame (or, while #inPrefix, a prefix) that spans chunks: #filled bytes
-  // of #partial hold its start; the whole frame is #frameBytes long (the
-  // prefix's size while #inPrefix). #partial grows toward it as bytes come.
+  // A frame (or, while #inPrefix, a prefix) that spans chunks: its first
+  // #filled bytes, in #blocks and then #partial; the whole frame is
+  // #frameBytes long (the prefix's size while #inPrefix).
   #partial: Buffer | null = null
+  /** Bytes written into #partial, the block being filled. */
+  #partialFilled = 0
+  /** Full blocks before #partial (frames over BLOCK_BYTES), and their bytes. */
+  #blocks: Buffer[] | null = null
+  #blockBytes = 0
+  /** Bytes of the frame received so far. */
   #filled = 0
   #frameBytes = 0
   #inPrefix = false
@@ -75,9 +86,9 @@ export class FrameDecoder {
     return this.#filled
   }
 
-  /** Bytes of memory held for a frame that has not completed (at most twice `bufferedBytes`, or 16 KiB). */
+  /** Bytes of memory held for a frame that has not completed (at most twice `bufferedBytes` or 16 KiB, and at most 1 MiB more than it). */
   get heldBytes (): number {
-    return this.#partial === null ? 0 : this.#partial.length
+    return this.#partial === null ? 0 : this.#blockBytes + this.#partial.length
   }
 
   /** Size the length prefix announced for the frame being received; 0 when none is (or its prefix is incomplete). */
@@ -97,8 +108,7 @@ export class FrameDecoder {
   /** Stops decoding: further chunks are ignored and the partial frame is released. */
   stop (): void {
     this.#stopped = true
-    this.#partial = null
-    this.#filled = 0
+    this.#release()
   }
 
   /** Feeds one chunk; every complete frame goes to `sink` in order, as a view. */
@@ -114,46 +124,37 @@ export class FrameDecoder {
     const length = chunk.length
 
     while (this.#partial !== null) {
-      let partial = this.#partial
       const take = Math.min(this.#frameBytes - this.#filled, length - offset)
-      if (this.#filled + take > partial.length) partial = this.#grow(this.#filled + take)
-      chunk.copy(partial, this.#filled, offset, offset + take)
-      this.#filled += take
+      this.#append(chunk, offset, offset + take)
       offset += take
       if (this.#filled < this.#frameBytes) return null
       if (this.#inPrefix) {
-        const frameBytes = this.#checkedSize(partial, 0)
+        const frameBytes = this.#checkedSize(this.#partial, 0)
         if (typeof frameBytes !== 'number') return frameBytes
         this.#inPrefix = false
         this.#frameBytes = frameBytes
         // #filled stays at prefixBytes.
         if (frameBytes > this.#filled) continue
       }
-      const frame = this.#partial!
-      this.#partial = null
-      this.#filled = 0
-      if (sink(frame, 0, this.#frameBytes) === false || this.#stopped) return null
+      const frameBytes = this.#frameBytes
+      const frame = this.#blocks === null ? this.#partial : Buffer.concat([...this.#blocks, this.#partial], frameBytes)
+      this.#release()
+      if (sink(frame, 0, frameBytes) === false || this.#stopped) return null
     }
 
     const prefixBytes = this.#framing.prefixBytes
     while (offset < length) {
       const remaining = length - offset
       if (remaining < prefixBytes) {
-        this.#partial = Buffer.allocUnsafe(Math.min(FIRST_PIECE_BYTES, prefixBytes))
-        this.#frameBytes = prefixBytes
-        chunk.copy(this.#partial, 0, offset)
-        this.#filled = remaining
-        this.#inPrefix = true
+        this.#begin(prefixBytes, prefixBytes, true)
+        this.#append(chunk, offset, length)
         return null
       }
       const frameBytes = this.#checkedSize(chunk, offset)
       if (typeof frameBytes !== 'number') return frameBytes
       if (remaining < frameBytes) {
-        this.#partial = Buffer.allocUnsafe(Math.min(frameBytes, Math.max(FIRST_PIECE_BYTES, 2 * remaining)))
-        this.#frameBytes = frameBytes
-        chunk.copy(this.#partial, 0, offset)
-        this.#filled = remaining
-        this.#inPrefix = false
+        this.#begin(frameBytes, Math.min(frameBytes, BLOCK_BYTES, Math.max(FIRST_PIECE_BYTES, 2 * remaining)), false)
+        this.#append(chunk, offset, length)
         return null
       }
       const start = offset
@@ -163,17 +164,55 @@ export class FrameDecoder {
     return null
   }
 
-  // Room for at least `need` bytes of the partial frame: double what is
-  // held (never past the frame's size), keeping what arrived.
-  #grow (need: number): Buffer {
-    const old = this.#partial!
-    let size = Math.max(old.length, FIRST_PIECE_BYTES)
-    while (size < need) size *= 2
-    // `need` never passes #frameBytes: the buffer ends exactly at the frame's end.
-    const grown = Buffer.allocUnsafe(Math.min(size, this.#frameBytes))
-    old.copy(grown, 0, 0, this.#filled)
-    this.#partial = grown
-    return grown
+  #begin (frameBytes: number, firstBlock: number, inPrefix: boolean): void {
+    this.#partial = Buffer.allocUnsafe(firstBlock)
+    this.#partialFilled = 0
+    this.#filled = 0
+    this.#frameBytes = frameBytes
+    this.#inPrefix = inPrefix
+  }
+
+  #release (): void {
+    this.#partial = null
+    this.#blocks = null
+    this.#blockBytes = 0
+    this.#partialFilled = 0
+    this.#filled = 0
+  }
+
+  // Copies src[from, to) after what the partial frame holds, making room as it goes.
+  #append (src: Buffer, from: number, to: number): void {
+    while (from < to) {
+      let block = this.#partial!
+      if (this.#partialFilled === block.length) block = this.#room()
+      const n = Math.min(block.length - this.#partialFilled, to - from)
+      src.copy(block, this.#partialFilled, from, from + n)
+      this.#partialFilled += n
+      this.#filled += n
+      from += n
+    }
+  }
+
+  // The current block is full and the frame is not: double it while it is
+  // under BLOCK_BYTES (keeping what it holds), else keep it and start the
+  // next block. Blocks never reach past the frame's end, so the last one
+  // ends exactly there; what was copied is never copied again until the
+  // frame completes (then once, into one buffer, if it took several blocks).
+  #room (): Buffer {
+    const block = this.#partial!
+    const rest = this.#frameBytes - this.#blockBytes
+    if (block.length < BLOCK_BYTES) {
+      const grown = Buffer.allocUnsafe(Math.min(Math.max(2 * block.length, FIRST_PIECE_BYTES), BLOCK_BYTES, rest))
+      block.copy(grown, 0, 0, this.#partialFilled)
+      this.#partial = grown
+      return grown
+    }
+    (this.#blocks ??= []).push(block)
+    this.#blockBytes += block.length
+    const next = Buffer.allocUnsafe(Math.min(BLOCK_BYTES, this.#frameBytes - this.#blockBytes))
+    this.#partial = next
+    this.#partialFilled = 0
+    return next
   }
 
   #checkedSize (buf: Buffer, offset: number): number | RpcError {

@@ -68,6 +68,8 @@ export class InboundCall implements CallContext {
   owner: unknown = null
   /** Its handler was abandoned (its worker given back, its result to be dropped). Internal. */
   abandoned = false
+  /** The worker (of its service's pool) its in-loop handler runs on; -1 before, and in thread mode. Internal. */
+  worker = -1
   #clock: Clock
   #controller: AbortController | null = null
   #timer: TimerHandle | null = null

@@ -22,13 +22,15 @@ export const OUTBOUND_CHECK_MS = 50
  * Each connection already has its own bound (closed past it); this one
  * bounds their sum. Only connections whose transfer queue waits for
  * 'drain' hold more than a socket buffer's worth, so only those are
- * watched: from the moment they back up, a timer checks the sum every
- * `OUTBOUND_CHECK_MS` until none is backed up. While the sum is over the
- * budget, the reactor stops reading from the connections holding the most
- * unsent bytes, heaviest first, until those left reading hold at most half
- * of the budget: their clients' new requests wait in the clients' own
- * buffers (TCP backpressure) instead of producing more answers here. Once
- * the sum is below the budget, every paused connection reads again.
+ * watched: from the moment they back up (and again for each MiB their
+ * queue grows while backed up), and by a timer every `OUTBOUND_CHECK_MS`
+ * until none is backed up. While the sum is over the budget, the reactor
+ * stops reading from every backed-up connection, heaviest first: their
+ * clients' new requests wait in the clients' own buffers (TCP
+ * backpressure), so the sum can grow only by the answers to calls already
+ * read. Connections that keep up (not backed up) are read as before. Once
+ * the sum is below the budget every paused connection reads again, and so
+ * does a paused connection that drained (its peer read what it was owed).
  */
 export class OutboundBudget {
   readonly maxBytes: number
@@ -70,7 +72,13 @@ export class OutboundBudget {
   check (): void {
     let total = 0
     for (const member of this.#watched) {
-      if (member.isClosed || (!member.isBackedUp && !member.isReadingPaused)) {
+      if (member.isClosed) {
+        this.#watched.delete(member)
+        continue
+      }
+      if (!member.isBackedUp) {
+        // It drained: it holds no more than a socket buffer, so it reads again.
+        if (member.isReadingPaused) member.resumeReading()
         this.#watched.delete(member)
         continue
       }
@@ -78,10 +86,7 @@ export class OutboundBudget {
     }
     if (total > this.maxBytes) this.#pauseHeaviest(total)
     else if (total < this.maxBytes) {
-      for (const member of this.#watched) {
-        if (member.isReadingPaused) member.resumeReading()
-        if (!member.isBackedUp) this.#watched.delete(member)
-      }
+      for (const member of this.#watched) if (member.isReadingPaused) member.resumeReading()
     }
     if (this.#watched.size > 0 && this.#timer === null) this.#timer = this.#clock.setTimer(this.#check, OUTBOUND_CHECK_MS)
   }
@@ -95,11 +100,7 @@ export class OutboundBudget {
 
   #pauseHeaviest (total: number): void {
     const reading = [...this.#watched].filter(m => !m.isReadingPaused).sort((a, b) => b.outboundBytes - a.outboundBytes)
-    let left = 0
-    for (const member of reading) left += member.outboundBytes
     for (const member of reading) {
-      if (left <= this.maxBytes / 2) break
-      left -= member.outboundBytes
       member.pauseReading()
       this.#pauses++
       this.#onPause?.(member, total)

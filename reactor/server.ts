@@ -13,7 +13,7 @@ import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
 import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
-import { ServerMetrics, type MethodMetrics } from './metrics.js'
+import { ServerMetrics, type LimitCounters, type MethodMetrics } from './metrics.js'
 import { RateLimitedLog, type Logger, silentLogger } from './logger.js'
 import { CallTable } from './call-table.js'
 import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
@@ -61,7 +61,12 @@ export interface ServerOptions {
    * is refused at once when none is.
    */
   maxConnections?: number
-  /** Connections still negotiating (default 1000); past it the oldest negotiating one is closed for the newcomer. */
+  /**
+   * Connections still negotiating (default 1000, at most half of
+   * `maxConnections`); past it the oldest negotiating one is closed for the
+   * newcomer. At `maxConnections` with no idle connection, the oldest
+   * negotiating one makes room too.
+   */
   maxNegotiatingConnections?: number
   /** Largest negotiation frame (default 1 MiB), checked at its length prefix. */
   maxNegotiationBytes?: number
@@ -306,10 +311,13 @@ export class Server {
   readonly #maxNegotiating: number
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  /** Async in-loop handlers running now, with what releases their worker (abandonment watches them). */
-  readonly #running = new Map<InboundCall, () => void>()
+  /** Calls whose connection closed while their handler ran (abandonment watches them). */
+  readonly #orphans = new Set<InboundCall>()
+  /** Some service abandons overdue handlers. */
+  #abandoning = false
   readonly #logRefused: RateLimitedLog
   readonly #logEvicted: RateLimitedLog
+  readonly #logNegotiatingEvicted: RateLimitedLog
   readonly #logAcceptError: RateLimitedLog
   readonly #net: NetServer
   #ready: boolean
@@ -322,7 +330,10 @@ export class Server {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
     frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, handlersAbandoned: 0
   }
-  readonly #run = (call: InboundCall): Promise<void> | void => this.#runHandler(call)
+  readonly #run = (call: InboundCall, worker: number): Promise<void> | void => {
+    call.worker = worker
+    return this.#runHandler(call)
+  }
   readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
   readonly #threadPools: ThreadPool[] = []
   readonly #routeKeys: object[] = []
@@ -353,11 +364,13 @@ export class Server {
     this.#direct = options.scheduler === 'direct'
     this.#ready = options.ready ?? true
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    this.#maxConnections = options.maxConnections ?? defaultMaxConnections()
-    this.#maxNegotiating = options.maxNegotiatingConnections ?? DEFAULT_MAX_NEGOTIATING_CONNECTIONS
+    this.#maxConnections = atLeastOne(options.maxConnections ?? defaultMaxConnections(), 'maxConnections')
+    // At most half the connections may be negotiating, so silent openers cannot take them all.
+    this.#maxNegotiating = atLeastOne(options.maxNegotiatingConnections ?? Math.min(DEFAULT_MAX_NEGOTIATING_CONNECTIONS, Math.ceil(this.#maxConnections / 2)), 'maxNegotiatingConnections')
     const now = (): number => this.#clock.now()
     this.#logRefused = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logNegotiatingEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logAcceptError = new RateLimitedLog(LOG_INTERVAL_MS, now)
     const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#inbound = new InboundBudget(options.maxInboundBufferedBytes ?? DEFAULT_MAX_INBOUND_BUFFERED_BYTES, (_member, held) => {
@@ -367,7 +380,7 @@ export class Server {
     this.#outbound = new OutboundBudget(options.maxOutboundBufferedBytes ?? DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES, this.#clock, (member, total) => {
       outboundLog.log(this.#log.warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`)
     })
-    this.metrics.limitCounters = () => this.stats()
+    this.metrics.limitCounters = () => this.#limitCounters()
     // Paused on accept: nothing is read before #onAccept moves the socket to
     // a SocketReader (see readThrough).
     this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
@@ -510,6 +523,20 @@ export class Server {
       inboundBudgetClosed: this.#inbound.closedConnections,
       outboundPauses: this.#outbound.pauses,
       abandonedRunning
+    }
+  }
+
+  #limitCounters (): LimitCounters {
+    const s = this.#stats
+    return {
+      idleClosed: s.idleClosed,
+      frameTimeouts: s.frameTimeouts,
+      inboundBudgetClosed: this.#inbound.closedConnections,
+      outboundPauses: this.#outbound.pauses,
+      connectionsRefused: s.connectionsRefused,
+      connectionsEvicted: s.connectionsEvicted,
+      negotiatingEvicted: s.negotiatingEvicted,
+      acceptErrors: s.acceptErrors
     }
   }
 
@@ -664,13 +691,8 @@ export class Server {
 
   // Makes room for a new connection, or refuses it (false: destroyed).
   #admit (accepted: Socket): boolean {
-    if (this.#negotiating.size >= this.#maxNegotiating) {
-      // The oldest negotiating connection has had the longest to finish.
-      const oldest = this.#negotiating.values().next().value!
-      this.#stats.negotiatingEvicted++
-      this.#logEvicted.log(this.#log.warn, () => `${this.#negotiating.size} connections negotiating (the limit): closing the oldest, from ${oldest.remoteAddress}, for a new one`)
-      oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
-    }
+    // The oldest negotiating connection has had the longest to finish.
+    if (this.#negotiating.size >= this.#maxNegotiating) this.#evictNegotiating(`${this.#negotiating.size} connections negotiating (the limit)`)
     if (this.#connections.size < this.#maxConnections) return true
     const now = this.#clock.now()
     const victim = longestIdle(this.#connections, now)
@@ -680,10 +702,23 @@ export class Server {
       victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
       return true
     }
+    // None idle: a connection still negotiating (silent ones are cheap to
+    // open) makes room, the oldest first, rather than locking newcomers out.
+    if (this.#negotiating.size > 0) {
+      this.#evictNegotiating(`${this.#connections.size} connections open (the limit) and none idle`)
+      return true
+    }
     this.#stats.connectionsRefused++
     this.#logRefused.log(this.#log.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms`)
     accepted.destroy()
     return false
+  }
+
+  #evictNegotiating (why: string): void {
+    const oldest = this.#negotiating.values().next().value!
+    this.#stats.negotiatingEvicted++
+    this.#logNegotiatingEvicted.log(this.#log.warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`)
+    oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
   }
 
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
@@ -698,7 +733,11 @@ export class Server {
     }
     if (sc.inFlight.size > 0) {
       const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
-      for (const call of sc.inFlight.values()) call.abort(reason)
+      for (const call of sc.inFlight.values()) {
+        call.abort(reason)
+        // A handler still running after the abort (it ignores its signal) is watched.
+        if (!Number.isNaN(call.handledAt) && call.owner !== null && call.worker >= 0) this.#orphans.add(call)
+      }
     }
     this.#maybeDrained()
   }
@@ -819,41 +858,50 @@ export class Server {
       return undefined
     }
     if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown }).then === 'function')) {
-      const settled = (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
-      if (route.service.abandonAfterMs <= 0) return settled
-      // Watched for abandonment: the worker is released when the handler
-      // settles, or earlier by #abandon.
-      return new Promise<void>((release) => {
-        this.#running.set(call, release)
-        void settled.then(() => {
-          if (this.#running.delete(call)) release()
-          else if (call.abandoned) route.service.abandoned--
-        })
-      })
+      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (#abandonOverdue).
+      return (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
     }
     this.#respond(call, result)
     return undefined
   }
 
   // Gives back the workers of handlers running `abandonAfterMs` past their
-  // call's deadline or their connection's close (one pass of the idle scan).
+  // call's deadline or their connection's close (one pass of the idle scan):
+  // the calls in flight on open connections, and the orphans of closed ones.
   #abandonOverdue (now: number): void {
-    for (const [call, release] of this.#running) {
-      const route = call.route as Route
-      const service = route.service
-      const sc = call.owner as ServerConnection | null
-      const since = sc !== null && sc.closedAt >= 0 ? Math.min(sc.closedAt, call.deadline) : call.deadline
-      if (now - since < service.abandonAfterMs || service.abandoned >= service.maxAbandoned) continue
-      this.#running.delete(call)
-      call.abandoned = true
-      service.abandoned++
-      this.#stats.handlersAbandoned++
-      route.metrics.abandoned++
-      this.#log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${sc !== null && sc.closedAt >= 0 ? 'connection closed' : 'deadline'}; its worker is given back and its result will be dropped`)
-      call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
-      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler abandoned: still running ${service.abandonAfterMs} ms after the call's deadline`)
-      release()
+    for (const sc of this.#connections) {
+      if (sc.inFlight.size === 0) continue
+      for (const call of sc.inFlight.values()) {
+        if (call.deadline < now) this.#maybeAbandon(call, call.deadline, 'deadline', now)
+      }
     }
+    for (const call of this.#orphans) {
+      const sc = call.owner as ServerConnection | null
+      if (sc === null) {
+        this.#orphans.delete(call)
+        continue
+      }
+      this.#maybeAbandon(call, Math.min(sc.closedAt, call.deadline), 'connection closed', now)
+    }
+  }
+
+  #maybeAbandon (call: InboundCall, since: number, what: string, now: number): void {
+    const route = call.route as Route
+    const service = route.service
+    const pool = service.dispatcher?.pool
+    // Running in the loop (not queued, not in a thread), long enough, and within the bound.
+    if (pool === undefined || service.abandonAfterMs <= 0 || Number.isNaN(call.handledAt) || call.worker < 0 ||
+      now - since < service.abandonAfterMs || service.abandoned >= service.maxAbandoned) return
+    this.#orphans.delete(call)
+    call.abandoned = true
+    service.abandoned++
+    this.#stats.handlersAbandoned++
+    route.metrics.abandoned++
+    this.#log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${what}; its worker is given back and its result will be dropped`)
+    call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
+    const worker = call.worker
+    this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler abandoned: still running ${service.abandonAfterMs} ms after its ${what}`)
+    pool.abandon(worker)
   }
 
   // Runs the call in thread `worker` of the service's pool; the promise
@@ -872,17 +920,29 @@ export class Server {
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
-    if (call.abandoned) return
+    if (call.abandoned) {
+      this.#abandonedSettled(call)
+      return
+    }
     if (err instanceof RpcError && err.krpcCode !== undefined) {
       this.#respondError(call, err.krpcCode, stripCodePrefix(err.message))
       return
     }
-    const message = err instanceof Error ? err.message : String(err)
-    this.#respondError(call, KrpcCode.ERROR_APPLICATION, message)
+    this.#respondError(call, KrpcCode.ERROR_APPLICATION, describeFailure(err))
+  }
+
+  // An abandoned handler settled at last: its result is dropped.
+  #abandonedSettled (call: InboundCall): void {
+    call.abandoned = false
+    call.worker = -1
+    ;(call.route as Route).service.abandoned--
   }
 
   #respond (call: InboundCall, response: Message): void {
-    if (call.abandoned) return
+    if (call.abandoned) {
+      this.#abandonedSettled(call)
+      return
+    }
     const type = call.methodDef.responseType
     let body: Uint8Array
     let bodyBytes: number
@@ -988,6 +1048,7 @@ export class Server {
     const frameMs = this.#options.frameTimeoutMs ?? DEFAULT_FRAME_TIMEOUT_MS
     let abandonMs = Infinity
     for (const service of this.#services.values()) if (service.abandonAfterMs > 0) abandonMs = Math.min(abandonMs, service.abandonAfterMs)
+    this.#abandoning = abandonMs !== Infinity
     const positive = (ms: number): number => ms > 0 ? ms : Infinity
     const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs)
     if (shortest === Infinity || this.#idleTimer !== null) return
@@ -995,19 +1056,19 @@ export class Server {
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
-      if (this.#running.size > 0) this.#abandonOverdue(now)
+      if (this.#abandoning) this.#abandonOverdue(now)
       for (const sc of this.#connections) {
         const connection = sc.connection
         if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
         const activity = connection.activity
         // Progress is a read, a send, a drain, or the kernel taking some of
         // what waits to go out. A peer stopped inside a frame makes none.
-        const outbound = connection.outboundBytes
+        const outbound = connection.outboundBytes + connection.writeQueueBytes
         if (activity !== sc.lastActivity || outbound !== sc.lastOutbound || sc.inFlight.size > 0) {
           sc.lastActivity = activity
           sc.lastOutbound = outbound
           sc.lastActiveAt = now
-          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !connection.isBusy && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
+          if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !connection.isBusy && !connection.hasPartialFrame && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
           else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.negotiated !== null) sc.retiredAt = now
           continue
         }
@@ -1034,6 +1095,11 @@ export class Server {
       sc.partialSince = -1
       return false
     }
+    if (connection.isReadingPaused) {
+      // We stopped reading it (outbound budget): the rest of its frame cannot arrive; its clock restarts.
+      sc.partialSince = now
+      return false
+    }
     const frame = connection.framesRead
     if (sc.partialSince < 0 || sc.partialFrame !== frame) {
       sc.partialFrame = frame
@@ -1057,6 +1123,20 @@ export class Server {
 // Stands for a thread-mode service's handlers on the main thread; never called.
 function inThread (): never {
   throw new Error('thread-mode handlers run in worker threads')
+}
+
+function atLeastOne (value: number, name: string): number {
+  if (!Number.isSafeInteger(value) || value < 1) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} must be an integer of at least 1, got ${value}`)
+  return value
+}
+
+// What a handler threw, as a message; never throws itself (a thrown value may refuse String()).
+function describeFailure (err: unknown): string {
+  try {
+    return err instanceof Error ? String(err.message) : String(err)
+  } catch {
+    return 'the handler failed with a value that has no string form'
+  }
 }
 
 function stripCodePrefix (message: string): string {

@@ -80,6 +80,10 @@ export class WorkerPool<T extends Queued> {
   /** Idle workers; the end is the most recently parked, the next to get work. */
   readonly #parked: number[] = []
   readonly #settled: Array<() => void> = []
+  /** Worker ids given up by `abandon` whose run has not settled yet; their settlement is dropped. */
+  readonly #abandoned = new Set<number>()
+  /** Ids of abandoned runs that have settled since, to be reused by the next `abandon`. */
+  readonly #freeIds: number[] = []
   readonly #stats: WorkerPoolStats = {
     submitted: 0, handedOff: 0, queued: 0, overflows: 0, evictions: 0, expired: 0, shutdownRejected: 0, completed: 0
   }
@@ -109,12 +113,41 @@ export class WorkerPool<T extends Queued> {
     // All start parked with worker 0 on top, so work goes to 0, then 1, ...
     for (let worker = workers - 1; worker >= 0; worker--) this.#parked.push(worker)
     // One settle callback per worker, made once: no closure per item.
-    for (let worker = 0; worker < workers; worker++) {
-      this.#settled.push(() => {
-        this.#stats.completed++
-        this.#runOn(worker, this.#next())
-      })
-    }
+    for (let worker = 0; worker < workers; worker++) this.#addSettled()
+  }
+
+  #addSettled (): number {
+    const worker = this.#settled.length
+    this.#settled.push(() => {
+      if (this.#abandoned.delete(worker)) {
+        // The abandoned run finally settled: its id can replace a later one.
+        this.#freeIds.push(worker)
+        return
+      }
+      this.#stats.completed++
+      this.#runOn(worker, this.#next())
+    })
+    return worker
+  }
+
+  /** Runs abandoned by `abandon` that have not settled yet. */
+  get abandonedRuns (): number {
+    return this.#abandoned.size
+  }
+
+  /**
+   * Gives up on the run of `worker` (a handler still running long after
+   * its call's deadline): the slot is handed to a new worker id at once,
+   * which takes the next queued item or parks, and the abandoned run's
+   * eventual settlement is dropped. The caller answers the item. Does
+   * nothing for a worker that is parked or already abandoned.
+   */
+  abandon (worker: number): void {
+    if (this.#abandoned.has(worker) || this.#parked.includes(worker) || worker >= this.#settled.length) return
+    this.#abandoned.add(worker)
+    const replacement = this.#freeIds.pop() ?? this.#addSettled()
+    this.#stats.completed++
+    this.#runOn(replacement, this.#next())
   }
 
   get idleWorkers (): number {

@@ -181,6 +181,18 @@ export class Connection {
     return this.#queue.backlogBytes
   }
 
+  /**
+   * Bytes libuv still has to write from requests already handed to it. It
+   * falls as the kernel takes them, during one large write too (when
+   * `outboundBytes` stays put until the write completes): the owner's
+   * measure of a slow reader's progress.
+   */
+  get writeQueueBytes (): number {
+    const handle = (this.socket as unknown as { _handle?: { writeQueueSize?: unknown } | null })._handle
+    const size = handle?.writeQueueSize
+    return typeof size === 'number' ? size : 0
+  }
+
   /** True while the transfer queue waits for 'drain'. */
   get isBackedUp (): boolean {
     return this.#queue.isWaitingDrain

@@ -47,7 +47,7 @@ export interface TransferQueueOptions {
    * responses resumed many awaiting callers). Default false.
    */
   coalesceMicrotasks?: boolean | undefined
-  /** Called each time the queue starts waiting for 'drain' (the kernel buffer is full). */
+  /** Called each time the queue starts waiting for 'drain' (the kernel buffer is full), and for each MiB it grows while waiting. */
   onBackedUp?: (() => void) | undefined
 }
 
@@ -96,6 +96,8 @@ export const DEFAULT_BATCH_FRAMES = 50
 const CONCAT_BYTES = 64 * 1024
 // A batch stops growing here, so one turn cannot hand the socket unbounded data.
 const BATCH_BYTES = 1024 * 1024
+// While waiting for 'drain', the owner hears of the queue again each time it grows by this much.
+const BACKED_UP_SIGNAL_BYTES = 1024 * 1024
 /** Frames up to this size may be encoded in place (`reserve`/`commit`); larger ones go through `enqueue`. */
 export const MAX_IN_PLACE_FRAME_BYTES = 16 * 1024
 // Frames encoded in place are laid out back to back in slabs of this size,
@@ -188,6 +190,8 @@ export class TransferQueue {
   #checkpointBytes = 0
   #held = false
   #waitingDrain = false
+  /** Queued bytes when the owner was last told the queue is backed up. */
+  #backedUpSignalled = 0
   #flushScheduled = false
   #reading = false
   #closedError: RpcError | null = null
@@ -285,6 +289,7 @@ export class TransferQueue {
   // A frame was queued: write it (or schedule it) as the queue's state says.
   #queued (bytes: number): void {
     this.#queuedBytes += bytes
+    if (this.#waitingDrain && this.#queuedBytes >= this.#backedUpSignalled + BACKED_UP_SIGNAL_BYTES) this.#signalBackedUp()
     this.#schedule(bytes)
   }
 
@@ -552,8 +557,13 @@ export class TransferQueue {
     if (!ok) {
       this.#waitingDrain = true
       this.#stats.drainWaits++
-      this.#onBackedUp?.()
+      this.#signalBackedUp()
     }
+  }
+
+  #signalBackedUp (): void {
+    this.#backedUpSignalled = this.#queuedBytes
+    this.#onBackedUp?.()
   }
 }
 

@@ -373,6 +373,9 @@ t.test('a frame that spans chunks holds memory for what arrived, not for what it
   for (let i = 0; i < 16; i++) decoder.push(piece, () => {})
   t.equal(decoder.bufferedBytes, 4 + 1024 * 1024)
   t.ok(decoder.heldBytes <= 2 * decoder.bufferedBytes + 16 * 1024, `1 MiB of 50 holds at most about 2 MiB (${decoder.heldBytes})`)
+  for (let i = 0; i < 48; i++) decoder.push(piece, () => {})
+  t.equal(decoder.bufferedBytes, 4 + 4 * 1024 * 1024)
+  t.ok(decoder.heldBytes <= decoder.bufferedBytes + 1024 * 1024, `past 1 MiB it takes 1 MiB blocks: 4 MiB of 50 holds at most 5 (${decoder.heldBytes})`)
   // The whole frame still comes out intact.
   const small = new FrameDecoder(krpcFraming)
   const body = Buffer.alloc(200_000)
@@ -394,4 +397,26 @@ t.test('maxFrameBytes can be changed between frames (set-up frames have a lower 
   prefix.writeUInt32BE(200)
   const error = decoder.push(prefix, () => {})
   t.equal(error?.code, ErrorCode.FRAME_TOO_LARGE)
+})
+
+t.test('frames of many blocks come out intact however they are cut', async t => {
+  const rand = (() => { let x = 12345; return () => { x ^= x << 13; x ^= x >>> 17; x ^= x << 5; return (x >>> 0) / 2 ** 32 } })()
+  for (const size of [1024 * 1024 - 4, 1024 * 1024, 1024 * 1024 + 1, 3 * 1024 * 1024 + 12_345]) {
+    const body = Buffer.allocUnsafe(size)
+    for (let i = 0; i < size; i += 4096) body[i] = (i / 4096) & 0xff
+    const len = Buffer.alloc(4)
+    len.writeUInt32BE(size)
+    const stream = Buffer.concat([len, body, len.subarray(0, 2)])
+    const decoder = new FrameDecoder(krpcFraming)
+    const frames: Buffer[] = []
+    let at = 0
+    while (at < stream.length) {
+      const n = 1 + Math.floor(rand() * 200_000)
+      decoder.push(stream.subarray(at, at + n), f => { frames.push(Buffer.from(f)) })
+      at += n
+    }
+    t.equal(frames.length, 1, `${size}: one frame`)
+    t.ok(frames[0]!.equals(stream.subarray(0, 4 + size)), `${size}: intact`)
+    t.equal(decoder.bufferedBytes, 2, 'the next prefix is pending')
+  }
 })

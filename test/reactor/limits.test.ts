@@ -365,3 +365,105 @@ t.test('the error status of an abandoned call names the abandonment', async (t) 
   t.match(status.message, /abandoned/)
   raw.close()
 })
+
+t.test('a slow but steady reader of one large answer is not idle: the kernel taking its bytes is progress', async (t) => {
+  const clock = new FakeClock()
+  const running = await startServer(t, { clock, idleTimeoutMs: 1000, frameTimeoutMs: 0 })
+  const raw = await negotiated(running.port)
+  raw.socket.pause()
+  raw.write(requestFrame(0, SERVICE, 'Echo', EchoRequest.encode({ data: 'z'.repeat(24 * 1024 * 1024) })))
+  await until(() => running.server.stats().callsSucceeded === 1, 20_000)
+  // The client takes 1 MiB per 250 ms of server time: one write request the whole while.
+  let received = 0
+  let closedWhileWriting = false
+  for (let step = 0; step < 200 && received < 24 * 1024 * 1024; step++) {
+    const c = running.server.connectionStats()[0]
+    if (c !== undefined && c.socketBufferedBytes + c.queuedBytes > 0) closedWhileWriting ||= running.server.stats().idleClosed > 0
+    const target = received + 1024 * 1024
+    for (let k = 0; k < 500 && received < target; k++) {
+      for (let chunk = raw.socket.read(); chunk !== null; chunk = raw.socket.read()) received += (chunk as Buffer).length
+      await turns(1)
+    }
+    clock.advance(250)
+  }
+  t.notOk(closedWhileWriting, 'not closed as idle while the answer was being written')
+  t.ok(received >= 24 * 1024 * 1024, `the whole answer arrived (${received} bytes)`)
+  raw.close()
+})
+
+t.test('a handler rejecting with a value that has no string form is answered ERROR_APPLICATION and frees its worker', async (t) => {
+  const running = await startServer(t, {
+    workers: 1,
+    handlers: { ...calculatorHandlers, Sleep: async () => { throw Object.create(null) } }
+  })
+  const client = newClient(t, { endpoint: running.endpoint })
+  const calc = client.service(CalculatorService)
+  t.equal(await settle(calc.Sleep({ sleep_micros: 1 })), 'REMOTE:ERROR_APPLICATION')
+  t.same(await calc.Add({ x: 1, y: 2 }), { result: 3 }, 'the worker is free')
+  client.close()
+})
+
+t.test('silent connections at the connection limit: the oldest negotiating one makes room', async (t) => {
+  const clock = new FakeClock()
+  const running = await startServer(t, { clock, maxConnections: 3, negotiationTimeoutMs: 60_000 })
+  const silent = [await RawClient.connect(running.port), await RawClient.connect(running.port), await RawClient.connect(running.port)]
+  await until(() => running.server.stats().connectionsOpen === 3)
+  t.equal(running.server.limits().maxNegotiatingConnections, 2, 'by default at most half the connections negotiate')
+  await silent[0]!.closed
+  const client = newClient(t, { endpoint: running.endpoint })
+  t.same(await client.service(CalculatorService).Add({ x: 1, y: 2 }), { result: 3 }, 'a good client gets in')
+  t.ok(running.server.stats().negotiatingEvicted >= 2)
+  t.equal(running.server.stats().connectionsRefused, 0)
+  for (const raw of silent) raw.close()
+  client.close()
+})
+
+t.test('the frame timeout does not run while the server is not reading the connection (outbound budget)', async (t) => {
+  const clock = new FakeClock()
+  const running = await startServer(t, { clock, maxOutboundBufferedBytes: 1024 * 1024, idleTimeoutMs: 0, frameTimeoutMs: 1000 })
+  const hog = await negotiated(running.port)
+  hog.socket.pause()
+  const frames: Buffer[] = []
+  for (let i = 0; i < 64; i++) frames.push(requestFrame(i, SERVICE, 'Echo', EchoRequest.encode({ data: 'p'.repeat(256 * 1024) })))
+  // And half a frame behind them, which the pause keeps from being completed.
+  const last = addFrame(99)
+  frames.push(last.subarray(0, 10))
+  hog.write(Buffer.concat(frames))
+  t.ok(await until(() => running.server.stats().outboundPauses >= 1, 20_000), 'paused')
+  await until(() => running.server.connectionStats()[0]?.bytesRead === clientHandshakeBytes().length + Buffer.concat(frames).length, 200)
+  for (let i = 0; i < 12; i++) {
+    clock.advance(250)
+    await turns(2)
+  }
+  t.equal(running.server.stats().frameTimeouts, 0, 'not timed out while paused')
+  t.notOk(hog.isClosed)
+  hog.close()
+})
+
+t.test('a retired connection is not closed in the middle of a request frame', async (t) => {
+  const clock = new FakeClock()
+  const running = await startServer(t, { clock, idleTimeoutMs: 0, frameTimeoutMs: 0, maxConnectionAgeMs: 1000 })
+  const raw = await negotiated(running.port)
+  const base = running.server.connectionStats()[0]!.bytesRead
+  const frame = addFrame(0)
+  // 40 bytes of a frame over 10 s: it reaches its age after 1 s, and RETIRED_BUSY_LIMIT_MS (5 s) later is still inside the frame.
+  for (let i = 0; i < 40 && !raw.isClosed; i++) {
+    raw.write(frame.subarray(i, i + 1))
+    await until(() => raw.isClosed || running.server.connectionStats()[0]!.bytesRead >= base + i + 1)
+    clock.advance(250)
+  }
+  t.equal(running.server.stats().agedClosed, 0, 'kept while the frame arrives')
+  t.notOk(raw.isClosed)
+  raw.write(frame.subarray(40))
+  const answer = await raw.nextResponse()
+  const status = ErrorStatusType.decode(answer.message)
+  if (status instanceof RpcError) throw status
+  t.equal(status.code, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'answered: reconnect')
+  raw.close()
+})
+
+t.test('limits must be at least 1', async (t) => {
+  const { Server } = await import('../../reactor/server.js')
+  t.throws(() => new Server({ maxNegotiatingConnections: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
+  t.throws(() => new Server({ maxConnections: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
+})

@@ -1,6 +1,6 @@
 // OutboundBudget: while the unsent bytes of backed-up connections pass the
-// budget, the heaviest stop being read until those left reading hold at most
-// half of it; all read again once the sum is below the budget.
+// budget, none of them is read; a drained one reads again, and all do once
+// the sum is below the budget.
 import t from 'tap'
 import { FakeClock } from '../../scheduling/clock.js'
 import { OUTBOUND_CHECK_MS, OutboundBudget } from '../../reactor/outbound-budget.js'
@@ -30,14 +30,15 @@ t.test('pauses the heaviest, keeps checking while any is backed up, resumes belo
   // Growth between checks is seen by the timer.
   a.outboundBytes = 800
   clock.advance(OUTBOUND_CHECK_MS)
-  t.ok(a.isReadingPaused, 'the heaviest is paused')
-  t.notOk(b.isReadingPaused, 'those left reading hold 350, under half the budget')
-  t.notOk(c.isReadingPaused)
-  t.equal(budget.pauses, 1)
-  b.outboundBytes = 700
+  t.ok(a.isReadingPaused, 'over the budget: every backed-up connection stops being read')
+  t.ok(b.isReadingPaused)
+  t.ok(c.isReadingPaused)
+  t.equal(budget.pauses, 3)
+  // One drains (its peer read everything it was owed): it reads again though the rest stay over.
+  c.isBackedUp = false
   clock.advance(OUTBOUND_CHECK_MS)
-  t.ok(b.isReadingPaused, 'the next heaviest too, once the reading ones hold more than half')
-  t.notOk(c.isReadingPaused)
+  t.notOk(c.isReadingPaused, 'a drained connection reads again')
+  t.ok(a.isReadingPaused)
   // The peers read: below the budget, everyone reads again.
   a.outboundBytes = 100
   b.outboundBytes = 100
