@@ -470,3 +470,47 @@ t.test('the clock is read only when a deadline needs it; a caller\'s reading is 
   h.pool.submit({ id: 'own', deadline: 10, sync: true })
   t.equal(reads, 1, 'without one the pool reads the clock')
 })
+
+t.test('abandon: the slot goes to a fresh worker id at once, the abandoned run settling later is dropped, its id reused', async (t) => {
+  const clock = new FakeClock(0)
+  const finishers = new Map<string, () => void>()
+  const ran: Array<[string, number]> = []
+  const rejected: string[] = []
+  const pool = new WorkerPool<Job>({
+    workers: 1,
+    queue: new DeadlineQueue<Job>({ maxLength: 5, discipline: 'edf' }),
+    clock,
+    run: (job, worker) => {
+      ran.push([job.id, worker])
+      return new Promise<void>(resolve => { finishers.set(job.id, resolve) })
+    },
+    reject: (job) => { rejected.push(job.id) }
+  })
+  pool.submit({ id: 'stuck', deadline: Infinity })
+  pool.submit({ id: 'queued', deadline: Infinity })
+  t.same(ran, [['stuck', 0]])
+  pool.abandon(0)
+  t.same(ran, [['stuck', 0], ['queued', 1]], 'the queued item runs at once on a new worker id')
+  t.equal(pool.abandonedRuns, 1)
+  t.equal(pool.busyWorkers, 1, 'still one worker: the abandoned run does not count')
+  pool.abandon(0)
+  t.equal(pool.abandonedRuns, 1, 'abandoning twice does nothing')
+  finishers.get('stuck')!()
+  await flush()
+  t.equal(pool.abandonedRuns, 0)
+  t.equal(pool.busyWorkers, 1, 'the late settlement does not free a worker')
+  finishers.get('queued')!()
+  await flush()
+  t.equal(pool.idleWorkers, 1)
+  // The next abandonment reuses id 0.
+  pool.submit({ id: 'again', deadline: Infinity })
+  const worker = ran[ran.length - 1]![1]
+  pool.submit({ id: 'next', deadline: Infinity })
+  pool.abandon(worker)
+  t.equal(ran[ran.length - 1]![1], 0, 'the freed id is reused')
+  for (const f of finishers.values()) f()
+  await flush()
+  t.equal(pool.idleWorkers, 1)
+  t.same(rejected, [])
+  await pool.close(0)
+})
