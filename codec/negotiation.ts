@@ -273,3 +273,35 @@ export class ClientNegotiation {
     return { error: negotiationError('unexpected frame after negotiation finished') }
   }
 }
+
+/**
+ * Everything a client writes to set up a connection (preamble, NEGOTIATE,
+ * SASL_INITIATE, ConnectionContext) as one buffer, produced by running the
+ * client and server state machines against each other. A KRPC server reads
+ * these in order, so a raw peer (a test, a fuzzer, a hostile-peer script)
+ * may write them all before any answer arrives.
+ */
+export function clientHandshakeBytes (options: ClientNegotiationOptions = {}): Buffer {
+  const client = new ClientNegotiation(options)
+  const server = new ServerNegotiation()
+  const join = (frame: Buffer[]): Buffer => frame.length === 1 ? frame[0]! : Buffer.concat(frame)
+  const out: Buffer[] = []
+  let pending: Buffer[][] = client.start()
+  out.push(...pending.map(join))
+  // The first list holds the preamble, which the server does not frame.
+  pending = pending.slice(1)
+  for (let guard = 0; guard < 10 && pending.length > 0; guard++) {
+    const next: Buffer[][] = []
+    for (const frame of pending) {
+      const reply = server.onFrame(join(frame)) as NegotiationStep
+      for (const r of reply.send ?? []) {
+        for (const s of client.onFrame(join(r)).send ?? []) {
+          out.push(join(s))
+          next.push(s)
+        }
+      }
+    }
+    pending = next
+  }
+  return Buffer.concat(out)
+}

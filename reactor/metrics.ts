@@ -123,13 +123,21 @@ type Value = { labels: Record<string, string | number>, value: number, metricNam
 
 /** Server-wide counters of connections closed or refused by the limits, read when scraped. */
 export interface LimitCounters {
+  /** Connections closed after `idleTimeoutMs` without progress (also those stopped inside a frame). */
   idleClosed: number
+  /** Connections closed because a frame took longer than `frameTimeoutMs` to arrive. */
   frameTimeouts: number
+  /** Connections closed because the inbound buffer budget was exceeded. */
   inboundBudgetClosed: number
+  /** Times reading from a connection was paused because the outbound budget was exceeded. */
   outboundPauses: number
+  /** Connections refused at once: at `maxConnections` with none idle enough to close, and none negotiating. */
   connectionsRefused: number
+  /** Idle connections closed to admit a newcomer at `maxConnections`. */
   connectionsEvicted: number
+  /** Connections closed while negotiating to admit a newcomer (at either connection limit). */
   negotiatingEvicted: number
+  /** accept() failures (EMFILE, ENFILE: out of descriptors). */
   acceptErrors: number
 }
 

@@ -196,8 +196,8 @@ export interface ServerConnectionStats extends ConnectionStats {
   callsInFlight: number
 }
 
-/** Counters the server keeps. */
-export interface ServerStats {
+/** Counters the server keeps (the limits' counters are also Prometheus counters). */
+export interface ServerStats extends LimitCounters {
   connectionsAccepted: number
   connectionsOpen: number
   callsReceived: number
@@ -205,24 +205,8 @@ export interface ServerStats {
   callsFailed: number
   callsInFlight: number
   badFrames: number
-  /** Connections closed after `idleTimeoutMs` without progress (also those stopped inside a frame). */
-  idleClosed: number
   /** Connections closed because they reached `maxConnectionAgeMs`. */
   agedClosed: number
-  /** Connections closed because a frame took longer than `frameTimeoutMs` to arrive. */
-  frameTimeouts: number
-  /** Connections closed because the inbound buffer budget was exceeded. */
-  inboundBudgetClosed: number
-  /** Times reading from a connection was paused because the outbound budget was exceeded. */
-  outboundPauses: number
-  /** Connections refused at once: at `maxConnections` with none idle enough to close. */
-  connectionsRefused: number
-  /** Idle connections closed to admit a newcomer at `maxConnections`. */
-  connectionsEvicted: number
-  /** Connections closed while negotiating to admit a newcomer at `maxNegotiatingConnections`. */
-  negotiatingEvicted: number
-  /** accept() failures (EMFILE, ENFILE: out of descriptors). */
-  acceptErrors: number
   /** Handlers abandoned after `abandonAfterMs` (their workers given back). */
   handlersAbandoned: number
   /** Abandoned handlers still running. */

@@ -16,7 +16,7 @@ import {
   KRPC_PREAMBLE, NEGOTIATE_CALL_ID, encodeErrorFrame, headerSchema, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame, krpcFraming,
   parseRequestFrame, parseResponseFrame, type RequestHeader, type ResponseFrame
 } from '../../codec/krpc.js'
-import { ClientNegotiation, ServerNegotiation, type NegotiationStep } from '../../codec/negotiation.js'
+import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/negotiation.js'
 import { RpcError } from '../../codec/errors.js'
 import type { MessageType } from '../../codec/schema.js'
 import type { Clock, TimerHandle } from '../../scheduling/clock.js'
@@ -35,35 +35,9 @@ export function join (frames: ReadonlyArray<Buffer | readonly Buffer[]>): Buffer
   return Buffer.concat(parts)
 }
 
-/**
- * Everything a client writes to set up a connection (preamble, NEGOTIATE,
- * SASL_INITIATE, ConnectionContext), produced by running the codec's two
- * negotiation state machines against each other. A KRPC server reads these
- * in order, so they may be written before any answer arrives.
- */
+/** The client's whole handshake as one buffer (see the codec's clientHandshakeBytes). */
 export function clientHandshakeBytes (user = 'raw', password = ''): Buffer {
-  const client = new ClientNegotiation({ user, password })
-  const server = new ServerNegotiation()
-  const out: Buffer[] = []
-  let pending: Buffer[][] = client.start()
-  out.push(...pending.map(join))
-  // The first list holds the preamble, which the server does not frame.
-  pending = pending.slice(1)
-  for (let guard = 0; guard < 10 && pending.length > 0; guard++) {
-    const next: Buffer[][] = []
-    for (const frame of pending) {
-      const reply = server.onFrame(join(frame)) as NegotiationStep
-      for (const r of reply.send ?? []) {
-        const step = client.onFrame(join(r))
-        for (const s of step.send ?? []) {
-          out.push(join(s))
-          next.push(s)
-        }
-      }
-    }
-    pending = next
-  }
-  return Buffer.concat(out)
+  return handshakeBytes({ user, password })
 }
 
 /** Bytes of one request frame for `service.method`. */

@@ -34,6 +34,14 @@ async function negotiated (port: number): Promise<RawClient> {
   return raw
 }
 
+/** `count` pipelined Echo calls of `bytes` each, ids 0..count-1. */
+function echoFrames (count: number, bytes: number): Buffer {
+  const body = EchoRequest.encode({ data: 'e'.repeat(bytes) })
+  const frames: Buffer[] = []
+  for (let i = 0; i < count; i++) frames.push(requestFrame(i, SERVICE, 'Echo', body))
+  return Buffer.concat(frames)
+}
+
 function addFrame (callId: number, timeoutMs?: number): Buffer {
   return requestFrame(callId, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 2 }), timeoutMs === undefined ? {} : { timeoutMs })
 }
@@ -228,10 +236,7 @@ t.test('close() resolves by the end of its grace period though a peer never read
   const raw = await negotiated(running.port)
   raw.socket.pause()
   // Answers that fill the kernel buffers and then the socket's own.
-  const payload = 'x'.repeat(64 * 1024)
-  const frames: Buffer[] = []
-  for (let i = 0; i < 200; i++) frames.push(requestFrame(i, SERVICE, 'Echo', EchoRequest.encode({ data: payload })))
-  raw.write(Buffer.concat(frames))
+  raw.write(echoFrames(200, 64 * 1024))
   await until(() => running.server.stats().callsSucceeded === 200 || running.server.connectionStats()[0]?.drainWaits! > 0)
   t.ok(running.server.connectionStats()[0]!.socketBufferedBytes + running.server.connectionStats()[0]!.queuedBytes > 0, 'answers wait to go out')
   let closed = false
@@ -330,10 +335,7 @@ t.test('the outbound budget pauses reading from the heaviest non-reader and resu
   const reader = await negotiated(running.port)
   const hog = await negotiated(running.port)
   hog.socket.pause()
-  const payload = 'y'.repeat(256 * 1024)
-  const frames: Buffer[] = []
-  for (let i = 0; i < 64; i++) frames.push(requestFrame(i, SERVICE, 'Echo', EchoRequest.encode({ data: payload })))
-  hog.write(Buffer.concat(frames))
+  hog.write(echoFrames(64, 256 * 1024))
   t.ok(await until(() => running.server.stats().outboundPauses >= 1, 20_000), 'the non-reader is paused')
   const answered = running.server.stats().callsSucceeded
   await turns(50)
@@ -423,14 +425,11 @@ t.test('the frame timeout does not run while the server is not reading the conne
   const running = await startServer(t, { clock, maxOutboundBufferedBytes: 1024 * 1024, idleTimeoutMs: 0, frameTimeoutMs: 1000 })
   const hog = await negotiated(running.port)
   hog.socket.pause()
-  const frames: Buffer[] = []
-  for (let i = 0; i < 64; i++) frames.push(requestFrame(i, SERVICE, 'Echo', EchoRequest.encode({ data: 'p'.repeat(256 * 1024) })))
   // And half a frame behind them, which the pause keeps from being completed.
-  const last = addFrame(99)
-  frames.push(last.subarray(0, 10))
-  hog.write(Buffer.concat(frames))
+  const frames = Buffer.concat([echoFrames(64, 256 * 1024), addFrame(99).subarray(0, 10)])
+  hog.write(frames)
   t.ok(await until(() => running.server.stats().outboundPauses >= 1, 20_000), 'paused')
-  await until(() => running.server.connectionStats()[0]?.bytesRead === clientHandshakeBytes().length + Buffer.concat(frames).length, 200)
+  await until(() => running.server.connectionStats()[0]?.bytesRead === clientHandshakeBytes().length + frames.length, 200)
   for (let i = 0; i < 12; i++) {
     clock.advance(250)
     await turns(2)
