@@ -735,7 +735,8 @@ export class Client {
 
   // A method of a service, resolved with its encoded remote_method (cached per definition and service name).
   #prepared (def: ServiceDef, name: string): PreparedMethod | undefined {
-    const methodDef = (def.methods as Record<string, MethodDef<Message, Message> | undefined>)[name]
+    const methods = def.methods as Record<string, MethodDef<Message, Message> | undefined>
+    const methodDef = Object.hasOwn(methods, name) ? methods[name] : undefined
     if (methodDef === undefined) return undefined
     let byService = this.#methods.get(methodDef)
     if (byService === undefined) {

@@ -781,7 +781,10 @@ export class Server {
     for (let i = 0; i < keys.length; i++) if (keys[i] === remote) return this.#routes[i]
     const service = this.#services.get(remote.service_name)
     if (service === undefined) return undefined
-    const methodDef = (service.def.methods as Record<string, MethodDef<Message, Message> | undefined>)[remote.method_name]
+    // Own properties only: a peer naming `toString` or `constructor` must not reach Object.prototype.
+    const methods = service.def.methods as Record<string, MethodDef<Message, Message> | undefined>
+    if (!Object.hasOwn(methods, remote.method_name)) return undefined
+    const methodDef = methods[remote.method_name]
     const handler = service.handlers[remote.method_name]
     if (methodDef === undefined || handler === undefined) return undefined
     const route: Route = {

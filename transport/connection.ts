@@ -103,6 +103,8 @@ export class Connection {
   #preamble: Buffer | null = null
   #setupChain: Promise<void> = Promise.resolve()
   #closed = false
+  /** Ending (endAfterFlush): no frame is delivered any more, though the socket still flushes. */
+  #ending = false
   #closeError: RpcError | undefined
   #bytesRead = 0
   #framesRead = 0
@@ -304,6 +306,7 @@ export class Connection {
   /** Writes the queued frames, then ends the socket (after a fatal error reply, or a server's drained shutdown). */
   endAfterFlush (error?: RpcError): void {
     if (this.#closed) return
+    this.#ending = true
     this.#decoder.stop()
     this.#reportHeld()
     this.#queue.flushNow()
@@ -369,7 +372,7 @@ export class Connection {
   }
 
   #dispatch (buf: Buffer, start: number, end: number): boolean {
-    if (this.#closed) return false
+    if (this.#closed || this.#ending) return false
     this.#framesRead++
     if (this.#setup === null) {
       const handler = this.#handler
@@ -399,9 +402,10 @@ export class Connection {
   // Hands one set-up frame to the handshake; a promise when its step is asynchronous.
   #setupFrame (frame: Buffer): Promise<void> | undefined {
     const setup = this.#setup
-    if (setup === null || this.#closed) {
-      // Set-up finished while this frame waited: it is a regular frame.
-      if (!this.#closed && this.#handler !== null) this.#handler.onFrame(frame, 0, frame.length)
+    if (setup === null || this.#closed || this.#ending) {
+      // Set-up finished while this frame waited: it is a regular frame;
+      // unless it failed (the connection is ending): then it is dropped.
+      if (!this.#closed && !this.#ending && this.#handler !== null) this.#handler.onFrame(frame, 0, frame.length)
       return undefined
     }
     let step: HandshakeStep<unknown> | Promise<HandshakeStep<unknown>>

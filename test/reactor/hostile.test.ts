@@ -217,3 +217,39 @@ t.test('many hostile connections at once do not disturb a client in the middle o
   t.same(outcomes.filter(o => o !== 'OK'), [])
   t.equal(client.connectionCount, 1)
 })
+
+t.test('method names of Object.prototype are unknown methods, not a crash (found by the fuzzer)', async (t) => {
+  const running = await startServer(t)
+  const raw = await RawClient.connect(running.port)
+  const names = ['toString', 'constructor', 'valueOf', '__proto__', 'hasOwnProperty', '__defineGetter__']
+  raw.write(Buffer.concat([clientHandshakeBytes(), ...names.map((name, i) => requestFrame(i, SERVICE, name, new Uint8Array(0)))]))
+  for (let i = 0; i < names.length; i++) {
+    const answer = await raw.nextResponse()
+    const status = ErrorStatusType.decode(answer.message)
+    if (status instanceof RpcError) throw status
+    t.equal(status.code, KrpcCode.ERROR_NO_SUCH_METHOD, `${names[answer.header.call_id]!}: ERROR_NO_SUCH_METHOD`)
+  }
+  raw.close()
+  await stillServes(t, running)
+})
+
+t.test('calls pipelined behind refused credentials never reach a handler (found by the fuzzer)', async (t) => {
+  const probe = new Probe()
+  const running = await startServer(t, {
+    handlers: probe.handlers(),
+    authenticate: async (user) => user !== 'intruder'
+  })
+  const raw = await RawClient.connect(running.port)
+  // The handshake up to SASL_INITIATE (no ConnectionContext) and two calls
+  // in one write; the authenticator answers after they have arrived.
+  const handshake = clientHandshakeBytes('intruder', 'pw')
+  let end = 7
+  for (let frames = 0; frames < 2; frames++) end += 4 + handshake.readUInt32BE(end)
+  raw.write(Buffer.concat([handshake.subarray(0, end), requestFrame(0, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 })),
+    requestFrame(1, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 2 }))]))
+  await raw.closed
+  t.equal(probe.count('Add'), 0, 'no handler ran')
+  t.equal(running.server.stats().callsReceived, 0)
+  t.equal(raw.frames.filter(f => f.header.call_id >= 0).length, 0, 'nothing answered')
+  await stillServes(t, running)
+})
