@@ -10,7 +10,7 @@
  * negotiating have a smaller limit of their own; past it the oldest of them
  * (the one that has had the longest to finish) makes room.
  */
-import { readFileSync } from 'node:fs'
+import { readFileSync, readdir } from 'node:fs'
 
 /** An established connection may be closed for a newcomer only after this long without activity. */
 export const MIN_EVICTABLE_IDLE_MS = 1000
@@ -40,6 +40,25 @@ export function defaultMaxConnections (limits = readLimits()): number {
   const limit = limits === undefined ? undefined : parseOpenFilesLimit(limits)
   if (limit === undefined) return FALLBACK_MAX_CONNECTIONS
   return Math.max(1, limit - descriptorReserve(limit))
+}
+
+/** The process's soft descriptor limit (Linux), read once; undefined where it cannot be read. */
+export function descriptorLimit (limits = readLimits()): number | undefined {
+  return limits === undefined ? undefined : parseOpenFilesLimit(limits)
+}
+
+/**
+ * Counts the descriptors this process has open (Linux: `/proc/self/fd`),
+ * off the event loop; `done` gets undefined where that cannot be read, and
+ * `Infinity` when it cannot be opened for want of a descriptor (EMFILE,
+ * ENFILE): the process is out of them.
+ */
+export function countOpenDescriptors (done: (open: number | undefined) => void): void {
+  readdir('/proc/self/fd', (error, entries) => {
+    if (error !== null) done(error.code === 'EMFILE' || error.code === 'ENFILE' ? Infinity : undefined)
+    // One entry is the directory's own descriptor, open while it is read.
+    else done(entries.length - 1)
+  })
 }
 
 function readLimits (): string | undefined {

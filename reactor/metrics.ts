@@ -137,8 +137,14 @@ export interface LimitCounters {
   connectionsEvicted: number
   /** Connections closed while negotiating to admit a newcomer (at either connection limit). */
   negotiatingEvicted: number
-  /** accept() failures (EMFILE, ENFILE: out of descriptors). */
+  /** accept() failures Node reported (EMFILE, ENFILE: out of descriptors). */
   acceptErrors: number
+  /**
+   * Scans that found the process at its descriptor limit. libuv then
+   * accepts and closes new connections itself, unseen by the server
+   * (Node reports no error), so this is how running out shows.
+   */
+  descriptorsExhausted: number
 }
 
 const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
@@ -149,7 +155,8 @@ const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
   ['connectionsRefused', 'nyala_connections_refused_total', 'Connections refused at the connection limit (none idle enough to close).'],
   ['connectionsEvicted', 'nyala_connections_evicted_total', 'Idle connections closed to admit a newcomer at the connection limit.'],
   ['negotiatingEvicted', 'nyala_connections_negotiating_evicted_total', 'Negotiating connections closed to admit a newcomer at their limit.'],
-  ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures for lack of file descriptors (EMFILE, ENFILE).']
+  ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures for lack of file descriptors (EMFILE, ENFILE).'],
+  ['descriptorsExhausted', 'nyala_descriptors_exhausted_total', 'Scans that found the process at its file descriptor limit (new connections are then dropped by libuv unseen).']
 ]
 
 /** All metrics of one server. */

@@ -18,7 +18,7 @@ import { RateLimitedLog, type Logger, silentLogger } from './logger.js'
 import { CallTable } from './call-table.js'
 import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
 import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
-import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, defaultMaxConnections, longestIdle, type AdmissionCandidate } from './admission.js'
+import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, longestIdle, type AdmissionCandidate } from './admission.js'
 
 /** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
 export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
@@ -219,6 +219,8 @@ const DEFAULT_FRAME_TIMEOUT_MS = 60_000
 const DEFAULT_MAX_NEGOTIATION_BYTES = 1024 * 1024
 const DEFAULT_ABANDON_AFTER_MS = 5000
 const DEFAULT_MAX_ABANDONED = 100
+/** Open descriptors this close to the limit mean accept() fails (libuv keeps one in reserve). */
+const DESCRIPTOR_SLACK = 2
 /** Refusals, evictions and accept errors are logged at most this often, each kind. */
 const LOG_INTERVAL_MS = 10_000
 const DEFAULT_WORKERS = 10
@@ -312,8 +314,11 @@ export class Server {
   #onLastClose: (() => void) | null = null
   #stats = {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
-    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, handlersAbandoned: 0
+    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0
   }
+  /** The process's descriptor limit (Linux), and whether a count of open descriptors is under way. */
+  readonly #fdLimit = descriptorLimit()
+  #countingFds = false
   readonly #run = (call: InboundCall, worker: number): Promise<void> | void => {
     call.worker = worker
     return this.#runHandler(call)
@@ -520,7 +525,8 @@ export class Server {
       connectionsRefused: s.connectionsRefused,
       connectionsEvicted: s.connectionsEvicted,
       negotiatingEvicted: s.negotiatingEvicted,
-      acceptErrors: s.acceptErrors
+      acceptErrors: s.acceptErrors,
+      descriptorsExhausted: s.descriptorsExhausted
     }
   }
 
@@ -1044,6 +1050,7 @@ export class Server {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
       if (this.#abandoning) this.#abandonOverdue(now)
+      this.#checkDescriptors()
       for (const sc of this.#connections) {
         const connection = sc.connection
         if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
@@ -1072,6 +1079,20 @@ export class Server {
       }
     }
     this.#idleTimer = this.#clock.setTimer(scan, periodMs)
+  }
+
+  // Counts open descriptors off the loop (once per scan, never two counts at
+  // once): at the limit, libuv drops new connections without telling us.
+  #checkDescriptors (): void {
+    const limit = this.#fdLimit
+    if (limit === undefined || this.#countingFds) return
+    this.#countingFds = true
+    countOpenDescriptors((open) => {
+      this.#countingFds = false
+      if (open === undefined || open < limit - DESCRIPTOR_SLACK) return
+      this.#stats.descriptorsExhausted++
+      this.#logAcceptError.log(this.#log.error, () => `out of file descriptors: ${open === Infinity ? limit : open} of ${limit} open (${this.#connections.size} connections, limit ${this.#maxConnections}); new connections are dropped until some close (lower --max-connections or raise ulimit -n)`)
+    })
   }
 
   // Closes the connection when the frame it is receiving started arriving
