@@ -55,13 +55,6 @@ export class OutboundBudget {
     return this.#pauses
   }
 
-  /** Connections paused now. */
-  get paused (): number {
-    let n = 0
-    for (const member of this.#watched) if (member.isReadingPaused) n++
-    return n
-  }
-
   /** `member` started waiting for 'drain'. */
   watch (member: OutboundBudgetMember): void {
     this.#watched.add(member)

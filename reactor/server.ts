@@ -926,9 +926,7 @@ export class Server {
 
   // An abandoned handler settled at last: its result is dropped.
   #abandonedSettled (call: InboundCall): void {
-    call.abandoned = false
-    call.worker = -1
-    ;(call.route as Route).service.abandoned--
+    (call.route as Route).service.abandoned--
   }
 
   #respond (call: InboundCall, response: Message): void {
