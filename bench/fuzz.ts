@@ -47,20 +47,21 @@ import { fork, type ChildProcess } from 'node:child_process'
 import { connect, createServer, type Server as NetServer, type Socket } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { KrpcCode, RpcError, krpcCodeName } from '../codec/errors.js'
+import { RpcError } from '../codec/errors.js'
+import { KrpcCode, krpcCodeName } from '../codec/krpc/codes.js'
 import { FrameDecoder } from '../codec/frame-decoder.js'
 import {
   CONNECTION_CONTEXT_CALL_ID, ErrorStatusType, KRPC_PREAMBLE, MAX_SIDECARS, NEGOTIATE_CALL_ID, encodeErrorFrame, encodeRemoteMethod,
   encodeRequestFrame, encodeResponseFrame, headerSchema, krpcFraming, parseRequestFrame, parseResponseFrame,
   type RequestFrame, type ResponseFrame
-} from '../codec/krpc.js'
-import { ClientNegotiation, PREAMBLE_BYTES, ServerNegotiation, checkPreamble, type NegotiationStep } from '../codec/negotiation.js'
+} from '../codec/krpc/frames.js'
+import { ClientNegotiation, PREAMBLE_BYTES, ServerNegotiation, checkPreamble, type NegotiationStep } from '../codec/krpc/negotiation.js'
 import { varintBytes, writeInt32 } from '../codec/varint.js'
-import { Client, type ClientOptions } from '../reactor/client.js'
-import { Server, type ServerStats } from '../reactor/server.js'
+import { Client, type ClientOptions } from '../reactor/krpc/client.js'
+import { Server, type ServerStats } from '../reactor/krpc/server.js'
 import type { CallContext } from '../reactor/inbound-call.js'
 import type { ServiceDef } from '../codec/schema.js'
-import { CalculatorService, calculatorHandlers, crc32 } from '../examples/calculator.js'
+import { CalculatorService, calculatorHandlers, crc32 } from '../examples/calculator/index.js'
 
 // ---------------------------------------------------------------------------
 // Options and results.
@@ -2185,7 +2186,7 @@ class ClientSide {
 }
 
 function outcomeOf (error: unknown): string {
-  if (error instanceof RpcError) return error.krpcCode !== undefined ? `REMOTE:${krpcCodeName(error.krpcCode)}` : error.code
+  if (error instanceof RpcError) return error.remote?.code !== undefined ? `REMOTE:${krpcCodeName(error.remote?.code)}` : error.code
   return `THROWN:${error instanceof Error ? error.message : String(error)}`
 }
 

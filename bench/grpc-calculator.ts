@@ -3,7 +3,7 @@
  * calculator.proto, loaded with @grpc/proto-loader. Both are devDependencies,
  * loaded only when `--against` names grpc.
  */
-import { CALCULATOR_PROTO } from '../examples/calculator.js'
+import { CALCULATOR_PROTO } from '../examples/calculator/index.js'
 
 type Grpc = typeof import('@grpc/grpc-js')
 type ServiceClientConstructor = import('@grpc/grpc-js').ServiceClientConstructor

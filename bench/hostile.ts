@@ -28,15 +28,16 @@ import { connect, type Socket } from 'node:net'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { ErrorCode, KrpcCode, RpcError, krpcCodeName } from '../codec/errors.js'
+import { ErrorCode, RpcError } from '../codec/errors.js'
+import { KrpcCode, krpcCodeName } from '../codec/krpc/codes.js'
 import { FrameDecoder, DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
 import {
   ErrorStatusType, NEGOTIATE_CALL_ID, encodeRemoteMethod, encodeRequestFrame, headerSchema, krpcFraming, parseResponseFrame,
   requestFrameBytes, requestHeaderTail, writeRequestFrameHead, type ResponseFrame
-} from '../codec/krpc.js'
-import { ClientNegotiation, clientHandshakeBytes } from '../codec/negotiation.js'
-import { Client } from '../reactor/client.js'
-import { CalculatorService } from '../examples/calculator.js'
+} from '../codec/krpc/frames.js'
+import { ClientNegotiation, clientHandshakeBytes } from '../codec/krpc/negotiation.js'
+import { Client } from '../reactor/krpc/client.js'
+import { CalculatorService } from '../examples/calculator/index.js'
 
 const ROOT = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? '../' : '../../', import.meta.url))
 const NYALA = join(ROOT, 'bin', 'nyala')
@@ -559,7 +560,7 @@ async function goodAdd (run: Run, endpoint: string, timeoutMs: number, options: 
     return { ok, ms: now() - start, outcome: ok ? 'answered {result: 3}' : `wrong answer ${JSON.stringify(response)}`, error: null }
   } catch (err) {
     const error = err instanceof RpcError ? err : new RpcError(ErrorCode.INVALID_RESPONSE, String(err))
-    const krpc = error.krpcCode === undefined ? '' : ` krpcCode ${error.krpcCode} (${krpcCodeName(error.krpcCode)})`
+    const krpc = error.remote?.code === undefined ? '' : ` krpcCode ${error.remote?.code} (${krpcCodeName(error.remote?.code)})`
     return { ok: false, ms: now() - start, outcome: `${error.code}${krpc}: ${error.message}`, error }
   } finally {
     client.close()
@@ -939,8 +940,8 @@ async function longUsername (run: Run): Promise<void> {
   const long = await goodAdd(run, server.endpoint, 3000, { user: 'u'.repeat(300) })
   run.figure('Client with a 300-byte user, Add', `${long.outcome} in ${ms(long.ms)}`)
   run.check('300-byte user refused', 'RPC_ERR_NEGOTIATION_FAILED with krpcCode 15 (FATAL_UNAUTHORIZED)',
-    long.error === null ? long.outcome : `${long.error.code}, krpcCode ${long.error.krpcCode ?? 'none'}`,
-    long.error?.code === ErrorCode.NEGOTIATION_FAILED && long.error.krpcCode === KrpcCode.FATAL_UNAUTHORIZED)
+    long.error === null ? long.outcome : `${long.error.code}, krpcCode ${long.error.remote?.code ?? 'none'}`,
+    long.error?.code === ErrorCode.NEGOTIATION_FAILED && long.error.remote?.code === KrpcCode.FATAL_UNAUTHORIZED)
 }
 
 const SCENARIOS: readonly Scenario[] = [

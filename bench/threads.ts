@@ -11,7 +11,7 @@
  *   handler computes its CRC-32 in JavaScript (CPU-bound, ~8 / ~130 µs).
  *
  * The server runs in a child process (one at a time), with the demo handlers
- * in the loop or loaded from `examples/calculator.js` in N threads
+ * in the loop or loaded from `examples/calculator/index.js` in N threads
  * (`threads:NxK`: K calls per thread, see docs/threads.md); the load
  * comes from this process over one connection with `depth` calls
  * outstanding. Each round runs every mode once per workload and depth (the
@@ -23,9 +23,9 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import os from 'node:os'
 import { RpcError } from '../codec/errors.js'
-import { Client } from '../reactor/client.js'
-import { Server } from '../reactor/server.js'
-import { CalculatorService, calculatorHandlers, crc32 } from '../examples/calculator.js'
+import { Client } from '../reactor/krpc/client.js'
+import { Server } from '../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers, crc32 } from '../examples/calculator/index.js'
 import { median } from './welch.js'
 
 type Workload = 'add' | 'crc4k' | 'crc64k'
@@ -45,7 +45,7 @@ async function serverChild (mode: Mode): Promise<void> {
   const { threads, callsPerThread } = threadsOf(mode)
   const server = new Server()
   if (threads === 0) server.addService(CalculatorService, calculatorHandlers)
-  else server.addService(CalculatorService, { module: new URL('../examples/calculator.js', import.meta.url), export: 'calculatorHandlers' }, { threads, callsPerThread })
+  else server.addService(CalculatorService, { module: new URL('../examples/calculator/index.js', import.meta.url), export: 'calculatorHandlers' }, { threads, callsPerThread })
   const { port } = await server.listen(0)
   process.on('message', (m: { type?: string }) => {
     if (m.type === 'usage') process.send!({ type: 'usage', usage: process.cpuUsage(), threadStats: server.threadStats(CalculatorService.fullName) ?? null })

@@ -6,12 +6,12 @@ import { parseArgs } from 'node:util'
 import { Registry } from 'prom-client'
 import { RpcError } from '../codec/errors.js'
 import { ProtoSchema, type ServiceDef } from '../codec/schema.js'
-import { Client } from '../reactor/client.js'
+import { Client } from '../reactor/krpc/client.js'
 import { serveReactors, type Reactors } from '../reactor/cluster.js'
 import { consoleLogger } from '../reactor/logger.js'
-import { Server } from '../reactor/server.js'
+import { Server } from '../reactor/krpc/server.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import { CALCULATOR_PROTO, CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { CALCULATOR_PROTO, CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
 import { bench } from './bench.js'
 import { DEFAULT_FAIRNESS, formatFairness, runFairness, type FairnessResult } from './fairness.js'
 import { trace } from './trace.js'
@@ -231,7 +231,7 @@ async function serve (args: string[]): Promise<number> {
   const threads = intOption(values.threads, 'threads')
   const build = (): Server => threads === undefined
     ? new Server(options).addService(CalculatorService, calculatorHandlers)
-    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
+    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator/index.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
   const reactorCount = intOption(values.reactors, 'reactors', availableParallelism())!
   if (reactorCount < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactorCount}`)
   const maxConnectionAgeMs = intOption(values['max-connection-age-ms'], 'max-connection-age-ms')

@@ -8,11 +8,11 @@
  */
 import { setMaxListeners } from 'node:events'
 import { RpcError } from '../codec/errors.js'
-import { Client } from '../reactor/client.js'
-import { Server } from '../reactor/server.js'
+import { Client } from '../reactor/krpc/client.js'
+import { Server } from '../reactor/krpc/server.js'
 import { ExponentialBackoff, LinearBackoff } from '../scheduling/retry.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
 
 export interface FairnessOptions {
   queue: QueueDiscipline

@@ -11,8 +11,8 @@
  * queue counters, taken while the client is still connected), closes and
  * exits 0, so the tracer writes its summary.
  */
-import { Server } from '../reactor/server.js'
-import { CalculatorService, calculatorHandlers } from '../examples/calculator.js'
+import { Server } from '../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
 import { startRawEchoServer } from '../bench/raw-echo.js'
 
 export type TraceSystem = 'nyala' | 'nyala-direct' | 'raw'

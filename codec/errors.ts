@@ -1,43 +1,17 @@
 /**
- * Error codes and the one error class of nyala.
+ * Error codes and the one error class of nyala, for every protocol.
  *
  * Two families, as in Kudu's FATAL_* / ERROR_*: a connection-fatal error
  * (malformed or oversized frame, peer reset, closed) destroys the connection
  * and fails every call pending on it; a call-level error (deadline, cancelled,
- * remote error) fails one call and leaves the connection up.
+ * remote error) fails one call and leaves the connection up. A remote error
+ * carries the peer's own status in `remote`, as its protocol decoded it
+ * (KRPC's `ErrorStatusPB`: `codec/krpc/codes.ts`).
  */
-
-/** KRPC's `RpcErrorCodePB` values (wire-contract §3). */
-export const KrpcCode = {
-  ERROR_APPLICATION: 1,
-  ERROR_NO_SUCH_METHOD: 2,
-  ERROR_NO_SUCH_SERVICE: 3,
-  ERROR_SERVER_TOO_BUSY: 4,
-  ERROR_INVALID_REQUEST: 5,
-  ERROR_REQUEST_STALE: 6,
-  ERROR_UNAVAILABLE: 7,
-  FATAL_UNKNOWN: 10,
-  FATAL_SERVER_SHUTTING_DOWN: 11,
-  FATAL_INVALID_RPC_HEADER: 12,
-  FATAL_DESERIALIZING_REQUEST: 13,
-  FATAL_VERSION_MISMATCH: 14,
-  FATAL_UNAUTHORIZED: 15,
-  FATAL_INVALID_AUTHENTICATION_TOKEN: 16,
-  ERROR_INVALID_AUTHORIZATION_TOKEN: 17,
-  FATAL_INVALID_JWT: 18
-} as const
-export type KrpcCode = typeof KrpcCode[keyof typeof KrpcCode]
-
-const KRPC_NAMES = new Map<number, string>(Object.entries(KrpcCode).map(([name, value]) => [value, name]))
-
-/** The name of a KRPC error code (`ERROR_SERVER_TOO_BUSY`), or `UNKNOWN_<n>`. */
-export function krpcCodeName (code: number): string {
-  return KRPC_NAMES.get(code) ?? `UNKNOWN_${code}`
-}
 
 /** Stable local error codes; public API, each documented in the README. */
 export const ErrorCode = {
-  /** The server answered with an error frame; `krpcCode` holds its code. */
+  /** The server answered with an error; `remote` holds its status in the protocol's words. */
   REMOTE: 'RPC_ERR_REMOTE',
   DEADLINE_EXCEEDED: 'RPC_ERR_DEADLINE_EXCEEDED',
   CANCELLED: 'RPC_ERR_CANCELLED',
@@ -64,46 +38,49 @@ const CONNECTION_FATAL: ReadonlySet<ErrorCode> = new Set<ErrorCode>([
   ErrorCode.MALFORMED_FRAME
 ])
 
+/** A peer's error status, as its protocol decoded it (KRPC: `ErrorStatusPB`). */
+export interface RemoteStatus {
+  /** The protocol that carried it (`krpc`, `memcached`). */
+  readonly protocol: string
+  /** The protocol's numeric code (KRPC: `RpcErrorCodePB`, e.g. 4 for ERROR_SERVER_TOO_BUSY). */
+  readonly code: number
+  /** The code's name in the protocol (`ERROR_SERVER_TOO_BUSY`). */
+  readonly name: string
+  /** The connection that carried it must not be reused (KRPC's FATAL_* codes). */
+  readonly fatal: boolean
+  /** Anything else the protocol carried (KRPC: the feature flags the server did not support). */
+  readonly detail?: unknown
+}
+
 export interface RpcErrorOptions extends ErrorOptions {
-  /** The KRPC code of a remote error. */
-  krpcCode?: number
-  /** Feature flags the server did not support (ERROR_INVALID_REQUEST). */
-  unsupportedFeatureFlags?: number[]
+  /** The peer's status, for `code` REMOTE. */
+  remote?: RemoteStatus | undefined
 }
 
 /**
  * The error every failed call rejects with. Tests and callers branch on
- * `code` (and `krpcCode` for remote errors), never on the message.
+ * `code` (and `remote.code` for remote errors), never on the message.
  */
 export class RpcError extends Error {
   readonly code: ErrorCode
-  /** The server's `RpcErrorCodePB` when `code` is `RPC_ERR_REMOTE`. */
-  readonly krpcCode: number | undefined
-  readonly unsupportedFeatureFlags: number[] | undefined
+  /** The peer's status when `code` is `RPC_ERR_REMOTE` (or a set-up the peer refused); else undefined. */
+  readonly remote: RemoteStatus | undefined
 
   constructor (code: ErrorCode, message: string, options?: RpcErrorOptions) {
     super(message, options)
     this.name = 'RpcError'
     this.code = code
-    this.krpcCode = options?.krpcCode
-    this.unsupportedFeatureFlags = options?.unsupportedFeatureFlags
+    this.remote = options?.remote
   }
 
-  /** The KRPC code's name for a remote error (`ERROR_SERVER_TOO_BUSY`), else the local code. */
+  /** The remote status's name (`ERROR_SERVER_TOO_BUSY`), else the local code. */
   get codeName (): string {
-    return this.krpcCode === undefined ? this.code : krpcCodeName(this.krpcCode)
+    return this.remote === undefined ? this.code : this.remote.name
   }
 
   /** True when the connection that raised this error must not be reused. */
   get fatal (): boolean {
-    if (this.krpcCode !== undefined) return this.krpcCode >= 10 && this.krpcCode !== KrpcCode.ERROR_INVALID_AUTHORIZATION_TOKEN
+    if (this.remote !== undefined) return this.remote.fatal
     return CONNECTION_FATAL.has(this.code)
   }
-}
-
-/** A remote error, as the client sees an `ErrorStatusPB`. */
-export function remoteError (krpcCode: number, message: string, unsupportedFeatureFlags?: number[]): RpcError {
-  const options: RpcErrorOptions = { krpcCode }
-  if (unsupportedFeatureFlags !== undefined && unsupportedFeatureFlags.length > 0) options.unsupportedFeatureFlags = unsupportedFeatureFlags
-  return new RpcError(ErrorCode.REMOTE, message, options)
 }

@@ -16,6 +16,52 @@ export interface Framing {
   frameBytes: (buf: Buffer, offset: number) => number | RpcError
 }
 
+/**
+ * How a protocol without a length field finds frame boundaries: by
+ * scanning (RESP's `*2\r\n$3\r\nGET\r\n…`, text lines). Each connection
+ * gets its own scanner, which may remember how far it got in a frame that
+ * is still arriving, so that a frame split over many reads is not scanned
+ * again from its start each time.
+ */
+export interface ScanFraming {
+  scanner: () => FrameScanner
+}
+
+/** Finds the end of one frame at a time; see `ScanFraming`. */
+export interface FrameScanner {
+  /**
+   * Looks at `buf[start, end)`, the bytes of the current frame so far
+   * (always from the frame's first byte; a frame that spans reads comes
+   * back longer each time, at the same `start` relative to the frame).
+   * Returns the frame's size when it is complete within them (it may be
+   * followed by other frames); 0 when more bytes are needed; `-n` when more
+   * are needed and the frame is known to be at least `n` bytes long (so the
+   * decoder can refuse a too-large frame before it arrives); or an error
+   * when the bytes can never form a frame. Must not throw.
+   */
+  scan: (buf: Buffer, start: number, end: number) => number | RpcError
+  /** Forgets the current frame: the next `scan` starts a new one. */
+  reset: () => void
+}
+
+/** A framing either kind: with a length field, or scanned. */
+export type AnyFraming = Framing | ScanFraming
+
+/** True for a scanned framing. */
+export function isScanFraming (framing: AnyFraming): framing is ScanFraming {
+  return typeof (framing as Partial<ScanFraming>).scanner === 'function'
+}
+
+/** What a connection needs of a frame decoder, whichever kind of framing it reads. */
+export interface Deframer {
+  readonly hasPartialFrame: boolean
+  readonly bufferedBytes: number
+  readonly heldBytes: number
+  maxFrameBytes: number
+  stop: () => void
+  pushRanges: (chunk: Buffer, sink: FrameRangeSink) => RpcError | null
+}
+
 /** Called with each complete frame; return `false` to stop decoding (the connection is going away). */
 export type FrameSink = (frame: Buffer) => boolean | undefined | void
 
@@ -52,7 +98,7 @@ const BLOCK_BYTES = 1024 * 1024
  * input is reported as a returned error, never thrown; after an error the
  * decoder refuses further input.
  */
-export class FrameDecoder {
+export class FrameDecoder implements Deframer {
   readonly #framing: Framing
   #maxFrameBytes: number
   // A frame (or, while #inPrefix, a prefix) that spans chunks: its first

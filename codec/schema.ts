@@ -306,12 +306,14 @@ export class ProtoSchema {
 
 /**
  * Finds a file shipped beside the sources: `here` when running the
- * TypeScript directly, `../../<dir>/<name>` when running the compiled copy in
+ * TypeScript directly, the same path outside `dist/` when running the compiled copy in
  * `dist/` (tsc does not copy .proto files).
  */
 export function assetPath (moduleUrl: string, name: string): string {
   const beside = fileURLToPath(new URL(name, moduleUrl))
   if (existsSync(beside)) return beside
-  const dir = fileURLToPath(new URL('.', moduleUrl)).replace(/\/$/, '').split('/').pop() ?? ''
-  return fileURLToPath(new URL(`../../${dir}/${name}`, moduleUrl))
+  // Compiled: the asset stays beside the source, at the same path outside dist/.
+  const dir = fileURLToPath(new URL('.', moduleUrl))
+  const at = dir.lastIndexOf('/dist/')
+  return at < 0 ? beside : `${dir.slice(0, at)}/${dir.slice(at + '/dist/'.length)}${name}`
 }

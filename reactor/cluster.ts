@@ -17,7 +17,7 @@
  */
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
-import type { Server } from './server.js'
+import type { ProtocolServer as Server } from './server.js'
 import { consoleLogger, type Logger } from './logger.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 

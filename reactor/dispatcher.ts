@@ -1,5 +1,5 @@
 import Denque from 'denque'
-import { KrpcCode } from '../codec/errors.js'
+import type { RefusalReason } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { DeadlineQueue, type QueueDiscipline } from '../scheduling/service-queue.js'
 import { WorkerPool, type RejectReason } from '../scheduling/worker-pool.js'
@@ -15,8 +15,8 @@ export interface DispatcherOptions {
   clock: Clock
   /** Runs the call's handler; the worker is released when the returned promise settles. */
   run: (call: InboundCall, worker: number) => Promise<void> | void
-  /** Answers a call that will not run, with a KRPC error code. */
-  reject: (call: InboundCall, code: number, message: string) => void
+  /** Answers a call that will not run (`busy`: the queue was full or evicted it; `expired`; `shutdown`). */
+  reject: (call: InboundCall, reason: RefusalReason, message: string) => void
   metrics: ReadonlyMap<string, MethodMetrics>
   /** Calls held back while a burst is absorbed (see below); default 4096. */
   burstLimit?: number | undefined
@@ -84,7 +84,7 @@ export class ServiceDispatcher {
       describe: (call) => `${call.service}.${call.method} request from ${call.remoteAddress}`,
       reject: (call, reason, message) => {
         this.#count(call, reason)
-        reject(call, reason === 'shutdown' ? KrpcCode.FATAL_SERVER_SHUTTING_DOWN : KrpcCode.ERROR_SERVER_TOO_BUSY, message)
+        reject(call, reason === 'full' || reason === 'evicted' ? 'busy' : reason, message)
       }
     })
   }
@@ -121,7 +121,7 @@ export class ServiceDispatcher {
     else this.#clock.setTimer(this.#deferCheck, this.#holdWindowMs)
   }
 
-  /** Stops taking calls: held calls are judged now, queued ones drain within `graceMs`, the rest get FATAL_SERVER_SHUTTING_DOWN. */
+  /** Stops taking calls: held calls are judged now, queued ones drain within `graceMs`, the rest are refused `shutdown`. */
   close (graceMs: number): Promise<void> {
     this.#judgeHeld()
     return this.pool.close(graceMs)

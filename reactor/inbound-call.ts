@@ -1,40 +1,37 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Message, MethodDef } from '../codec/schema.js'
+import type { CallInfo, RouteInfo } from '../codec/protocol.js'
 import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import type { MethodMetrics } from './metrics.js'
 
-/** What a handler sees of its call. */
+/** What a handler sees of its call, whatever the protocol. */
 export interface CallContext {
-  /** `package.Service` and method of the call. */
+  /** The route's group (KRPC: `package.Service`) and the route within it (KRPC: the method). */
   readonly service: string
   readonly method: string
+  /** The id the request carried (KRPC call_id, memcached opaque). */
   readonly callId: number
-  /** The SASL user the connection negotiated. */
+  /** Who the connection's set-up said the peer is (KRPC: the SASL user); '' without one. */
   readonly user: string
   /** `ip:port` of the client. */
   readonly remoteAddress: string
   /**
    * The call's deadline on the server's monotonic clock (ms): receipt time
-   * plus the client's `timeout_millis`, computed once when the whole frame
-   * arrived; `Infinity` when the client sent none.
+   * plus the request's time budget (from the wire, or the server's
+   * `requestTimeoutMs`), computed once when the whole frame arrived;
+   * `Infinity` without one.
    */
   readonly deadline: number
   /** Milliseconds left until the deadline (never negative; `Infinity` without one). */
   remainingMs: () => number
   /** Aborts when the deadline passes or the connection dies. */
   readonly signal: AbortSignal
-  /** The request's sidecars (views of the received frame; do not write to them). */
-  readonly sidecars: readonly Buffer[]
-  /** Adds a sidecar to the response; returns its index, to be named in the response message. */
-  addSidecar: (data: Uint8Array) => number
+  /** Closes the connection once this call's answer (or its silence) has been written, and reads no request after it (memcached's QUIT). */
+  closeConnection: () => void
 }
 
-/** What the server resolved a call's method to: its names, definition, handler and metrics. Internal. */
-export interface CallRoute {
-  readonly serviceName: string
-  readonly methodName: string
-  readonly methodDef: MethodDef<Message, Message>
-  readonly handler: (request: Message, ctx: CallContext) => unknown
+/** A route as the server resolved it: names, what was registered with it, handler and metrics. Internal. */
+export interface CallRoute extends RouteInfo {
+  readonly handler: (request: unknown, ctx: CallContext) => unknown
   readonly metrics: MethodMetrics
 }
 
@@ -46,29 +43,34 @@ export interface CallPeer {
 
 /**
  * One call being handled by the server, from the moment its whole frame
- * arrived until its response is queued on the connection. The deadline is
- * computed once, at construction (seed 004): scheduling, expiry and the
- * handler all read this cached value.
+ * arrived until its answer is queued on the connection. The deadline is
+ * computed once, at construction: scheduling, expiry and the handler all
+ * read this cached value. Protocols may extend it (KRPC adds sidecars) by
+ * giving the server their own constructor of the same shape.
  */
-export class InboundCall implements CallContext {
+export class InboundCall implements CallContext, CallInfo {
   readonly callId: number
   readonly receivedAt: number
   readonly deadline: number
-  readonly sidecars: readonly Buffer[]
-  readonly request: Message
-  /** Its method, handler and metrics. Internal. */
+  /** The protocol's per-call data (`CallHead.data`). */
+  readonly data: unknown
+  readonly request: unknown
+  /** Its route, handler and metrics. Internal. */
   readonly route: CallRoute
   readonly #peer: CallPeer
   /** When a handler started on it (for queue-time metrics); NaN until then. */
   handledAt = Number.NaN
-  responseSidecars: Uint8Array[] | undefined
   /** The method's metrics while its handler runs; null before and after. Internal. */
   metrics: MethodMetrics | null = null
   /** The server's per-connection state this call belongs to; null once answered. Internal. */
   owner: unknown = null
+  /** Its place in its connection's answer order (in-order protocols); -1 for protocols that match by id. Internal. */
+  seq = -1
+  /** `closeConnection()` was called. */
+  closeAfter = false
   /** Its handler was abandoned (its worker given back, its result to be dropped). Internal. */
   abandoned = false
-  /** The worker (of its service's pool) its in-loop handler runs on; -1 before, and in thread mode. Internal. */
+  /** The worker (of its group's pool) its in-loop handler runs on; -1 before, and in thread mode. Internal. */
   worker = -1
   #clock: Clock
   #controller: AbortController | null = null
@@ -78,27 +80,23 @@ export class InboundCall implements CallContext {
 
   // Positional: one object per call, not two (a fields object would be one more).
   constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
-    sidecars: readonly Buffer[], request: Message, clock: Clock) {
+    data: unknown, request: unknown, clock: Clock) {
     this.route = route
     this.#peer = peer
     this.callId = callId
     this.receivedAt = receivedAt
     this.deadline = timeoutMs > 0 ? receivedAt + timeoutMs : Number.POSITIVE_INFINITY
-    this.sidecars = sidecars
+    this.data = data
     this.request = request
     this.#clock = clock
   }
 
   get service (): string {
-    return this.route.serviceName
+    return this.route.service
   }
 
   get method (): string {
-    return this.route.methodName
-  }
-
-  get methodDef (): MethodDef<Message, Message> {
-    return this.route.methodDef
+    return this.route.method
   }
 
   get user (): string {
@@ -113,9 +111,13 @@ export class InboundCall implements CallContext {
     return Math.max(0, this.deadline - this.#clock.now())
   }
 
-  /** True once the client's deadline has passed. */
+  /** True once the deadline has passed. */
   get isExpired (): boolean {
     return this.#clock.now() >= this.deadline
+  }
+
+  closeConnection (): void {
+    this.closeAfter = true
   }
 
   // The AbortController and its deadline timer are made only for handlers
@@ -135,12 +137,6 @@ export class InboundCall implements CallContext {
     return this.#controller.signal
   }
 
-  addSidecar (data: Uint8Array): number {
-    this.responseSidecars ??= []
-    this.responseSidecars.push(data)
-    return this.responseSidecars.length - 1
-  }
-
   /** Aborts the handler's signal (deadline passed, connection died, server stopping). */
   abort (reason: RpcError): void {
     if (this.#abortReason !== null) return
@@ -157,3 +153,7 @@ export class InboundCall implements CallContext {
     }
   }
 }
+
+/** How the server makes a call object: `InboundCall`'s constructor, or a protocol's subclass. */
+export type CallConstructor = new (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
+  data: unknown, request: unknown, clock: Clock) => InboundCall

@@ -1,36 +1,34 @@
 import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
-import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
-import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead, type RequestHeader } from '../codec/krpc.js'
-import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../codec/negotiation.js'
-import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
+import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { ServerProtocol } from '../codec/protocol.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import { ServiceDispatcher } from './dispatcher.js'
-import { InboundCall, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
-import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats, type ThreadResult } from './thread-pool.js'
-import { ServerMetrics, type LimitCounters, type MethodMetrics } from './metrics.js'
+import { CallDispatch, type DispatchHost, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
+import { ServerMetrics, type LimitCounters } from './metrics.js'
 import { RateLimitedLog, type Logger, silentLogger } from './logger.js'
-import { CallTable } from './call-table.js'
+import { ServerConnection } from './server-connection.js'
 import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
 import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
-import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, longestIdle, type AdmissionCandidate } from './admission.js'
+import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, longestIdle } from './admission.js'
 
-/** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
-export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
-
-/** One handler per method of the service. */
-export type ServiceHandlers<M extends MethodMap> = { [K in keyof M & string]: Handler<M[K]['request'], M[K]['response']> }
+export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 
 export interface ServerOptions {
-  /** Largest inbound frame, checked at its length prefix; default 50 MiB. */
+  /** Largest inbound frame, checked as early as the framing allows; default: the protocol's `maxFrameBytes`, else 50 MiB. */
   maxMessageBytes?: number
-  /** Deadline for a new connection's negotiation; default 3000 ms. */
+  /** Deadline for a new connection's set-up (the protocol's handshake, KRPC negotiation); default 3000 ms. */
   negotiationTimeoutMs?: number
+  /**
+   * Time budget of a request whose frame carries none (memcached, RESP;
+   * KRPC without timeout_millis), from the moment its frame arrived: it
+   * orders the queue (earliest deadline first) and expires the request
+   * there. Default 0: no deadline.
+   */
+  requestTimeoutMs?: number
   /** Idle connections are closed after this long, never while a call is in flight; default 65000 ms; 0 or less disables. */
   idleTimeoutMs?: number
   /**
@@ -68,45 +66,43 @@ export interface ServerOptions {
    * negotiating one makes room too.
    */
   maxNegotiatingConnections?: number
-  /** Largest negotiation frame (default 1 MiB), checked at its length prefix. */
+  /** Largest set-up frame (default 1 MiB), checked as early as the framing allows. */
   maxNegotiationBytes?: number
   /**
    * A handler still running this long after its call's deadline, or after
    * its connection closed, gives its worker back (default 5000 ms; 0
    * disables): its result is dropped and it is counted as abandoned. Per
-   * service with `AddServiceOptions.abandonAfterMs`. In-loop handlers only
-   * (a thread-mode call holds its thread until it returns).
+   * group with `RouteGroupOptions.abandonAfterMs`. In-loop handlers only
+   * (a call on an executor, such as a worker thread, holds it until done).
    */
   abandonAfterMs?: number
-  /** Abandoned handlers still running, per service, past which no more are abandoned (their workers stay held, so the service answers TOO_BUSY); default 100. */
+  /** Abandoned handlers still running, per group, past which no more are abandoned (their workers stay held, so the group answers busy); default 100. */
   maxAbandonedHandlers?: number
   /**
    * Connections older than this (±10 % jitter) are retired, so long-lived
    * clients rebalance across reactors (gRPC's MAX_CONNECTION_AGE): calls in
-   * flight are answered, calls arriving later get FATAL_SERVER_SHUTTING_DOWN
-   * (clients retry them on a new connection), and the connection closes once
+   * flight are answered, calls arriving later are refused `shutdown` (KRPC:
+   * FATAL_SERVER_SHUTTING_DOWN, which clients retry on a new connection), and the connection closes once
    * it is quiet. Default: no limit. See docs/cluster.md.
    */
   maxConnectionAgeMs?: number
-  /** SASL PLAIN verification; by default any user is accepted. */
-  authenticate?: Authenticator
-  /** Until `markReady()`, calls get ERROR_UNAVAILABLE instead of ERROR_NO_SUCH_SERVICE; default true (ready at once). */
+  /** Until `markReady()`, requests for unknown groups are refused `unavailable` instead of `no-service`; default true (ready at once). */
   ready?: boolean
   /**
-   * `pool` (default): each service's calls go through its deadline-ordered
-   * service queue to LIFO-parked workers (issue 3). `direct`: every handler
-   * runs at once, unbounded (for comparison; no queue, no TOO_BUSY).
+   * `pool` (default): each group's calls go through its deadline-ordered
+   * queue to LIFO-parked workers. `direct`: every handler
+   * runs at once, unbounded (for comparison; no queue, never busy).
    */
   scheduler?: 'pool' | 'direct'
-  /** Workers (concurrent handlers) per service; default 10. */
+  /** Workers (concurrent handlers) per group; default 10. */
   workers?: number
-  /** Bound of each service's queue; default 50. */
+  /** Bound of each group's queue; default 50. */
   queueLength?: number
   /** `edf` (default): earliest deadline first, a full queue evicts the latest deadline. `fifo`: arrival order, a full queue refuses the newcomer. */
   queue?: QueueDiscipline
   /**
-   * Calls per service held back while a burst is absorbed (default 4096):
-   * past it, newcomers are judged by the queue at once (TOO_BUSY or
+   * Calls per group held back while a burst is absorbed (default 4096):
+   * past it, newcomers are judged by the queue at once (busy or
    * eviction). See docs/scheduling.md.
    */
   burstLimit?: number
@@ -121,74 +117,6 @@ export interface ServerOptions {
   clock?: Clock
   logger?: Logger
 }
-
-export interface AddServiceOptions {
-  /** Application feature flags this service supports (`required_feature_flags` outside this set are refused). */
-  supportedFeatureFlags?: readonly number[]
-  /** Overrides the server's `workers` for this service. */
-  workers?: number
-  /** Overrides the server's `queueLength` for this service. */
-  queueLength?: number
-  /** Overrides the server's `queue` discipline for this service. */
-  queue?: QueueDiscipline
-  /** Overrides the server's `abandonAfterMs` for this service. */
-  abandonAfterMs?: number
-  /** Overrides the server's `maxAbandonedHandlers` for this service. */
-  maxAbandonedHandlers?: number
-  /**
-   * Worker-thread mode (issue 3): the handlers run in this many
-   * `worker_threads` threads, each loading the module given in place of the
-   * handler object. The threads are the service's workers (`workers` is
-   * ignored): same queue, LIFO parking and hand-off. Always pooled, also
-   * under `scheduler: 'direct'`. See docs/threads.md.
-   */
-  threads?: number
-  /**
-   * Thread mode: calls a thread may hold at once, default 1. With k > 1 the
-   * pool has threads x k workers, and a busy thread finds its next call
-   * already waiting instead of sleeping between calls (much cheaper per call
-   * for short handlers), at the price of that call waiting behind the
-   * current one. See docs/threads.md.
-   */
-  callsPerThread?: number
-}
-
-/** `addService` options of a thread-mode service. */
-export type ThreadServiceOptions = AddServiceOptions & { threads: number }
-
-export type { HandlerModule, ThreadPoolStats }
-
-interface RegisteredService {
-  def: ServiceDef
-  handlers: Record<string, Handler<Message, Message>>
-  featureFlags: ReadonlySet<number>
-  metrics: ReadonlyMap<string, MethodMetrics>
-  /** null in `direct` mode. */
-  dispatcher: ServiceDispatcher | null
-  /** The service's threads in thread mode; else null. */
-  threads: ThreadPool | null
-  /** A handler running this long past its deadline (or its connection's close) is abandoned; 0: never. */
-  abandonAfterMs: number
-  maxAbandoned: number
-  /** Abandoned handlers that have not settled yet. */
-  abandoned: number
-}
-
-/** A method a request named, resolved to what runs it; cached per RemoteMethod object. */
-interface Route extends CallRoute {
-  readonly handler: Handler<Message, Message>
-  readonly service: RegisteredService
-  readonly methodDef: MethodDef<Message, Message>
-}
-
-// Routes remembered by the identity of the codec's shared RemoteMethod
-// objects (one per distinct method on the wire), so a request finds its
-// handler and metrics without string lookups.
-const ROUTE_CACHE_SIZE = 8
-// The body of a flat response, written into its frame from the message itself.
-const NO_BODY = new Uint8Array(0)
-
-type RemoteMethod = NonNullable<RequestHeader['remote_method']>
 
 /** Counters of one open connection of the server (`Server.connectionStats`). */
 export interface ServerConnectionStats extends ConnectionStats {
@@ -214,6 +142,7 @@ export interface ServerStats extends LimitCounters {
 }
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
+const DEFAULT_MAX_MESSAGE_BYTES = 50 * 1024 * 1024
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_FRAME_TIMEOUT_MS = 60_000
 const DEFAULT_MAX_NEGOTIATION_BYTES = 1024 * 1024
@@ -225,8 +154,6 @@ const DESCRIPTOR_SLACK = 2
 const LOG_INTERVAL_MS = 10_000
 const DEFAULT_WORKERS = 10
 const DEFAULT_QUEUE_LENGTH = 50
-/** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
-const THREAD_HOLD_WINDOW_MS = 10
 /**
  * A retired connection closes once it has been quiet this long: its client
  * stopped using it (the nyala client does on the first FATAL answer), so a
@@ -236,70 +163,29 @@ const RETIRED_QUIET_MS = 1000
 /** A retired connection whose client keeps sending (each call answered FATAL) closes this long after retirement, between calls. */
 const RETIRED_BUSY_LIMIT_MS = 5000
 
-/** Per-connection state of the server. */
-class ServerConnection implements AdmissionCandidate {
-  readonly connection: Connection
-  readonly remoteAddress: string
-  readonly inFlight = new CallTable<InboundCall>()
-  negotiated: Negotiated | null = null
-  /** Closed by #badFrame (already counted). */
-  badFrame = false
-  lastActivity = -1
-  lastOutbound = 0
-  lastActiveAt: number
-  /** The incomplete frame the idle scan saw (by `framesRead`) and since when; -1: none. */
-  partialFrame = -1
-  partialSince = -1
-  /** When the connection closed; -1 while open. */
-  closedAt = -1
-  /** When the connection reaches its maximum age; Infinity without one. */
-  retireAt = Number.POSITIVE_INFINITY
-  /** Since when new calls are refused (the connection is past its age); -1 before. */
-  retiredAt = -1
-
-  constructor (connection: Connection, remoteAddress: string, now: number) {
-    this.connection = connection
-    this.remoteAddress = remoteAddress
-    this.lastActiveAt = now
-    this.peer = Object.freeze({ user: '', remoteAddress })
-  }
-
-  /** Who its calls come from: a small object of its own, so a kept call context does not keep the connection. */
-  peer: CallPeer
-
-  /** Negotiated, nothing in flight or unsent, and no activity since the last idle scan. */
-  get quiet (): boolean {
-    return this.negotiated !== null && this.inFlight.size === 0 && !this.connection.isBusy && this.connection.activity === this.lastActivity
-  }
-
-  get idleSince (): number {
-    return this.lastActiveAt
-  }
-}
-
 /**
- * A KRPC server: accepts connections, negotiates them, decodes calls,
- * hands them to the scheduler and the handlers, and answers each call
- * exactly once (or closes its connection when the peer broke the protocol).
+ * A server for any protocol (`ServerProtocol`): accepts connections within
+ * its limits, runs the protocol's set-up, hands each request frame to the
+ * call dispatch (routes, deadline-ordered queues, workers, answers), and
+ * closes connections that are idle, too slow, too old or broken. KRPC's
+ * `Server` is this server with the KRPC protocol and services.
  */
-export class Server {
+export class ProtocolServer {
+  readonly #protocol: ServerProtocol
   readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
   readonly #clock: Clock
   readonly #log: Logger
-  readonly #direct: boolean
-  /** Per-service and per-method metrics; `metrics.text()` is the Prometheus exposition. */
+  /** Per-group and per-route metrics; `metrics.text()` is the Prometheus exposition. */
   readonly metrics = new ServerMetrics()
-  readonly #services = new Map<string, RegisteredService>()
+  readonly #dispatch: CallDispatch
   readonly #connections = new Set<ServerConnection>()
-  /** Connections still negotiating, oldest first. */
+  /** Connections still in set-up, oldest first. */
   readonly #negotiating = new Set<ServerConnection>()
   readonly #maxConnections: number
   readonly #maxNegotiating: number
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  /** Calls whose connection closed while their handler ran (abandonment watches them). */
-  readonly #orphans = new Set<InboundCall>()
-  /** Some service abandons overdue handlers. */
+  /** Some group abandons overdue handlers. */
   #abandoning = false
   readonly #logRefused: RateLimitedLog
   readonly #logEvicted: RateLimitedLog
@@ -316,45 +202,26 @@ export class Server {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
     frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0
   }
+
   /** The process's descriptor limit (Linux), and whether a count of open descriptors is under way. */
   readonly #fdLimit = descriptorLimit()
   #countingFds = false
-  readonly #run = (call: InboundCall, worker: number): Promise<void> | void => {
-    call.worker = worker
-    return this.#runHandler(call)
-  }
-  readonly #reject = (call: InboundCall, code: number, message: string): void => this.#respondError(call, code, message)
-  readonly #threadPools: ThreadPool[] = []
-  readonly #routeKeys: object[] = []
-  readonly #routes: Route[] = []
-  #routeNext = 0
-  /** The call `#onFrame` is submitting, so a handler it starts at once takes its start time from #lastNow. */
-  #submitting: InboundCall | null = null
-  // One clock reading per read, not per frame: the frames of one read were
-  // received together, at the read. #lastNow is the latest reading taken
-  // while handling it (the read's, or the last call's settlement): the time
-  // a call handed straight to a worker starts.
   readonly #poller: BusyPoller | undefined
-  #stampConnection: ServerConnection | null = null
-  #stampRead = -1
-  #readAt = 0
-  #lastNow = 0
-  readonly #parts = new RequestParts()
 
-  constructor (options: ServerOptions = {}) {
+  constructor (protocol: ServerProtocol<any, any>, options: ServerOptions = {}) { // eslint-disable-line @typescript-eslint/no-explicit-any
+    this.#protocol = protocol
     this.#options = {
       ...options,
-      maxMessageBytes: options.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
+      maxMessageBytes: options.maxMessageBytes ?? protocol.maxFrameBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
       negotiationTimeoutMs: options.negotiationTimeoutMs ?? DEFAULT_NEGOTIATION_TIMEOUT_MS,
       idleTimeoutMs: options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS
     }
     this.#clock = options.clock ?? realClock
     this.#log = options.logger ?? silentLogger
-    this.#direct = options.scheduler === 'direct'
     this.#ready = options.ready ?? true
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
     this.#maxConnections = atLeastOne(options.maxConnections ?? defaultMaxConnections(), 'maxConnections')
-    // At most half the connections may be negotiating, so silent openers cannot take them all.
+    // At most half the connections may be in set-up, so silent openers cannot take them all.
     this.#maxNegotiating = atLeastOne(options.maxNegotiatingConnections ?? Math.min(DEFAULT_MAX_NEGOTIATING_CONNECTIONS, Math.ceil(this.#maxConnections / 2)), 'maxNegotiatingConnections')
     const now = (): number => this.#clock.now()
     this.#logRefused = new RateLimitedLog(LOG_INTERVAL_MS, now)
@@ -370,6 +237,29 @@ export class Server {
       outboundLog.log(this.#log.warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`)
     })
     this.metrics.limitCounters = () => this.#limitCounters()
+    const server = this
+    const stats = this.#stats
+    const host: DispatchHost = {
+      clock: this.#clock,
+      log: this.#log,
+      metrics: this.metrics,
+      stats,
+      pooled: options.scheduler !== 'direct',
+      defaults: {
+        workers: options.workers ?? DEFAULT_WORKERS,
+        queueLength: options.queueLength ?? DEFAULT_QUEUE_LENGTH,
+        queue: options.queue ?? 'edf' as QueueDiscipline,
+        abandonAfterMs: options.abandonAfterMs ?? DEFAULT_ABANDON_AFTER_MS,
+        maxAbandonedHandlers: options.maxAbandonedHandlers ?? DEFAULT_MAX_ABANDONED,
+        burstLimit: options.burstLimit,
+        requestTimeoutMs: options.requestTimeoutMs ?? 0
+      },
+      get closing () { return server.#closing !== null },
+      get ready () { return server.#ready },
+      connections: this.#connections,
+      answered: () => this.#maybeDrained()
+    }
+    this.#dispatch = new CallDispatch(protocol, host)
     // Paused on accept: nothing is read before #onAccept moves the socket to
     // a SocketReader (see readThrough).
     this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
@@ -384,76 +274,20 @@ export class Server {
     })
   }
 
-  /**
-   * Registers a service's handlers; the service is then served on every
-   * connection. With `{ threads: N }` the second argument names a module
-   * (`{ module, export?, serviceExport? }`) that each of N worker threads
-   * loads; `listen()` then waits until every thread has loaded it.
-   */
-  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M>, options?: AddServiceOptions): this
-  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: HandlerModule, options: ThreadServiceOptions): this
-  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M> | HandlerModule, options: AddServiceOptions = {}): this {
-    if (this.#services.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
-    const threaded = options.threads !== undefined
-    const isModule = typeof (handlers as Partial<HandlerModule>).module === 'string' || (handlers as Partial<HandlerModule>).module instanceof URL
-    if (threaded !== isModule) {
-      throw new RpcError(ErrorCode.INVALID_ARGUMENT, threaded
-        ? `${def.fullName}: thread mode takes { module, export? } in place of the handler object`
-        : `${def.fullName}: a handler module needs the threads option`)
-    }
-    if (!threaded) {
-      for (const name of Object.keys(def.methods)) {
-        if (typeof (handlers as Record<string, unknown>)[name] !== 'function') {
-          throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
-        }
-      }
-    }
-    const threads = threaded
-      ? new ThreadPool({
-        threads: options.threads!, callsPerThread: options.callsPerThread, handlers: handlers as HandlerModule,
-        service: def.fullName, methods: Object.keys(def.methods), clock: this.#clock, logger: this.#log
-      })
-      : null
-    const pooled = !this.#direct || threads !== null
-    const workers = threads !== null ? threads.workers : options.workers ?? this.#options.workers ?? DEFAULT_WORKERS
-    const queueLength = options.queueLength ?? this.#options.queueLength ?? DEFAULT_QUEUE_LENGTH
-    const discipline = options.queue ?? this.#options.queue ?? 'edf'
-    let dispatcher: ServiceDispatcher | null = null
-    const metrics = this.metrics.addService(def.fullName, Object.keys(def.methods), {
-      workers: pooled ? workers : 0,
-      queueLength: () => dispatcher?.pool.queueLength ?? 0,
-      idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
-    })
-    if (pooled) {
-      const run = threads === null ? this.#run : (call: InboundCall, worker: number) => this.#runInThread(call as ThreadCall, worker, threads, dispatcher!)
-      dispatcher = new ServiceDispatcher({
-        workers, queueLength, discipline, clock: this.#clock, run, reject: this.#reject, metrics, burstLimit: this.#options.burstLimit,
-        holdWindowMs: threads === null ? undefined : THREAD_HOLD_WINDOW_MS
-      })
-    }
-    if (threads !== null) this.#threadPools.push(threads)
-    this.#routeKeys.length = 0
-    this.#routes.length = 0
-    this.#services.set(def.fullName, {
-      def: def as unknown as ServiceDef,
-      // In thread mode the handlers live in the threads; every method is known here.
-      handlers: threads === null
-        ? handlers as unknown as Record<string, Handler<Message, Message>>
-        : Object.fromEntries(Object.keys(def.methods).map(name => [name, inThread])),
-      featureFlags: new Set(options.supportedFeatureFlags ?? []),
-      metrics,
-      dispatcher,
-      threads,
-      abandonAfterMs: threads !== null ? 0 : options.abandonAfterMs ?? this.#options.abandonAfterMs ?? DEFAULT_ABANDON_AFTER_MS,
-      maxAbandoned: options.maxAbandonedHandlers ?? this.#options.maxAbandonedHandlers ?? DEFAULT_MAX_ABANDONED,
-      abandoned: 0
-    })
-    return this
+  /** The protocol this server speaks. */
+  get protocol (): ServerProtocol {
+    return this.#protocol
   }
 
-  /** Counters of a thread-mode service's threads (per-thread handled calls, restarts); undefined for other services. */
-  threadStats (service: string): ThreadPoolStats | undefined {
-    return this.#services.get(service)?.threads?.stats()
+  /**
+   * Registers a group of routes: `name` is what the protocol's
+   * `decodeHead` puts in `CallHead.service`, and each handler's key what it
+   * puts in `CallHead.method`. A group has its own queue and workers (the
+   * server's defaults unless `options` says otherwise) and its own metrics.
+   */
+  addRoutes (name: string, handlers: RouteHandlers, options?: RouteGroupOptions): this {
+    this.#dispatch.addRoutes(name, handlers, options)
+    return this
   }
 
   /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
@@ -462,21 +296,22 @@ export class Server {
     if (this.#net.listening) this.#armIdleScan()
   }
 
-  /** Marks services as registered: unknown services now get ERROR_NO_SUCH_SERVICE rather than ERROR_UNAVAILABLE. */
+  /** Marks the routes as registered: unknown groups are now refused `no-service` rather than `unavailable`. */
   markReady (): void {
     this.#ready = true
   }
 
   /**
    * Starts listening; resolves with the bound address (the real port when
-   * `port` is 0). Loopback by default. With thread-mode services, first waits
-   * until their threads have loaded the handler module, and rejects if one
-   * could not. `reusePort` (Node ≥ 22.12) binds this process's own socket
-   * with SO_REUSEPORT, also in a cluster worker (see reactor/cluster.ts).
+   * `port` is 0). Loopback by default. Groups with an executor (worker
+   * threads) are waited for first; it rejects if one could not start.
+   * `reusePort` (Node ≥ 22.12) binds this process's own socket with
+   * SO_REUSEPORT, also in a cluster worker (see reactor/cluster.ts).
    */
   listen (port = 0, host = '127.0.0.1', options: { reusePort?: boolean } = {}): Promise<AddressInfo> {
-    if (this.#threadPools.length > 0) {
-      return Promise.all(this.#threadPools.map(pool => pool.ready)).then(() => this.#listen(port, host, options.reusePort === true))
+    const executors = this.#dispatch.executors.filter(e => e.ready !== undefined)
+    if (executors.length > 0) {
+      return Promise.all(executors.map(e => e.ready)).then(() => this.#listen(port, host, options.reusePort === true))
     }
     return this.#listen(port, host, options.reusePort === true)
   }
@@ -503,15 +338,13 @@ export class Server {
   stats (): ServerStats {
     let inFlight = 0
     for (const sc of this.#connections) inFlight += sc.inFlight.size
-    let abandonedRunning = 0
-    for (const service of this.#services.values()) abandonedRunning += service.abandoned
     return {
       ...this.#stats,
       connectionsOpen: this.#connections.size,
       callsInFlight: inFlight,
       inboundBudgetClosed: this.#inbound.closedConnections,
       outboundPauses: this.#outbound.pauses,
-      abandonedRunning
+      abandonedRunning: this.#dispatch.abandonedRunning
     }
   }
 
@@ -553,15 +386,15 @@ export class Server {
   }
 
   /**
-   * Stops accepting, answers calls that arrive from now on with
-   * FATAL_SERVER_SHUTTING_DOWN, lets calls in flight finish (up to `graceMs`,
-   * default 30 s; then their signals abort and their connections close), and
-   * resolves when every connection is closed (and worker threads, if any,
-   * have been terminated). Once drained, each connection is ended after its
-   * answers are flushed; a peer that does not read them cannot hold the
-   * shutdown: when the grace period ends, every connection still open is
-   * destroyed. So `close()` resolves by the end of the grace period,
-   * whatever the peers do.
+   * Stops accepting, refuses requests that arrive from now on (`shutdown`:
+   * KRPC's FATAL_SERVER_SHUTTING_DOWN), lets calls in flight finish (up to
+   * `graceMs`, default 30 s; then their signals abort and their connections
+   * close), and resolves when every connection is closed (and executors,
+   * such as worker threads, have stopped). Once drained, each connection
+   * is ended after its answers are flushed; a peer that does not read them
+   * cannot hold the shutdown: when the grace period ends, every connection
+   * still open is destroyed. So `close()` resolves by the end of the grace
+   * period, whatever the peers do.
    */
   close (options: { graceMs?: number } = {}): Promise<void> {
     if (this.#closing !== null) return this.#closing
@@ -572,11 +405,11 @@ export class Server {
       if (this.#idleTimer !== null) this.#clock.clearTimer(this.#idleTimer)
       this.#idleTimer = null
       for (const sc of this.#connections) {
-        if (sc.negotiated === null) sc.connection.destroy()
+        if (!sc.ready) sc.connection.destroy()
       }
       // Queued calls keep draining to workers within the grace period; those
-      // left then get FATAL_SERVER_SHUTTING_DOWN (before connections close).
-      for (const service of this.#services.values()) void service.dispatcher?.close(graceMs)
+      // left then are refused (before connections close).
+      this.#dispatch.close(graceMs)
       let graceTimer: TimerHandle | null = null
       // Drained: answers produced in this turn may still wait in the transfer
       // queues, so each connection is ended after its queue is flushed. After
@@ -609,9 +442,10 @@ export class Server {
       this.#outbound.stop()
       this.#maybeDrained()
     })
-    this.#closing = this.#threadPools.length === 0
+    const executors = this.#dispatch.executors.filter(e => e.close !== undefined)
+    this.#closing = executors.length === 0
       ? closed
-      : closed.then(() => Promise.all(this.#threadPools.map(pool => pool.close()))).then(() => undefined)
+      : closed.then(() => Promise.all(executors.map(e => e.close!()))).then(() => undefined)
     return this.#closing
   }
 
@@ -633,7 +467,7 @@ export class Server {
     const remoteAddress = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`
     const connection = new Connection(socket, {
       reader: socket === accepted ? undefined : reader,
-      framing: krpcFraming,
+      framing: this.#protocol.framing,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
       busyPoller: this.#poller,
@@ -641,25 +475,30 @@ export class Server {
       onBackedUp: () => this.#outbound.watch(connection)
     })
     const sc = new ServerConnection(connection, remoteAddress, this.#clock.now())
-    this.#negotiating.add(sc)
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     // Jitter keeps connections opened together from all reconnecting together.
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
     this.#connections.add(sc)
+    const dispatch = this.#dispatch
     connection.attach({
-      onFrame: (buf, start, end) => this.#onFrame(sc, buf, start, end),
+      onFrame: (buf, start, end) => dispatch.onFrame(sc, buf, start, end),
       onClose: (error) => this.#onClose(sc, error)
     })
-    const negotiation = new ServerNegotiation({ authenticate: this.#options.authenticate })
-    const handshake: Handshake<Negotiated> = {
-      preambleBytes: PREAMBLE_BYTES,
-      checkPreamble,
-      maxFrameBytes: this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES,
+    const setUp = this.#protocol.handshake
+    if (setUp === undefined) {
+      sc.ready = true
+      return
+    }
+    this.#negotiating.add(sc)
+    const protocolHandshake = setUp(remoteAddress)
+    const handshake: Handshake<{ user?: string }> = {
+      ...protocolHandshake,
+      maxFrameBytes: Math.min(protocolHandshake.maxFrameBytes ?? Infinity, this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES),
       onFrame: (frame) => {
-        const step = negotiation.onFrame(frame)
+        const step = protocolHandshake.onFrame(frame)
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
-            sc.negotiated = s.done
+            sc.ready = true
             sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress })
             this.#negotiating.delete(sc)
           }
@@ -721,314 +560,8 @@ export class Server {
       this.#stats.badFrames++
       this.#log.warn(`received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`)
     }
-    if (sc.inFlight.size > 0) {
-      const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
-      for (const call of sc.inFlight.values()) {
-        call.abort(reason)
-        // A handler still running after the abort (it ignores its signal) is watched.
-        if (!Number.isNaN(call.handledAt) && call.owner !== null && call.worker >= 0) this.#orphans.add(call)
-      }
-    }
+    this.#dispatch.connectionClosed(sc, error)
     this.#maybeDrained()
-  }
-
-  #onFrame (sc: ServerConnection, buf: Buffer, start: number, end: number): boolean {
-    const read = sc.connection.reads
-    if (read !== this.#stampRead || sc !== this.#stampConnection) {
-      this.#stampConnection = sc
-      this.#stampRead = read
-      this.#readAt = this.#lastNow = this.#clock.now()
-    }
-    const receivedAt = this.#readAt
-    // Taken apart into one reused object: no header, frame or view objects per call.
-    const parts = this.#parts
-    const malformed = parseRequestInto(buf, start, end, parts)
-    if (malformed !== null) return this.#badFrame(sc, malformed.message)
-    const callId = parts.callId
-    if (callId < 0) return this.#badFrame(sc, `unexpected call id ${callId} after negotiation`)
-    const remote = parts.remoteMethod
-    if (remote === undefined) return this.#badFrame(sc, 'request header has no remote_method')
-    if (sc.inFlight.has(callId)) return this.#badFrame(sc, `received duplicate call id ${callId}`)
-    this.#stats.callsReceived++
-
-    if (this.#closing !== null) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'server is shutting down')
-    if (sc.retiredAt >= 0) return this.#reply(sc, callId, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'connection reached its maximum age; reconnect')
-    const route = this.#route(remote)
-    if (route === undefined) return this.#unrouted(sc, callId, remote)
-    const service = route.service
-    const required = parts.requiredFeatureFlags
-    if (required !== undefined && required.length > 0) {
-      const unsupported = required.filter(flag => !service.featureFlags.has(flag))
-      if (unsupported.length > 0) return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, 'unsupported feature flags', unsupported)
-    }
-    let call: InboundCall
-    if (service.threads === null) {
-      const request = route.methodDef.requestType.decodeRange(buf, parts.messageStart, parts.messageEnd)
-      if (request instanceof RpcError) {
-        return this.#reply(sc, callId, KrpcCode.ERROR_INVALID_REQUEST, `invalid parameter for call ${remote.service_name}.${remote.method_name}: ${request.message}`)
-      }
-      call = new InboundCall(route, sc.peer, callId, receivedAt, parts.timeoutMillis, parts.sidecars, request, this.#clock)
-    } else {
-      // Thread mode: the thread decodes the request from the frame's bytes.
-      call = new ThreadCall(route, sc.peer, callId, receivedAt, parts.timeoutMillis, parts.sidecars, this.#clock,
-        buf.subarray(start, end), buf.subarray(parts.messageStart, parts.messageEnd))
-    }
-    call.owner = sc
-    sc.inFlight.set(callId, call)
-    this.#submitting = call
-    if (service.dispatcher === null) this.#runHandler(call)
-    else service.dispatcher.submit(call, this.#lastNow)
-    this.#submitting = null
-    return !sc.connection.isClosed
-  }
-
-  #route (remote: RemoteMethod): Route | undefined {
-    const keys = this.#routeKeys
-    for (let i = 0; i < keys.length; i++) if (keys[i] === remote) return this.#routes[i]
-    const service = this.#services.get(remote.service_name)
-    if (service === undefined) return undefined
-    // Own properties only: a peer naming `toString` or `constructor` must not reach Object.prototype.
-    const methods = service.def.methods as Record<string, MethodDef<Message, Message> | undefined>
-    if (!Object.hasOwn(methods, remote.method_name)) return undefined
-    const methodDef = methods[remote.method_name]
-    const handler = service.handlers[remote.method_name]
-    if (methodDef === undefined || handler === undefined) return undefined
-    const route: Route = {
-      service, methodDef, handler, metrics: service.metrics.get(remote.method_name)!, serviceName: remote.service_name, methodName: remote.method_name
-    }
-    // The codec hands out one frozen object per method it has cached; others are new each time.
-    if (Object.isFrozen(remote)) {
-      keys[this.#routeNext] = remote
-      this.#routes[this.#routeNext] = route
-      this.#routeNext = (this.#routeNext + 1) % ROUTE_CACHE_SIZE
-    }
-    return route
-  }
-
-  // Answers a call whose service or method is not here.
-  #unrouted (sc: ServerConnection, callId: number, remote: RemoteMethod): boolean {
-    if (!this.#services.has(remote.service_name)) {
-      return this.#ready
-        ? this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_SERVICE, `service ${remote.service_name} not registered on this server`)
-        : this.#reply(sc, callId, KrpcCode.ERROR_UNAVAILABLE, `service unavailable: service ${remote.service_name} not registered yet`)
-    }
-    return this.#reply(sc, callId, KrpcCode.ERROR_NO_SUCH_METHOD, `call on service ${remote.service_name} received with an invalid method name: ${remote.method_name}`)
-  }
-
-  // Answers a call refused before it became an InboundCall (a method, not a closure per frame).
-  #reply (sc: ServerConnection, callId: number, code: number, message: string, unsupported?: number[]): boolean {
-    this.#stats.callsFailed++
-    this.#send(sc, encodeErrorFrame(callId, code, message, unsupported))
-    return true
-  }
-
-  #badFrame (sc: ServerConnection, reason: string): false {
-    // The stream can no longer be trusted: close without a reply (wire-contract §6).
-    this.#stats.badFrames++
-    sc.badFrame = true
-    this.#log.warn(`received bad data from ${sc.remoteAddress}: ${reason}; closing the connection`)
-    sc.connection.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, reason))
-    return false
-  }
-
-  // Runs the call's handler; the returned promise (async handlers only)
-  // settles when the call is answered, which releases its worker.
-  #runHandler (call: InboundCall): Promise<void> | undefined {
-    if (call.owner === null) return undefined
-    const route = call.route as Route
-    // Handed straight from its frame to a worker: it starts when the worker
-    // became free, the latest clock reading of this read.
-    const now = call === this.#submitting ? this.#lastNow : this.#clock.now()
-    call.handledAt = now
-    call.metrics = route.metrics
-    route.metrics.queueTime.observe(now - call.receivedAt)
-    const handler = route.handler
-    let result: Message | Promise<Message>
-    try {
-      result = handler(call.request, call)
-    } catch (err) {
-      this.#handlerFailed(call, err)
-      return undefined
-    }
-    if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown }).then === 'function')) {
-      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (#abandonOverdue).
-      return (result as Promise<Message>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
-    }
-    this.#respond(call, result)
-    return undefined
-  }
-
-  // Gives back the workers of handlers running `abandonAfterMs` past their
-  // call's deadline or their connection's close (one pass of the idle scan):
-  // the calls in flight on open connections, and the orphans of closed ones.
-  #abandonOverdue (now: number): void {
-    for (const sc of this.#connections) {
-      if (sc.inFlight.size === 0) continue
-      for (const call of sc.inFlight.values()) {
-        if (call.deadline < now) this.#maybeAbandon(call, call.deadline, 'deadline', now)
-      }
-    }
-    for (const call of this.#orphans) {
-      const sc = call.owner as ServerConnection | null
-      if (sc === null) {
-        this.#orphans.delete(call)
-        continue
-      }
-      this.#maybeAbandon(call, Math.min(sc.closedAt, call.deadline), 'connection closed', now)
-    }
-  }
-
-  #maybeAbandon (call: InboundCall, since: number, what: string, now: number): void {
-    const route = call.route as Route
-    const service = route.service
-    const pool = service.dispatcher?.pool
-    // Running in the loop (not queued, not in a thread), long enough, and within the bound.
-    if (pool === undefined || service.abandonAfterMs <= 0 || Number.isNaN(call.handledAt) || call.worker < 0 ||
-      now - since < service.abandonAfterMs || service.abandoned >= service.maxAbandoned) return
-    this.#orphans.delete(call)
-    call.abandoned = true
-    service.abandoned++
-    this.#stats.handlersAbandoned++
-    route.metrics.abandoned++
-    this.#log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${what}; its worker is given back and its result will be dropped`)
-    call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
-    const worker = call.worker
-    this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler abandoned: still running ${service.abandonAfterMs} ms after its ${what}`)
-    pool.abandon(worker)
-  }
-
-  // Runs the call in thread `worker` of the service's pool; the promise
-  // settles once the call is answered, which releases that thread's slot.
-  #runInThread (call: ThreadCall, worker: number, pool: ThreadPool, dispatcher: ServiceDispatcher): Promise<void> | undefined {
-    if (call.owner === null) return undefined
-    const now = this.#clock.now()
-    call.handledAt = now
-    call.metrics = (call.route as Route).metrics
-    call.metrics.queueTime.observe(now - call.receivedAt)
-    return pool.run(call, worker).then((result: ThreadResult) => {
-      if (result.error === undefined) this.#respondEncoded(call, result.body, result.sidecars)
-      else this.#respondError(call, result.error.krpcCode, result.error.message)
-      dispatcher.progressed()
-    })
-  }
-
-  #handlerFailed (call: InboundCall, err: unknown): void {
-    if (call.abandoned) {
-      this.#abandonedSettled(call)
-      return
-    }
-    if (err instanceof RpcError && err.krpcCode !== undefined) {
-      this.#respondError(call, err.krpcCode, stripCodePrefix(err.message))
-      return
-    }
-    this.#respondError(call, KrpcCode.ERROR_APPLICATION, describeFailure(err))
-  }
-
-  // An abandoned handler settled at last: its result is dropped.
-  #abandonedSettled (call: InboundCall): void {
-    (call.route as Route).service.abandoned--
-  }
-
-  #respond (call: InboundCall, response: Message): void {
-    if (call.abandoned) {
-      this.#abandonedSettled(call)
-      return
-    }
-    const type = call.methodDef.responseType
-    let body: Uint8Array
-    let bodyBytes: number
-    try {
-      bodyBytes = type.flatLength(response)
-      if (bodyBytes < 0) {
-        // In the codec's scratch buffer: copied into the frame at once.
-        const scratch = type.encodeToScratch(response)
-        body = scratch.bytes
-        bodyBytes = scratch.length
-      } else {
-        body = NO_BODY
-      }
-    } catch (err) {
-      this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
-      return
-    }
-    this.#respondEncoded(call, body, call.responseSidecars, bodyBytes)
-  }
-
-  // Answers with an encoded response (encoded here, or by a worker thread).
-  // The frame goes out first; the bookkeeping (metrics, in-flight table)
-  // follows, off the path of a synchronous caller waiting for the answer.
-  // The body is body[0, bodyBytes), or NO_BODY: a flat response the
-  // response type's writeFlat writes, as `flatLength` just measured it.
-  #respondEncoded (call: InboundCall, body: Uint8Array, sidecars: Uint8Array[] | undefined, bodyBytes = body.length): void {
-    const sc = call.owner as ServerConnection | null
-    if (sc === null || sc.connection.isClosed) {
-      this.#release(call)
-      return
-    }
-    // The common case (no sidecars): encoded straight into the connection's outbound slab.
-    const connection = sc.connection
-    const inPlace = sidecars === undefined || sidecars.length === 0
-    const bytes = inPlace ? responseFrameBytes(call.callId, bodyBytes) : 0
-    const out = inPlace ? connection.reserve(bytes) : null
-    let slices: Buffer[] | null = null
-    if (out !== null) {
-      if (body !== NO_BODY) writeResponseFrame(out, connection.reservedAt, call.callId, body, bodyBytes)
-      else call.methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, connection.reservedAt, call.callId, bodyBytes))
-    } else {
-      if (body === NO_BODY) {
-        // Not in place (sidecars, a backed-up connection): the body's own bytes.
-        body = Buffer.allocUnsafe(bodyBytes)
-        call.methodDef.responseType.writeFlat(body, 0)
-      }
-      try {
-        slices = encodeResponseFrame(call.callId, false, bodyBytes === body.length ? body : body.subarray(0, bodyBytes), sidecars)
-      } catch (err) {
-        this.#respondError(call, KrpcCode.ERROR_APPLICATION, `handler of ${call.service}.${call.method} returned an invalid response: ${(err as Error).message}`)
-        return
-      }
-    }
-    this.#stats.callsSucceeded++
-    const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
-    if (slices === null) connection.commit(bytes)
-    else this.#send(sc, slices)
-    this.#release(call, settledAt)
-    this.#maybeDrained()
-  }
-
-  #respondError (call: InboundCall, code: number, message: string): void {
-    const sc = this.#release(call)
-    if (sc === undefined) return
-    this.#stats.callsFailed++
-    this.#send(sc, encodeErrorFrame(call.callId, code, message))
-    this.#maybeDrained()
-  }
-
-  // Ends the call's life on its connection; undefined when the connection is gone.
-  #release (call: InboundCall, settledAt?: number): ServerConnection | undefined {
-    call.finish()
-    const metrics = call.metrics
-    if (metrics !== null) {
-      // The handler ran: record its latency and whether it overran the deadline.
-      call.metrics = null
-      const now = settledAt ?? this.#clock.now()
-      metrics.handled++
-      metrics.handlerLatency.observe(now - call.handledAt)
-      if (now > call.deadline) metrics.timedOutOnResponse++
-    }
-    const sc = call.owner as ServerConnection | null
-    call.owner = null
-    if (sc === null) return undefined
-    sc.inFlight.delete(call.callId)
-    return sc.connection.isClosed ? undefined : sc
-  }
-
-  #send (sc: ServerConnection, slices: Buffer[]): void {
-    let bytes = 0
-    for (const slice of slices) bytes += slice.length
-    if (!sc.connection.send({ slices, bytes })) {
-      this.#log.warn(`closing ${sc.remoteAddress}: it reads responses slower than they are produced (outbound bound exceeded)`)
-      sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
-    }
   }
 
   // One periodic scan closes idle connections and frames that take too
@@ -1037,8 +570,7 @@ export class Server {
     const idleMs = this.#options.idleTimeoutMs
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     const frameMs = this.#options.frameTimeoutMs ?? DEFAULT_FRAME_TIMEOUT_MS
-    let abandonMs = Infinity
-    for (const service of this.#services.values()) if (service.abandonAfterMs > 0) abandonMs = Math.min(abandonMs, service.abandonAfterMs)
+    const abandonMs = this.#dispatch.shortestAbandonMs
     this.#abandoning = abandonMs !== Infinity
     const positive = (ms: number): number => ms > 0 ? ms : Infinity
     const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs)
@@ -1047,7 +579,7 @@ export class Server {
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
-      if (this.#abandoning) this.#abandonOverdue(now)
+      if (this.#abandoning) this.#dispatch.abandonOverdue(now)
       this.#checkDescriptors()
       for (const sc of this.#connections) {
         const connection = sc.connection
@@ -1061,14 +593,14 @@ export class Server {
           sc.lastOutbound = outbound
           sc.lastActiveAt = now
           if (sc.retiredAt >= 0 && sc.inFlight.size === 0 && !connection.isBusy && !connection.hasPartialFrame && now - sc.retiredAt >= RETIRED_BUSY_LIMIT_MS) this.#closeAged(sc)
-          else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.negotiated !== null) sc.retiredAt = now
+          else if (sc.retiredAt < 0 && now >= sc.retireAt && sc.ready) sc.retiredAt = now
           continue
         }
         if (sc.retiredAt >= 0) {
           if (now - sc.lastActiveAt >= RETIRED_QUIET_MS) this.#closeAged(sc)
-        } else if (now >= sc.retireAt && sc.negotiated !== null) {
+        } else if (now >= sc.retireAt && sc.ready) {
           sc.retiredAt = now
-        } else if (idleMs > 0 && sc.negotiated !== null && now - sc.lastActiveAt >= idleMs) {
+        } else if (idleMs > 0 && sc.ready && now - sc.lastActiveAt >= idleMs) {
           this.#stats.idleClosed++
           const inFrame = connection.hasPartialFrame ? ', stopped inside a frame' : ''
           this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms without progress${inFrame}`)
@@ -1126,28 +658,8 @@ export class Server {
   }
 }
 
-// Stands for a thread-mode service's handlers on the main thread; never called.
-function inThread (): never {
-  throw new Error('thread-mode handlers run in worker threads')
-}
-
 function atLeastOne (value: number, name: string): number {
   if (!Number.isSafeInteger(value) || value < 1) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} must be an integer of at least 1, got ${value}`)
   return value
 }
 
-// What a handler threw, as a message; never throws itself (a thrown value may refuse String()).
-function describeFailure (err: unknown): string {
-  try {
-    return err instanceof Error ? String(err.message) : String(err)
-  } catch {
-    return 'the handler failed with a value that has no string form'
-  }
-}
-
-function stripCodePrefix (message: string): string {
-  return message.replace(/^[A-Z_]+: /, '')
-}
-
-/** Features the server offers in negotiation. */
-export const SERVER_FEATURES = [RpcFeature.APPLICATION_FEATURE_FLAGS]

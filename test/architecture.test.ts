@@ -47,3 +47,37 @@ for (const [layer, allowed] of Object.entries(ALLOWED)) {
     }
   })
 }
+
+// Protocol-specific code lives in its own place (codec/krpc/, reactor/krpc/,
+// examples/<protocol>/); the generic layers never import it. Only the
+// package's entry point (reactor/index.ts) names KRPC, to export it.
+const PROTOCOL_PLACES = ['codec/krpc/', 'reactor/krpc/', 'examples/']
+const ENTRY_POINTS = new Set(['reactor/index.ts'])
+
+t.test('the generic server, client, transport, scheduling and codec import nothing protocol-specific', async (t) => {
+  let generic = 0
+  for (const layer of Object.keys(ALLOWED)) {
+    for (const file of sources(join(ROOT, layer))) {
+      const rel = file.slice(ROOT.length)
+      if (PROTOCOL_PLACES.some(place => rel.startsWith(place)) || ENTRY_POINTS.has(rel)) continue
+      generic++
+      for (const spec of importsOf(file)) {
+        if (!spec.startsWith('.')) continue
+        const target = join(file, '..', spec).slice(ROOT.length)
+        t.notOk(PROTOCOL_PLACES.some(place => target.startsWith(place)), `${rel} imports ${spec}`)
+      }
+    }
+  }
+  t.ok(generic > 20, `checked ${generic} generic files`)
+  t.ok(sources(join(ROOT, 'reactor')).some(f => f.endsWith('reactor/server.ts')), 'the generic server is reactor/server.ts')
+})
+
+t.test('KRPC\'s wire code (codec/krpc/) imports only codec/', async (t) => {
+  for (const file of sources(join(ROOT, 'codec', 'krpc'))) {
+    for (const spec of importsOf(file)) {
+      if (!spec.startsWith('.')) continue
+      const target = join(file, '..', spec).slice(ROOT.length)
+      t.ok(target.startsWith('codec/'), `${file.slice(ROOT.length)} imports ${spec}`)
+    }
+  }
+})

@@ -1,38 +1,14 @@
 import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { FrameDecoder, type Framing } from '../codec/frame-decoder.js'
+import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
+import { ScanDecoder } from '../codec/scan-decoder.js'
+import type { Handshake, HandshakeStep } from '../codec/protocol.js'
 import type { BusyPoller } from './busy-poll.js'
 import type { InboundBudget } from './inbound-budget.js'
 import type { SocketReader } from './socket-reader.js'
 import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
 
-/**
- * A protocol's connection set-up (KRPC negotiation), driven by the
- * connection: it gets the raw preamble (server side) and then whole frames
- * until it says `done` or `error`. The KRPC negotiation classes of `codec/`
- * fit this shape.
- */
-export interface Handshake<T> {
-  /** Bytes the client sends before any frame, to be checked by `checkPreamble` (server side); 0 for none. */
-  readonly preambleBytes?: number
-  checkPreamble?: (bytes: Buffer) => RpcError | null
-  /** What to send first (client side). */
-  start?: () => Buffer[][]
-  onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
-  /**
-   * Largest frame accepted while the handshake runs (checked at the length
-   * prefix, like `maxFrameBytes`, which applies again once it is done).
-   * Set-up frames are small; a peer must not park megabytes in them.
-   */
-  maxFrameBytes?: number | undefined
-}
-
-/** One step of a handshake: frames to send, then done, failed, or neither (wait for more). */
-export interface HandshakeStep<T> {
-  send?: Buffer[][] | undefined
-  done?: T | undefined
-  error?: RpcError | undefined
-}
+export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 
 interface SetupState { handshake: Handshake<unknown>, resolve: (value: unknown) => void, reject: (error: RpcError) => void }
 
@@ -54,7 +30,7 @@ export interface ConnectionHandler {
 }
 
 export interface ConnectionOptions {
-  framing: Framing
+  framing: AnyFraming
   /** Largest inbound frame accepted; checked as soon as its length prefix arrives. */
   maxFrameBytes?: number | undefined
   /** Bound on outbound bytes queued or buffered. */
@@ -77,6 +53,11 @@ export interface ConnectionOptions {
   onBackedUp?: (() => void) | undefined
 }
 
+/** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
+export interface FrameEncoder<A, B> {
+  encodeInto: (a: A, b: B, out: Buffer, at: number) => void
+}
+
 /** Counters of one connection. */
 export interface ConnectionStats extends TransferQueueStats {
   bytesRead: number
@@ -96,7 +77,7 @@ export interface ConnectionStats extends TransferQueueStats {
  */
 export class Connection {
   readonly socket: Socket
-  readonly #decoder: FrameDecoder
+  readonly #decoder: Deframer
   readonly #queue: TransferQueue
   #handler: ConnectionHandler | null = null
   #setup: SetupState | null = null
@@ -122,7 +103,7 @@ export class Connection {
 
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
-    this.#decoder = new FrameDecoder(options.framing, options.maxFrameBytes)
+    this.#decoder = isScanFraming(options.framing) ? new ScanDecoder(options.framing, options.maxFrameBytes) : new FrameDecoder(options.framing, options.maxFrameBytes)
     this.#maxFrameBytes = this.#decoder.maxFrameBytes
     this.#queue = new TransferQueue(socket, {
       maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true, onBackedUp: options.onBackedUp
@@ -196,6 +177,11 @@ export class Connection {
   }
 
   /** True while the transfer queue waits for 'drain'. */
+  /** The bound on this connection's unsent bytes. */
+  get maxOutboundBytes (): number {
+    return this.#queue.maxOutboundBytes
+  }
+
   get isBackedUp (): boolean {
     return this.#queue.isWaitingDrain
   }
@@ -276,6 +262,28 @@ export class Connection {
     this.#activity++
     this.#poller?.touch()
     this.#queue.commit(bytes)
+  }
+
+  /**
+   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
+   * b, out, at)`: straight into the connection's coalesced outbound slab
+   * when it fits (the frames of one turn then leave in one write), else
+   * into a buffer of its own. False: the connection is closed, or over its
+   * outbound bound (the frame is dropped; the caller decides what follows).
+   * An `encodeInto` that throws leaves nothing queued, and the throw
+   * reaches the caller.
+   */
+  writeFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
+    const out = this.#queue.reserve(bytes)
+    if (out !== null) {
+      encoder.encodeInto(a, b, out, this.#queue.reservedAt)
+      this.commit(bytes)
+      return true
+    }
+    if (this.#closed) return false
+    const own = Buffer.allocUnsafe(bytes)
+    encoder.encodeInto(a, b, own, 0)
+    return this.send({ slices: [own], bytes })
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */
@@ -364,7 +372,7 @@ export class Connection {
     this.#preamble = null
     const verdict = setup?.handshake.checkPreamble?.(collected) ?? null
     if (verdict !== null) {
-      // A bad preamble is closed without a reply (wire-contract §1).
+      // A bad preamble is closed without a reply.
       this.destroy(verdict)
       return chunk.subarray(chunk.length)
     }

@@ -238,6 +238,11 @@ export class TransferQueue {
     return true
   }
 
+  /** The bound on bytes queued or buffered (`maxOutboundBytes`). */
+  get maxOutboundBytes (): number {
+    return this.#maxOutboundBytes
+  }
+
   /**
    * Room for one frame of `bytes` to be encoded in place, for frames with no
    * hooks (a server's responses): the caller writes exactly `bytes` bytes

@@ -9,8 +9,8 @@
 import t from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { Client } from '../../reactor/client.js'
-import { CalculatorService } from '../../examples/calculator.js'
+import { Client } from '../../reactor/krpc/client.js'
+import { CalculatorService } from '../../examples/calculator/index.js'
 
 const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
 // Only the TypeScript loader: coverage and mocking hooks stay in this process.

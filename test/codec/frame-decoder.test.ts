@@ -7,7 +7,7 @@ import t from 'tap'
 import fc from 'fast-check'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { DEFAULT_MAX_MESSAGE_BYTES, FrameDecoder, type Framing } from '../../codec/frame-decoder.js'
-import { encodeRequestFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, parseResponseFrame } from '../../codec/krpc.js'
+import { encodeRequestFrame, encodeResponseFrame, krpcFraming, parseRequestFrame, parseResponseFrame } from '../../codec/krpc/frames.js'
 import { hex, joinSlices, toHex } from '../helpers/bytes.js'
 import { CLIENT_FRAMES, S_ADD_RESPONSE, S_TWO_SIDECARS, SERVER_FRAMES } from '../helpers/golden.js'
 
@@ -173,7 +173,7 @@ t.test('an oversize prefix is reported as soon as its 4 bytes arrive', async t =
 })
 
 t.test('a length-0 prefix is a malformed frame', async t => {
-  // wire-contract §6: the frame is malformed, whichever layer notices.
+  // the frame is malformed, whichever layer notices.
   const { frames, error } = decode([hex('00 00 00 00')])
   if (error !== null) {
     t.equal(error.code, ErrorCode.MALFORMED_FRAME)

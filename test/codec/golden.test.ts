@@ -10,9 +10,9 @@ import {
   ErrorStatusType, KRPC_PREAMBLE, RequestHeaderType, ResponseHeaderType, encodeErrorFrame, encodeRemoteMethod,
   encodeRequestFrame, encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, splitFrame,
   type RequestFrame, type RequestHeader, type ResponseFrame, type ResponseHeader
-} from '../../codec/krpc.js'
-import { ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep } from '../../codec/negotiation.js'
-import { decodeRequestHeader, decodeResponseHeader } from '../../codec/header-decoder.js'
+} from '../../codec/krpc/frames.js'
+import { ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep } from '../../codec/krpc/negotiation.js'
+import { decodeRequestHeader, decodeResponseHeader } from '../../codec/krpc/header-decoder.js'
 import { ProtoSchema } from '../../codec/schema.js'
 import { int32Bytes, writeInt32 } from '../../codec/varint.js'
 import { hex, joinFrames, joinSlices, toHex } from '../helpers/bytes.js'

@@ -5,16 +5,17 @@
 import t, { type Test } from 'tap'
 import fc from 'fast-check'
 import assert from 'node:assert'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
 import {
   ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
   encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, fastResponseFrame, parseResponseInto, parseResponseIntoGeneral, ResponseParts, requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout,
   writeRequestFrame, writeResponseFrame,
   type RequestFrame, type ResponseFrame
-} from '../../codec/krpc.js'
+} from '../../codec/krpc/frames.js'
 import {
   ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep
-} from '../../codec/negotiation.js'
+} from '../../codec/krpc/negotiation.js'
 import { writeVarint } from '../../codec/varint.js'
 import { hex, joinFrames, joinSlices, toHex } from '../helpers/bytes.js'
 import { C_CONNECTION_CONTEXT, C_NEGOTIATE, C_SASL_INITIATE, PREAMBLE, S_NEGOTIATE } from '../helpers/golden.js'
@@ -299,7 +300,7 @@ function negotiateFrame (body: Record<string, unknown>, callId = NEGOTIATE_CALL_
 function expectRefusal (t: Test, step: NegotiationStep, krpcCode: number): void {
   if (!t.ok(step.error instanceof RpcError, 'an error')) return
   t.equal(step.error?.code, ErrorCode.NEGOTIATION_FAILED)
-  t.equal(step.error?.krpcCode, krpcCode, `krpcCode ${krpcCode}`)
+  t.equal(step.error?.remote?.code, krpcCode, `krpcCode ${krpcCode}`)
   t.equal(step.error?.fatal, true)
   t.equal(step.done, undefined)
   const frames = joinFrames(step.send)
@@ -328,7 +329,7 @@ t.test('an authenticator that refuses', async t => {
     client.onFrame(S_NEGOTIATE)
     const clientStep = client.onFrame(joinFrames(step.send)[0]!)
     t.equal(clientStep.error?.code, ErrorCode.NEGOTIATION_FAILED)
-    t.equal(clientStep.error?.krpcCode, KrpcCode.FATAL_UNAUTHORIZED)
+    t.equal(clientStep.error?.remote?.code, KrpcCode.FATAL_UNAUTHORIZED)
     t.equal(clientStep.done, undefined)
   })
   t.test('asynchronously', async t => {
@@ -466,7 +467,7 @@ t.test('authentication types other than SASL are refused', async t => {
   t.test('server: a client offering only token (or certificate, or jwt)', async t => {
     for (const offered of [[{ token: {} }], [{ certificate: {} }], [{ jwt: {} }], [{ token: {} }, { jwt: {} }]]) {
       const step = sync(new ServerNegotiation().onFrame(negotiateFrame({ step: 1, supported_features: [1], authn_types: offered })))
-      t.equal(step.error?.krpcCode, KrpcCode.FATAL_UNAUTHORIZED, `offering ${JSON.stringify(offered)} is FATAL_UNAUTHORIZED`)
+      t.equal(step.error?.remote?.code, KrpcCode.FATAL_UNAUTHORIZED, `offering ${JSON.stringify(offered)} is FATAL_UNAUTHORIZED`)
     }
     const mixed = sync(new ServerNegotiation().onFrame(negotiateFrame({ step: 1, authn_types: [{ token: {} }, { sasl: {} }] })))
     t.equal(mixed.error, undefined, 'SASL among others is accepted')

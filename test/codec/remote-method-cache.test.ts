@@ -5,7 +5,7 @@
  * decode without being cached.
  */
 import t from 'tap'
-import { encodeRemoteMethod, encodeRequestFrame, parseRequestFrame } from '../../codec/krpc.js'
+import { encodeRemoteMethod, encodeRequestFrame, parseRequestFrame } from '../../codec/krpc/frames.js'
 
 function decode (service: string, method: string): { service_name: string, method_name: string } {
   const frame = Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod: encodeRemoteMethod(service, method), timeoutMs: 100 }, new Uint8Array(0)))

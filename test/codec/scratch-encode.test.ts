@@ -7,7 +7,7 @@
  */
 import t from 'tap'
 import { RpcError } from '../../codec/errors.js'
-import { CalculatorService } from '../../examples/calculator.js'
+import { CalculatorService } from '../../examples/calculator/index.js'
 import { ProtoSchema } from '../../codec/schema.js'
 
 const Add = CalculatorService.methods.Add

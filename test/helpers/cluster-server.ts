@@ -13,8 +13,8 @@ import type { AddressInfo } from 'node:net'
 import { parseArgs } from 'node:util'
 import { consoleLogger } from '../../reactor/logger.js'
 import { serveReactors } from '../../reactor/cluster.js'
-import { Server } from '../../reactor/server.js'
-import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
+import { Server } from '../../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 import { ReactorService, reactorHandlers } from './reactor-service.js'
 
 const { values } = parseArgs({

@@ -4,9 +4,9 @@
  * 10 ms. Prints its port, then answers each line on stdin with its stats.
  */
 import { createInterface } from 'node:readline'
-import { Server } from '../../reactor/server.js'
+import { Server } from '../../reactor/krpc/server.js'
 import { consoleLogger } from '../../reactor/logger.js'
-import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 
 const server = new Server({ maxConnections: 10_000, maxNegotiatingConnections: 10_000, idleTimeoutMs: 40, logger: consoleLogger() })
   .addService(CalculatorService, calculatorHandlers)

@@ -15,8 +15,8 @@ import { FrameDecoder } from '../../codec/frame-decoder.js'
 import {
   KRPC_PREAMBLE, NEGOTIATE_CALL_ID, encodeErrorFrame, headerSchema, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame, krpcFraming,
   parseRequestFrame, parseResponseFrame, type RequestHeader, type ResponseFrame
-} from '../../codec/krpc.js'
-import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/negotiation.js'
+} from '../../codec/krpc/frames.js'
+import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import { RpcError } from '../../codec/errors.js'
 import type { MessageType } from '../../codec/schema.js'
 import type { Clock, TimerHandle } from '../../scheduling/clock.js'

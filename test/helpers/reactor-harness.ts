@@ -6,14 +6,15 @@
  * Nothing here sleeps on the wall clock: tests await events (a handler
  * started, a socket closed) and move FakeClocks by hand.
  */
-import { RpcError, krpcCodeName } from '../../codec/errors.js'
+import { RpcError } from '../../codec/errors.js'
+import { krpcCodeName } from '../../codec/krpc/codes.js'
 import type { Test } from 'tap'
-import { Client, type ClientOptions } from '../../reactor/client.js'
-import { Server, type AddServiceOptions, type ServerOptions, type ServiceHandlers } from '../../reactor/server.js'
-import type { CallContext } from '../../reactor/inbound-call.js'
+import { Client, type ClientOptions } from '../../reactor/krpc/client.js'
+import { Server, type AddServiceOptions, type KrpcServerOptions as ServerOptions, type ServiceHandlers } from '../../reactor/krpc/server.js'
+import type { KrpcCallContext as CallContext } from '../../reactor/krpc/call.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import type { ServiceDef } from '../../codec/schema.js'
-import { CalculatorService, calculatorHandlers, crc32, type CalculatorMethods, type SleepResponse } from '../../examples/calculator.js'
+import { CalculatorService, calculatorHandlers, crc32, type CalculatorMethods, type SleepResponse } from '../../examples/calculator/index.js'
 
 export { CalculatorService, calculatorHandlers, crc32 }
 export type { CalculatorMethods }
@@ -74,7 +75,7 @@ export function newClient (t: Test, options: ClientOptions = {}): Client {
 export type Outcome = string
 
 export function outcomeOf (error: unknown): Outcome {
-  if (error instanceof RpcError) return error.krpcCode !== undefined ? `REMOTE:${krpcCodeName(error.krpcCode)}` : error.code
+  if (error instanceof RpcError) return error.remote?.code !== undefined ? `REMOTE:${krpcCodeName(error.remote?.code)}` : error.code
   return `THROWN:${error instanceof Error ? error.message : String(error)}`
 }
 

@@ -4,7 +4,7 @@
  * without changing the demo service.
  */
 import { ProtoSchema } from '../../codec/schema.js'
-import type { ServiceHandlers } from '../../reactor/server.js'
+import type { ServiceHandlers } from '../../reactor/krpc/server.js'
 
 export type ReactorMethods = {
   Pid: { request: Record<string, never>, response: { pid: number } }

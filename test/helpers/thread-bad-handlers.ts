@@ -1,5 +1,5 @@
 /** A handler module for CalculatorService that lacks Echo: loading it in a thread must fail. */
-import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 
 export { CalculatorService }
 export const handlers = { ...calculatorHandlers, Echo: undefined }

@@ -3,9 +3,10 @@
  * handlers, with Echo keyed on its data to misbehave on purpose.
  */
 import { threadId } from 'node:worker_threads'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
-import type { ServiceHandlers } from '../../reactor/server.js'
-import { CalculatorService, calculatorHandlers, type CalculatorMethods, type EchoResponse } from '../../examples/calculator.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
+import type { ServiceHandlers } from '../../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers, type CalculatorMethods, type EchoResponse } from '../../examples/calculator/index.js'
 
 // The thread finds the ServiceDef among the module's exports by its fullName.
 export { CalculatorService }
@@ -24,7 +25,7 @@ export const handlers: ServiceHandlers<CalculatorMethods> = {
     switch (request.data) {
       case 'throw': throw new Error('boom in a thread')
       case 'reject': return Promise.reject(new Error('async boom in a thread'))
-      case 'coded': throw new RpcError(ErrorCode.REMOTE, 'ERROR_INVALID_REQUEST: bad x', { krpcCode: KrpcCode.ERROR_INVALID_REQUEST })
+      case 'coded': throw krpcError(KrpcCode.ERROR_INVALID_REQUEST, 'ERROR_INVALID_REQUEST: bad x')
       case 'thread': return { data: String(threadId) }
       case 'remaining': return { data: String(ctx.remainingMs()) }
       case 'until-aborted': return untilAborted(ctx.signal)

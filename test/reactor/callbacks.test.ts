@@ -10,7 +10,7 @@ import t from 'tap'
 import { spawn } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
-import { Client, type Callback } from '../../reactor/client.js'
+import { Client, type Callback } from '../../reactor/krpc/client.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CLOSED_ENDPOINT, FakeServer } from '../helpers/krpc-peers.js'
 import { CalculatorService, newClient, startServer, tally, turns } from '../helpers/reactor-harness.js'
@@ -162,8 +162,8 @@ t.test('a throwing callback: an uncaught exception, the client and its other cal
   const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
   const harness = fileURLToPath(new URL('../helpers/reactor-harness.ts', import.meta.url))
   const script = `
-    const { Server } = await import(${JSON.stringify(fileURLToPath(new URL('../../reactor/server.ts', import.meta.url)))})
-    const { Client } = await import(${JSON.stringify(fileURLToPath(new URL('../../reactor/client.ts', import.meta.url)))})
+    const { Server } = await import(${JSON.stringify(fileURLToPath(new URL('../../reactor/krpc/server.ts', import.meta.url)))})
+    const { Client } = await import(${JSON.stringify(fileURLToPath(new URL('../../reactor/krpc/client.ts', import.meta.url)))})
     const { CalculatorService, calculatorHandlers } = await import(${JSON.stringify(harness)})
     const server = new Server({}).addService(CalculatorService, calculatorHandlers)
     const { port } = await server.listen(0, '127.0.0.1')

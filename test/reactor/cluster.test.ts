@@ -13,10 +13,10 @@ import { createServer, type AddressInfo } from 'node:net'
 import { availableParallelism } from 'node:os'
 import { fileURLToPath } from 'node:url'
 import { RpcError } from '../../codec/errors.js'
-import { Client } from '../../reactor/client.js'
+import { Client } from '../../reactor/krpc/client.js'
 import { reactorExecArgv, restartDelayMs, reusePortSupported, serveReactors } from '../../reactor/cluster.js'
-import { Server } from '../../reactor/server.js'
-import { CalculatorService, calculatorHandlers } from '../../examples/calculator.js'
+import { Server } from '../../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 import { ReactorService, reactorHandlers } from '../helpers/reactor-service.js'
 
 // About fifteen Node processes start here through the TypeScript loader.

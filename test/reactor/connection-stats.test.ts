@@ -5,7 +5,7 @@
  * and answers to one read's pipelined requests leaving in one write.
  */
 import t from 'tap'
-import { Client } from '../../reactor/client.js'
+import { Client } from '../../reactor/krpc/client.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
 import { CalculatorService, calculatorDef, startServer } from '../helpers/reactor-harness.js'
 

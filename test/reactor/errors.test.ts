@@ -1,10 +1,11 @@
-// Behaviours 5–10 and 25 of kudu-rpc-reference §7.9: unknown service and
+// Behaviours 5–10 and 25 of Kudu's rpc-test list: unknown service and
 // method, invalid request PBs (server side) and client-side validation,
 // invalid or unparseable responses, application errors, feature flags.
 import t, { type Test } from 'tap'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcError, unsupportedFeatureFlagsOf } from '../../codec/krpc/codes.js'
 import type { MethodDef, ServiceDef } from '../../codec/schema.js'
-import { ErrorStatusType } from '../../codec/krpc.js'
+import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import {
   CalculatorService, Probe, calculatorDef, calculatorHandlers, newClient, settle, startServer, tally, turns, rejection } from '../helpers/reactor-harness.js'
 import { FakeServer, RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
@@ -24,7 +25,7 @@ t.test('unknown service → ERROR_NO_SUCH_SERVICE; the connection stays usable',
   const client = newClient(t, { endpoint })
   const error = await rejection(client.call(endpoint, unknownService, 'Add', { x: 1, y: 2 }))
   t.equal(error.code, ErrorCode.REMOTE)
-  t.equal(error.krpcCode, KrpcCode.ERROR_NO_SUCH_SERVICE)
+  t.equal(error.remote?.code, KrpcCode.ERROR_NO_SUCH_SERVICE)
   t.match(error.message, /NoSuchService/)
   t.notOk(error.fatal)
   t.equal((await client.service(CalculatorService).Add({ x: 1, y: 2 })).result, 3)
@@ -35,11 +36,11 @@ t.test('unknown service before the server is ready → ERROR_UNAVAILABLE, then N
   const { endpoint, server } = await startServer(t, { ready: false })
   const client = newClient(t, { endpoint })
   const before = await rejection(client.call(endpoint, unknownService, 'Add', { x: 1, y: 2 }))
-  t.equal(before.krpcCode, KrpcCode.ERROR_UNAVAILABLE)
+  t.equal(before.remote?.code, KrpcCode.ERROR_UNAVAILABLE)
   t.equal((await client.service(CalculatorService).Add({ x: 1, y: 2 })).result, 3, 'registered services are served')
   server.markReady()
   const after = await rejection(client.call(endpoint, unknownService, 'Add', { x: 1, y: 2 }))
-  t.equal(after.krpcCode, KrpcCode.ERROR_NO_SUCH_SERVICE)
+  t.equal(after.remote?.code, KrpcCode.ERROR_NO_SUCH_SERVICE)
 })
 
 t.test('unknown method → ERROR_NO_SUCH_METHOD', async (t) => {
@@ -47,7 +48,7 @@ t.test('unknown method → ERROR_NO_SUCH_METHOD', async (t) => {
   const client = newClient(t, { endpoint })
   const error = await rejection(client.call(endpoint, unknownMethod, 'Nope', { x: 1, y: 2 }))
   t.equal(error.code, ErrorCode.REMOTE)
-  t.equal(error.krpcCode, KrpcCode.ERROR_NO_SUCH_METHOD)
+  t.equal(error.remote?.code, KrpcCode.ERROR_NO_SUCH_METHOD)
   t.match(error.message, /Nope/)
   t.equal((await client.service(CalculatorService).Add({ x: 2, y: 2 })).result, 4)
 })
@@ -117,7 +118,7 @@ t.test('application errors carry ERROR_APPLICATION and the handler\'s message', 
     handlers: {
       ...calculatorHandlers,
       Echo: (req) => {
-        if (req.data === 'remote-code') throw new RpcError(ErrorCode.REMOTE, 'ERROR_SERVER_TOO_BUSY: try later', { krpcCode: KrpcCode.ERROR_SERVER_TOO_BUSY })
+        if (req.data === 'remote-code') throw krpcError(KrpcCode.ERROR_SERVER_TOO_BUSY, 'ERROR_SERVER_TOO_BUSY: try later')
         if (req.data === 'async') return Promise.reject(new Error('async failure'))
         throw new Error(`cannot echo ${req.data}`)
       }
@@ -127,18 +128,18 @@ t.test('application errors carry ERROR_APPLICATION and the handler\'s message', 
   const calc = client.service(CalculatorService)
   const app = await rejection(calc.Sleep({ sleep_micros: 1000, return_app_error: true }))
   t.equal(app.code, ErrorCode.REMOTE)
-  t.equal(app.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.equal(app.remote?.code, KrpcCode.ERROR_APPLICATION)
   t.match(app.message, /Got some error/)
   t.notOk(app.fatal)
 
   const thrown = await rejection(calc.Echo({ data: 'this' }))
-  t.equal(thrown.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.equal(thrown.remote?.code, KrpcCode.ERROR_APPLICATION)
   t.match(thrown.message, /cannot echo this/)
   const async = await rejection(calc.Echo({ data: 'async' }))
-  t.equal(async.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.equal(async.remote?.code, KrpcCode.ERROR_APPLICATION)
   t.match(async.message, /async failure/)
   const coded = await rejection(calc.Echo({ data: 'remote-code' }))
-  t.equal(coded.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY, 'a handler may answer with another KRPC code')
+  t.equal(coded.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY, 'a handler may answer with another KRPC code')
   t.match(coded.message, /try later/)
   t.equal((await calc.Add({ x: 1, y: 1 })).result, 2, 'the connection is still good')
 })
@@ -149,7 +150,7 @@ t.test('a handler that returns an invalid response → ERROR_APPLICATION, not a 
   })
   const client = newClient(t, { endpoint })
   const error = await rejection(client.service(CalculatorService).Add({ x: 1, y: 1 }))
-  t.equal(error.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.equal(error.remote?.code, KrpcCode.ERROR_APPLICATION)
 })
 
 t.test('feature flags: unsupported → ERROR_INVALID_REQUEST with unsupported_feature_flags; supported → OK', async (t) => {
@@ -157,15 +158,15 @@ t.test('feature flags: unsupported → ERROR_INVALID_REQUEST with unsupported_fe
   const client = newClient(t)
   const error = await rejection(client.call(plain.endpoint, calculatorDef, 'Add', { x: 1, y: 2 }, { requiredFeatureFlags: [99] }))
   t.equal(error.code, ErrorCode.REMOTE)
-  t.equal(error.krpcCode, KrpcCode.ERROR_INVALID_REQUEST)
-  t.same(error.unsupportedFeatureFlags, [99])
+  t.equal(error.remote?.code, KrpcCode.ERROR_INVALID_REQUEST)
+  t.same(unsupportedFeatureFlagsOf(error), [99])
 
   const flagged = await startServer(t, { serviceOptions: { supportedFeatureFlags: [99] } })
   const ok = await client.call<{ result: number }>(flagged.endpoint, calculatorDef, 'Add', { x: 1, y: 2 }, { requiredFeatureFlags: [99] })
   t.equal(ok.response.result, 3)
   const partial = await rejection(client.call(flagged.endpoint, calculatorDef, 'Add', { x: 1, y: 2 }, { requiredFeatureFlags: [99, 100, 7] }))
-  t.equal(partial.krpcCode, KrpcCode.ERROR_INVALID_REQUEST)
-  t.same(partial.unsupportedFeatureFlags, [100, 7], 'only the flags the service lacks')
+  t.equal(partial.remote?.code, KrpcCode.ERROR_INVALID_REQUEST)
+  t.same(unsupportedFeatureFlagsOf(partial), [100, 7], 'only the flags the service lacks')
   t.equal((await client.call<{ result: number }>(flagged.endpoint, calculatorDef, 'Add', { x: 5, y: 5 }, { requiredFeatureFlags: [] })).response.result, 10)
 })
 
@@ -214,7 +215,7 @@ t.test('an error response without a code is FATAL_UNKNOWN', async (t) => {
   const call = await peer.nextCall()
   peer.respondRaw(call.header.call_id, ErrorStatusType.encode({ message: 'no code given' }), true)
   const error = await pending
-  t.equal(error.krpcCode, KrpcCode.FATAL_UNKNOWN)
+  t.equal(error.remote?.code, KrpcCode.FATAL_UNKNOWN)
   t.match(error.message, /no code given/)
 })
 
@@ -344,14 +345,14 @@ t.test('an ERROR_* answer fails one call and the connection is reused', async (t
 })
 
 t.test('after a FATAL_* answer the connection is not reused', async (t) => {
-  // wire-contract §3: "FATAL_* means the connection must not be reused".
+  // "FATAL_* means the connection must not be reused".
   const { fake, calc } = await fakeWithClient(t)
   const first = rejection(calc.Add({ x: 1, y: 1 }))
   const peer = await fake.peer()
   const call = await peer.nextCall()
   peer.respondError(call.header.call_id, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'going away')
   const error = await first
-  t.equal(error.krpcCode, KrpcCode.FATAL_SERVER_SHUTTING_DOWN)
+  t.equal(error.remote?.code, KrpcCode.FATAL_SERVER_SHUTTING_DOWN)
   t.ok(error.fatal, 'the error says the connection is done')
   const second = calc.Add({ x: 2, y: 2 }, { timeoutMs: 2000 })
   // Either a new connection appears, or (wrongly) the call arrives on the old one.
@@ -376,7 +377,7 @@ t.test('close() fails the calls still pending on a connection retired by a FATAL
   const call = await peer.nextCall()
   await peer.nextCall()
   peer.respondError(call.header.call_id, KrpcCode.FATAL_SERVER_SHUTTING_DOWN, 'going away')
-  t.equal((await first).krpcCode, KrpcCode.FATAL_SERVER_SHUTTING_DOWN)
+  t.equal((await first).remote?.code, KrpcCode.FATAL_SERVER_SHUTTING_DOWN)
   t.equal(client.pendingCalls, 1, 'the retired connection still has the second call')
   client.close()
   t.equal((await second).code, ErrorCode.CLIENT_CLOSED)
@@ -419,7 +420,7 @@ t.test('a response whose getter throws when measured → ERROR_APPLICATION; the 
   const client = newClient(t, { endpoint })
   const calc = client.service(CalculatorService)
   const error = await rejection(calc.Add({ x: 7, y: 1 }))
-  t.equal(error.krpcCode, KrpcCode.ERROR_APPLICATION)
+  t.equal(error.remote?.code, KrpcCode.ERROR_APPLICATION)
   t.match(error.message, /gone/)
   t.same(tally(await Promise.all([1, 2, 3].map((x) => settle(calc.Add({ x, y: 1 }))))), { OK: 3 })
 })

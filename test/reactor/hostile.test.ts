@@ -1,11 +1,12 @@
 // Hostile or broken input on the server port (wire-contract §1 and §6,
-// kudu-rpc-reference §7.9 item 27): bad preambles, HTTP clients, oversize
+// Kudu's rpc-test list item 27): bad preambles, HTTP clients, oversize
 // and malformed frames, stalled negotiation, and SASL PLAIN refusal. Each
 // bad connection is closed (without a reply where the contract says so) and
 // the server goes on serving a normal client.
 import t, { type Test } from 'tap'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
-import { ErrorStatusType } from '../../codec/krpc.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CalculatorService, Probe, newClient, settle, startServer, turns, type Running } from '../helpers/reactor-harness.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
@@ -178,7 +179,7 @@ t.test('SASL PLAIN refusal: the call fails with NEGOTIATION_FAILED carrying FATA
     t.ok(error instanceof RpcError, `${user}/${password}: refused`)
     const e = error as RpcError
     t.equal(e.code, ErrorCode.NEGOTIATION_FAILED, `${user}: code (${e.code}: ${e.message})`)
-    t.equal(e.krpcCode, KrpcCode.FATAL_UNAUTHORIZED, `${user}: krpcCode`)
+    t.equal(e.remote?.code, KrpcCode.FATAL_UNAUTHORIZED, `${user}: krpcCode`)
     t.equal(client.connectionCount, 0)
   }
   t.equal(running.server.stats().callsReceived, 0)

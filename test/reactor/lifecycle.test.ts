@@ -1,10 +1,11 @@
-// Behaviours 19–23 of kudu-rpc-reference §7.9: the peer closing with calls
+// Behaviours 19–23 of Kudu's rpc-test list: the peer closing with calls
 // pending, connect failures, client shutdown with calls pending,
 // cancellation in every state (including mid-write of 8 MiB sidecars),
 // idle-connection GC on the server, and server shutdown while serving.
 import t from 'tap'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
-import { Client } from '../../reactor/client.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import { Client } from '../../reactor/krpc/client.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import {
   CalculatorService, Probe, calculatorDef, calculatorHandlers, crc32, newClient, pattern, prng, settle, startServer, tally, track, turns
@@ -268,7 +269,7 @@ t.test('server.close(): in-flight calls finish and are answered; new calls are r
   const refused = await calc.Add({ x: 1, y: 1 }).then(() => 'OK', (e: RpcError) => e)
   t.ok(refused instanceof RpcError)
   const r = refused as RpcError
-  t.ok(r.krpcCode === KrpcCode.FATAL_SERVER_SHUTTING_DOWN || r.code === ErrorCode.CONNECTION_CLOSED,
+  t.ok(r.remote?.code === KrpcCode.FATAL_SERVER_SHUTTING_DOWN || r.code === ErrorCode.CONNECTION_CLOSED,
     `refused with FATAL_SERVER_SHUTTING_DOWN or a closed connection (${r.codeName})`)
   t.equal(await inFlight, 'OK', 'the in-flight Sleep got its answer')
   await closing

@@ -5,8 +5,9 @@
 // and oversized negotiation. Time is a FakeClock wherever the server
 // decides by time; the scan runs when the test moves it.
 import t, { type Test } from 'tap'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
-import { ErrorStatusType } from '../../codec/krpc.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CalculatorService, calculatorHandlers, newClient, settle, startServer, tally, turns, type Running } from '../helpers/reactor-harness.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
@@ -205,7 +206,7 @@ t.test('a 40 MiB negotiation frame is refused at its prefix; a 300-byte user nam
   const long = newClient(t, { endpoint: running.endpoint, user: 'u'.repeat(300) })
   const error = await long.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 5000 }).then(() => null, (e: unknown) => e as RpcError)
   t.equal(error?.code, ErrorCode.NEGOTIATION_FAILED)
-  t.equal(error?.krpcCode, KrpcCode.FATAL_UNAUTHORIZED)
+  t.equal(error?.remote?.code, KrpcCode.FATAL_UNAUTHORIZED)
   long.close()
   const ok = newClient(t, { endpoint: running.endpoint, user: 'u'.repeat(256) })
   t.same(await ok.service(CalculatorService).Add({ x: 1, y: 2 }), { result: 3 }, 'a 256-byte user name is accepted')
@@ -462,7 +463,7 @@ t.test('a retired connection is not closed in the middle of a request frame', as
 })
 
 t.test('limits must be at least 1', async (t) => {
-  const { Server } = await import('../../reactor/server.js')
+  const { Server } = await import('../../reactor/krpc/server.js')
   t.throws(() => new Server({ maxNegotiatingConnections: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
   t.throws(() => new Server({ maxConnections: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
 })

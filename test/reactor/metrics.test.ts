@@ -1,4 +1,4 @@
-// Per-service and per-method server metrics end to end (kudu-rpc-reference
+// Per-service and per-method server metrics end to end (Kudu's rpc tests
 // §2.2 and §3: queue time, handler latency, overflow / eviction / timeout /
 // shutdown counters; service gauges): `server.metrics.snapshot()` and the
 // Prometheus text of `server.metrics.text()`. Servers run on a FakeClock, so
@@ -6,9 +6,9 @@
 // moved, never measured durations. Scheduling itself is in scheduling.test.ts.
 import t from 'tap'
 import type { CallContext } from '../../reactor/inbound-call.js'
-import type { Server, ServiceHandlers } from '../../reactor/server.js'
+import type { Server, ServiceHandlers } from '../../reactor/krpc/server.js'
 import { FakeClock } from '../../scheduling/clock.js'
-import type { SleepResponse } from '../../examples/calculator.js'
+import type { SleepResponse } from '../../examples/calculator/index.js'
 import {
   CalculatorService, calculatorHandlers, newClient, startServer, tally, track, turns, type CalculatorMethods
 } from '../helpers/reactor-harness.js'

@@ -5,7 +5,7 @@
  * idempotent; the budget and attempts end retries; cancellation ends them.
  */
 import t from 'tap'
-import { KrpcCode } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
 import { LinearBackoff, RetryBudget } from '../../scheduling/retry.js'
 import { realClock } from '../../scheduling/clock.js'
 import { CalculatorService, calculatorHandlers, newClient, settle, startServer } from '../helpers/reactor-harness.js'

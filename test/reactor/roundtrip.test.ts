@@ -1,9 +1,10 @@
-// Behaviours 1, 2 and 24 of kudu-rpc-reference §7.9: round trips and call-id
+// Behaviours 1, 2 and 24 of Kudu's rpc-test list: round trips and call-id
 // multiplexing on one reused connection, frame reassembly under short reads
 // and pipelining, and connection reuse keyed by endpoint and credentials.
 import t from 'tap'
-import { KrpcCode, type RpcError } from '../../codec/errors.js'
-import { Client } from '../../reactor/client.js'
+import { type RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import { Client } from '../../reactor/krpc/client.js'
 import {
   CalculatorService, Probe, calculatorHandlers, crc32, newClient, settle, startServer, tally
 } from '../helpers/reactor-harness.js'
@@ -219,7 +220,7 @@ t.test('routes stay right as services are added, and with names too long to cach
   const longName = `pkg.${'L'.repeat(300)}`
   const longDef = { fullName: longName, methods: CalculatorService.methods } as unknown as typeof CalculatorService
   const refused = await client.service(longDef).Add({ x: 1, y: 1 }).then(() => null, (error: RpcError) => error)
-  t.equal(refused?.krpcCode, KrpcCode.ERROR_NO_SUCH_SERVICE, 'not registered yet')
+  t.equal(refused?.remote?.code, KrpcCode.ERROR_NO_SUCH_SERVICE, 'not registered yet')
   // Registered after calls were routed: the route cache must not hide it.
   server.addService(longDef, { ...calculatorHandlers, Add: (request) => ({ result: request.x * 10 + request.y }) })
   const long = client.service(longDef)

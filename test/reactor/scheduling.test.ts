@@ -1,4 +1,4 @@
-// The server's scheduling end to end (kudu-rpc-reference §2 and §7.9 items
+// The server's scheduling end to end (Kudu's rpc tests §2 and §7.9 items
 // 16–18 and 20): each service's calls go through a bounded EDF (or FIFO)
 // service queue to LIFO-parked workers, behind burst absorption. A burst is
 // not an overload; a saturated service refuses exactly the overflow with
@@ -12,12 +12,13 @@
 // calls `runDeferred()`. Clients get a FakeClock of their own, so their call
 // timers never fire unless a test says so. No test measures a duration.
 import t, { type Test } from 'tap'
-import { ErrorCode, KrpcCode, RpcError } from '../../codec/errors.js'
-import { ErrorStatusType, type ResponseFrame } from '../../codec/krpc.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import { ErrorStatusType, type ResponseFrame } from '../../codec/krpc/frames.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
-import type { Server, ServiceHandlers } from '../../reactor/server.js'
+import type { Server, ServiceHandlers } from '../../reactor/krpc/server.js'
 import { FakeClock } from '../../scheduling/clock.js'
-import type { SleepResponse } from '../../examples/calculator.js'
+import type { SleepResponse } from '../../examples/calculator/index.js'
 import {
   CalculatorService, calculatorHandlers, newClient, settle, startServer, tally, track, turns, type CalculatorMethods, rejection } from '../helpers/reactor-harness.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
@@ -175,7 +176,7 @@ t.test('overflow: queueLength 2, 0 workers, 3 calls → exactly 1 TOO_BUSY, judg
 
   serverClock.runDeferred()
   const refused = await rejection(promises[2]!)
-  t.equal(refused.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the newcomer is refused with TOO_BUSY')
+  t.equal(refused.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the newcomer is refused with TOO_BUSY')
   t.match(refused.message, QUEUE_FULL)
   t.equal(QUEUE_FULL.exec(refused.message)?.[1], '2', 'the message gives the queue bound')
   t.notOk(refused.fatal, 'TOO_BUSY is not connection-fatal')
@@ -202,7 +203,7 @@ t.test('overflow: 1 worker blocked, queueLength 2, 4 calls → exactly 1 TOO_BUS
   t.same(serviceGauges(server), { queueLength: 2, idleWorkers: 0, workers: 1 })
   serverClock.runDeferred()
   const refused = await rejection(echoes[2]!)
-  t.equal(refused.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY)
+  t.equal(refused.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY)
   t.match(refused.message, QUEUE_FULL)
   t.match(refused.message, /Echo request from 127\.0\.0\.1:\d+/, 'the message names the method and the client')
   await turns(5)
@@ -314,11 +315,11 @@ t.test('edf: queued calls run in earliest-deadline order; an earlier newcomer ev
   })
   // d1000 found the queue full and strictly earlier than d5000: d5000 is out.
   const evicted = await rejection(calls.get('d5000')!.promise)
-  t.equal(evicted.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the latest deadline is evicted with TOO_BUSY')
+  t.equal(evicted.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the latest deadline is evicted with TOO_BUSY')
   t.match(evicted.message, QUEUE_FULL)
   // d9000 is later than everything queued: refused itself.
   const refused = await rejection(calls.get('d9000')!.promise)
-  t.equal(refused.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY, 'a later newcomer is refused')
+  t.equal(refused.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY, 'a later newcomer is refused')
   t.match(refused.message, QUEUE_FULL)
   t.same(serviceGauges(server).queueLength, 3)
   const echo = metricsOf(server, 'Echo')
@@ -364,7 +365,7 @@ for (const perService of [false, true]) {
       timeouts: [['d5000', 5000], ['d3000', 3000], ['d4000', 4000], ['d1000', 1000]]
     })
     const refused = await rejection(calls.get('d1000')!.promise)
-    t.equal(refused.krpcCode, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the newcomer is refused, not the latest deadline evicted')
+    t.equal(refused.remote?.code, KrpcCode.ERROR_SERVER_TOO_BUSY, 'the newcomer is refused, not the latest deadline evicted')
     t.match(refused.message, QUEUE_FULL)
     const echo = metricsOf(server, 'Echo')
     t.equal(echo.evictions, 0)

@@ -1,4 +1,4 @@
-// Behaviours 3 and 4 of kudu-rpc-reference §7.9: sidecars in both directions
+// Behaviours 3 and 4 of Kudu's rpc-test list: sidecars in both directions
 // (0-length, small, multi-MB, 10,000 tiny ones) and max-message-size
 // enforcement at the 4-byte prefix, with independent client and server limits.
 import t from 'tap'

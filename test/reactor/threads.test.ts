@@ -5,8 +5,9 @@
  * LIFO-parked workers (one per thread), and close() drains and terminates
  * the threads. No durations are asserted: tests wait for states.
  */
+import { RpcError } from '../../codec/errors.js'
 import t, { type Test } from 'tap'
-import { Server } from '../../reactor/server.js'
+import { Server } from '../../reactor/krpc/server.js'
 import type { ServiceDef } from '../../codec/schema.js'
 import {
   CalculatorService, calculatorDef, calculatorHandlers, crc32, newClient, pattern, settle, startServer, turns
@@ -16,7 +17,7 @@ import {
 t.setTimeout(300_000)
 
 const SERVICE = CalculatorService.fullName
-const DEMO_MODULE = { module: new URL('../../examples/calculator.ts', import.meta.url), export: 'calculatorHandlers' }
+const DEMO_MODULE = { module: new URL('../../examples/calculator/index.ts', import.meta.url), export: 'calculatorHandlers' }
 const TEST_MODULE = { module: new URL('../helpers/thread-handlers.ts', import.meta.url) }
 
 /** Waits (event-loop turns and 1 ms timers, no fixed duration) until `condition` holds. */
@@ -69,7 +70,7 @@ t.test('Add, Echo, PushStrings and EchoSidecars answer through threads exactly a
     methods: { Add: { ...calculatorDef.methods.Add!, requestType: calculatorDef.methods.EchoSidecars!.requestType } }
   } as unknown as ServiceDef
   const bad = await Promise.all([inLoop.endpoint, threaded.endpoint].map((endpoint) =>
-    client.call(endpoint, emptyAdd, 'Add', {}).then(() => null, (e: Error & { krpcCode?: number }) => [e.krpcCode, e.message])))
+    client.call(endpoint, emptyAdd, 'Add', {}).then(() => null, (e: RpcError) => [e.remote?.code, e.message])))
   t.same(bad[1], bad[0], 'undecodable request: same code and message')
   t.equal(threaded.server.stats().callsFailed, 1)
 

@@ -1,4 +1,4 @@
-// Behaviours 11–15 of kudu-rpc-reference §7.9: call timeouts (on a FakeClock,
+// Behaviours 11–15 of Kudu's rpc-test list: call timeouts (on a FakeClock,
 // so nothing here measures a duration), timeouts during negotiation, queued
 // calls that time out are never sent, event-loop stalls, and deadline
 // propagation to the server.

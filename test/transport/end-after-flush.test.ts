@@ -6,7 +6,7 @@
 import t from 'tap'
 import { createServer, connect, type Socket } from 'node:net'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
-import { krpcFraming } from '../../codec/krpc.js'
+import { krpcFraming } from '../../codec/krpc/frames.js'
 import { Connection } from '../../transport/connection.js'
 
 t.test('a frame sent after endAfterFlush is dropped, not written after the end', async t => {

@@ -1,19 +1,20 @@
 import { lookup } from 'node:dns/promises'
 import Denque from 'denque'
 import { connect as netConnect } from 'node:net'
-import { ErrorCode, KrpcCode, RpcError, remoteError } from '../codec/errors.js'
-import { DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import { ErrorStatusType, ResponseParts, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, requestHeaderTail, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../codec/krpc.js'
-import { ClientNegotiation, RpcFeature, type Negotiated } from '../codec/negotiation.js'
-import type { Message, MethodDef, MethodMap, ServiceDef } from '../codec/schema.js'
-import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
-import { CallTable } from './call-table.js'
-import { Balancer, type Address, type BalancePolicy, type Slot } from './balancer.js'
-import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../scheduling/retry.js'
-import { BusyPoller } from '../transport/busy-poll.js'
-import { SocketReader } from '../transport/socket-reader.js'
-import { Connection, type ConnectionStats } from '../transport/connection.js'
-import type { OutboundTransfer } from '../transport/transfer-queue.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
+import { ErrorStatusType, ResponseParts, encodeRemoteMethod, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, requestHeaderTail, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../../codec/krpc/frames.js'
+import { ClientNegotiation, RpcFeature, type Negotiated } from '../../codec/krpc/negotiation.js'
+import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/schema.js'
+import { realClock, type Clock, type TimerHandle } from '../../scheduling/clock.js'
+import { CallTable } from '../call-table.js'
+import { Balancer, type Address, type BalancePolicy, type Slot } from '../balancer.js'
+import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../../scheduling/retry.js'
+import { BusyPoller } from '../../transport/busy-poll.js'
+import { SocketReader } from '../../transport/socket-reader.js'
+import { Connection, type ConnectionStats } from '../../transport/connection.js'
+import type { OutboundTransfer } from '../../transport/transfer-queue.js'
 
 /** Per-call options. */
 export interface CallOptions {
@@ -820,7 +821,7 @@ export class Client {
     }
     // Out of the table at once (one probe): every path below finishes it.
     const call = cc.outstanding.take(parts.callId)
-    // Unknown, timed out or cancelled: ignore (wire-contract §6).
+    // Unknown, timed out or cancelled: ignore.
     if (call === undefined) return true
     if (parts.isError === true) {
       const status = ErrorStatusType.decodeRange(buf, parts.messageStart, parts.messageEnd)
@@ -828,7 +829,7 @@ export class Client {
         this.#finishError(call, new RpcError(ErrorCode.INVALID_RESPONSE, `${labelOf(call)}: was an RPC error but could not parse error response`), true)
       } else {
         const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
-        const error = remoteError(code, status.message, status.unsupported_feature_flags)
+        const error = krpcError(code, status.message, status.unsupported_feature_flags)
         // FATAL_*: this connection must not be reused; new calls open another.
         if (error.fatal) this.#retire(cc)
         this.#finishError(call, error, true)
@@ -1068,7 +1069,7 @@ const NOT_RUN_REMOTE: ReadonlySet<number> = new Set([KrpcCode.ERROR_SERVER_TOO_B
 const NOT_SENT_LOCAL: ReadonlySet<string> = new Set([ErrorCode.CONNECT_FAILED, ErrorCode.CONNECTION_CLOSED, ErrorCode.NEGOTIATION_FAILED, ErrorCode.QUEUE_FULL])
 
 function isRetryable (error: RpcError, sent: boolean, idempotent: boolean): boolean {
-  if (error.krpcCode !== undefined) return NOT_RUN_REMOTE.has(error.krpcCode)
+  if (error.remote?.code !== undefined) return NOT_RUN_REMOTE.has(error.remote?.code)
   if (!NOT_SENT_LOCAL.has(error.code)) return false
   // A request that reached the socket may have run: only idempotent methods go again.
   return !sent || idempotent

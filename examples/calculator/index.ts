@@ -1,6 +1,7 @@
-import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
-import { ProtoSchema, assetPath } from '../codec/schema.js'
-import type { ServiceHandlers } from '../reactor/server.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
+import { ProtoSchema, assetPath } from '../../codec/schema.js'
+import type { ServiceHandlers } from '../../reactor/krpc/server.js'
 
 /** Message shapes of `calculator.proto`, for typed stubs and handlers. */
 export interface AddRequest { x: number, y: number }
@@ -80,7 +81,7 @@ export const calculatorHandlers: ServiceHandlers<CalculatorMethods> = {
     for (const index of request.sidecar_indexes ?? []) {
       const sidecar = ctx.sidecars[index]
       if (sidecar === undefined) {
-        throw new RpcError(ErrorCode.REMOTE, `no sidecar at index ${index}`, { krpcCode: KrpcCode.ERROR_INVALID_REQUEST })
+        throw krpcError(KrpcCode.ERROR_INVALID_REQUEST, `no sidecar at index ${index}`)
       }
       sizes.push(sidecar.length)
       crcs.push(crc32(sidecar))

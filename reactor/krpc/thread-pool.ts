@@ -26,13 +26,16 @@ import { existsSync } from 'node:fs'
 import { isAbsolute, resolve as resolvePath } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 import { Worker } from 'node:worker_threads'
-import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
-import type { Message } from '../codec/schema.js'
-import type { Clock } from '../scheduling/clock.js'
-import { InboundCall, type CallPeer, type CallRoute } from './inbound-call.js'
-import type { Logger } from './logger.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode } from '../../codec/krpc/codes.js'
+import type { Message } from '../../codec/schema.js'
+import type { Clock } from '../../scheduling/clock.js'
+import type { CallPeer, CallRoute } from '../inbound-call.js'
+import { KrpcCall } from './call.js'
+import type { ThreadRequest } from './protocol.js'
+import type { Logger } from '../logger.js'
 import type { ThreadCallMessage, ThreadCancelMessage, ThreadReply, ThreadStatus, ThreadWorkerData } from './thread-worker.js'
-import { CallTable } from './call-table.js'
+import { CallTable } from '../call-table.js'
 
 /** Where a thread-mode service's handlers come from. */
 export interface HandlerModule {
@@ -77,7 +80,7 @@ const NO_REQUEST: Message = Object.freeze({}) as Message
  * A call for a thread-mode service: its request stays undecoded (the thread
  * decodes it) and aborting it also cancels it in its thread.
  */
-export class ThreadCall extends InboundCall {
+export class ThreadCall extends KrpcCall {
   /** The whole request frame and the request message within it; null once posted. */
   frame: Buffer | null
   message: Buffer | null
@@ -86,10 +89,11 @@ export class ThreadCall extends InboundCall {
   #aborted = false
 
   constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
-    sidecars: readonly Buffer[], clock: Clock, frame: Buffer, message: Buffer) {
+    sidecars: unknown, request: unknown, clock: Clock) {
     super(route, peer, callId, receivedAt, timeoutMs, sidecars, NO_REQUEST, clock)
-    this.frame = frame
-    this.message = message
+    const frames = request as ThreadRequest
+    this.frame = frames.frame
+    this.message = frames.message
   }
 
   override abort (reason: RpcError): void {

@@ -1,11 +1,11 @@
-import { ErrorCode, RpcError } from './errors.js'
+import { ErrorCode, RpcError } from '../errors.js'
 import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeaderInto, decodeResponseHeaderInto, requestHeaderOf, responseHeaderOf } from './header-decoder.js'
-import type { Framing } from './frame-decoder.js'
-import { ProtoSchema, assetPath } from './schema.js'
-import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from './varint.js'
+import type { Framing } from '../frame-decoder.js'
+import { ProtoSchema, assetPath } from '../schema.js'
+import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from '../varint.js'
 
 /**
- * KRPC frames (wire-contract §2):
+ * KRPC frames:
  *
  *   uint32 BE total_len | varint32 header_len | header PB | varint32 body_len | body PB | sidecar 0 | sidecar 1 ...
  *

@@ -1,6 +1,6 @@
-import { ErrorCode, RpcError } from './errors.js'
-import type { RequestHeader, ResponseHeader } from './krpc.js'
-import { readVarint32, type VarintRead } from './varint.js'
+import { ErrorCode, RpcError } from '../errors.js'
+import type { RequestHeader, ResponseHeader } from './frames.js'
+import { readVarint32, type VarintRead } from '../varint.js'
 
 /**
  * Hand-written decoders for the two headers every call carries, so that the

@@ -1,11 +1,12 @@
-import { ErrorCode, KrpcCode, RpcError, krpcCodeName } from './errors.js'
+import { ErrorCode, RpcError } from '../errors.js'
+import { KrpcCode, krpcCodeName, krpcStatus } from './codes.js'
 import {
   CONNECTION_CONTEXT_CALL_ID, ErrorStatusType, KRPC_PREAMBLE, KRPC_VERSION, NEGOTIATE_CALL_ID, RequestHeaderType,
   ResponseHeaderType, encodeErrorFrame, encodeRequestFrame, encodeResponseFrame, headerSchema, splitFrame
-} from './krpc.js'
+} from './frames.js'
 
 /**
- * KRPC connection negotiation (wire-contract §4) as two pure state machines:
+ * KRPC connection negotiation as two pure state machines:
  * they take frames and return what to send and whether negotiation is done.
  * The connection that drives them owns the socket and the deadline.
  *
@@ -75,7 +76,7 @@ export interface NegotiationStep {
 }
 
 function negotiationError (message: string, krpcCode?: number): RpcError {
-  return new RpcError(ErrorCode.NEGOTIATION_FAILED, message, krpcCode === undefined ? undefined : { krpcCode })
+  return new RpcError(ErrorCode.NEGOTIATION_FAILED, message, krpcCode === undefined ? undefined : { remote: krpcStatus(krpcCode) })
 }
 
 const HTTP_VERBS = ['GET ', 'POST ', 'HEAD ', 'PUT ', 'OPTIONS', 'DELETE', 'CONNECT', 'PATCH', 'TRACE'].map(v => Buffer.from(v, 'latin1'))

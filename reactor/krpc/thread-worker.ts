@@ -11,10 +11,11 @@
  * its types only): the thread starts only under `workerData.nyalaThread`.
  */
 import { isMainThread, parentPort, workerData, type MessagePort } from 'node:worker_threads'
-import { ErrorCode, KrpcCode, RpcError } from '../codec/errors.js'
-import type { Message, MethodDef, ServiceDef } from '../codec/schema.js'
-import type { CallContext } from './inbound-call.js'
-import { CallTable } from './call-table.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcCodeOf } from '../../codec/krpc/codes.js'
+import type { Message, MethodDef, ServiceDef } from '../../codec/schema.js'
+import type { KrpcCallContext } from './call.js'
+import { CallTable } from '../call-table.js'
 
 /** What the main side tells a new thread. */
 export interface ThreadWorkerData {
@@ -66,7 +67,7 @@ export type ThreadReply =
 
 export type ThreadStatus = { ready: true } | { failed: string }
 
-type Handler = (request: Message, ctx: CallContext) => unknown
+type Handler = (request: Message, ctx: KrpcCallContext) => unknown
 
 interface Method {
   def: MethodDef<Message, Message>
@@ -98,7 +99,7 @@ function stripCodePrefix (message: string): string {
 }
 
 /** A handler's context inside the thread. */
-class ThreadContext implements CallContext {
+class ThreadContext implements KrpcCallContext {
   readonly service: string
   readonly method: string
   readonly callId: number
@@ -125,6 +126,11 @@ class ThreadContext implements CallContext {
 
   remainingMs (): number {
     return Math.max(0, this.deadline - performance.now())
+  }
+
+  /** A thread cannot close the connection: the main thread owns it. */
+  closeConnection (): void {
+    throw new RpcError(ErrorCode.NOT_SUPPORTED, 'closeConnection() is not available in a worker thread')
   }
 
   // Made only for handlers that look at it, as on the main side.
@@ -211,7 +217,7 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
   const failed = (seq: number, ctx: ThreadContext, err: unknown): void => {
     ctx.finish()
     current.delete(seq)
-    const code = (err as { krpcCode?: unknown } | null)?.krpcCode
+    const code = krpcCodeOf(err)
     if (typeof code === 'number') fail(seq, stripCodePrefix((err as Error).message), code)
     else fail(seq, err instanceof Error ? err.message : String(err), KrpcCode.ERROR_APPLICATION)
   }

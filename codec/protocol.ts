@@ -1,0 +1,197 @@
+import type { RpcError } from './errors.js'
+import type { Framing, ScanFraming } from './frame-decoder.js'
+
+/**
+ * The protocol API: what a binary protocol tells nyala's generic server so
+ * that it gets reactors, the transfer queue, the deadline-ordered service
+ * queues with eviction, LIFO hand-off, burst absorption, expiry, limits,
+ * per-route metrics and graceful close. KRPC is one implementation
+ * (`reactor/krpc/protocol.ts`), the memcached example another. See
+ * docs/custom-protocols.md.
+ *
+ * The server calls the protocol on its hot path with plain arguments and a
+ * reused `CallHead`, so a protocol need not allocate per frame.
+ */
+
+/** A connection's set-up (KRPC negotiation): the raw preamble, then whole frames until `done` or `error`. */
+export interface Handshake<T> {
+  /** Bytes the client sends before any frame, to be checked by `checkPreamble` (server side); 0 for none. */
+  readonly preambleBytes?: number
+  checkPreamble?: (bytes: Buffer) => RpcError | null
+  /** What to send first (client side). */
+  start?: () => Buffer[][]
+  onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  /**
+   * Largest frame accepted while the handshake runs (checked as early as
+   * the framing allows, like `maxFrameBytes`, which applies again once it
+   * is done). Set-up frames are small; a peer must not park megabytes in them.
+   */
+  maxFrameBytes?: number | undefined
+}
+
+/** One step of a handshake: frames to send, then done, failed, or neither (wait for more). */
+export interface HandshakeStep<T> {
+  send?: Buffer[][] | undefined
+  done?: T | undefined
+  error?: RpcError | undefined
+}
+
+/**
+ * What `decodeHead` tells the server about one request frame. The server
+ * owns one per protocol and hands it to every `decodeHead` call, so the
+ * protocol fills fields rather than making an object per frame.
+ */
+export class CallHead {
+  /** The route's group: its queue, its workers and its metrics label (KRPC: the service; memcached: one group). */
+  service = ''
+  /** The route within the group (KRPC: the method; memcached: the command). */
+  method = ''
+  /** Id that matches the answer to the request (KRPC call_id, memcached opaque); in-order protocols may leave it 0. */
+  callId = 0
+  /** Time budget from the wire in ms (KRPC timeout_millis); 0: none, the server's `requestTimeoutMs` applies. */
+  timeoutMs = 0
+  /** The protocol's own per-call data, kept on the call for its encoders (memcached: opcode and opaque). */
+  data: unknown = undefined
+  /**
+   * An object that stands for the route and is the same object every time
+   * the same route is named (KRPC: the codec's cached remote-method
+   * objects): the server then finds the route by identity, without string
+   * lookups. Leave undefined otherwise.
+   */
+  routeKey: object | undefined = undefined
+  /** The whole frame: `buf[start, end)`. */
+  start = 0
+  end = 0
+  /** Where the request's body lies in the frame, for `decodeRequest` (defaults: the whole frame). */
+  bodyStart = 0
+  bodyEnd = 0
+
+  /** Resets the fields for the frame `buf[start, end)`; the server calls it before `decodeHead`. */
+  reset (start: number, end: number): void {
+    this.service = ''
+    this.method = ''
+    this.callId = 0
+    this.timeoutMs = 0
+    this.data = undefined
+    this.routeKey = undefined
+    this.start = start
+    this.end = end
+    this.bodyStart = start
+    this.bodyEnd = end
+  }
+}
+
+/** What a protocol's encoders see of a call: a `CallHead`'s fields as decoded (the server's call object, or the head itself before there is one). */
+export interface CallInfo {
+  readonly service: string
+  readonly method: string
+  /** The id the head carried (in-order protocols: as decoded, usually 0). */
+  readonly callId: number
+  readonly data: unknown
+}
+
+/** A call being answered: its head, and the route it was registered under. */
+export interface AnsweredCall extends CallInfo {
+  readonly route: RouteInfo
+}
+
+/**
+ * Why the server answers a request without (or instead of) its handler's
+ * result; each protocol says it in its own words (`ServerProtocol.refusal`):
+ *
+ * - `busy`: its group's queue was full, or a later arrival with an earlier deadline evicted it;
+ * - `expired`: its deadline passed while it waited in the queue;
+ * - `shutdown`: the server is closing, or the connection reached its maximum age;
+ * - `unavailable`: the server is not ready yet (`markReady` not called);
+ * - `no-service`: no group of that name; `no-method`: no such route in the group;
+ * - `invalid`: `decodeRequest` refused the body (the message says why);
+ * - `failed`: the handler threw or rejected (`error` is what it threw), or returned a response the encoder refused;
+ * - `abandoned`: the handler ran too long past its deadline and its worker was given back.
+ */
+export type RefusalReason = 'busy' | 'expired' | 'shutdown' | 'unavailable' | 'no-service' | 'no-method' | 'invalid' | 'failed' | 'abandoned'
+
+/** A request body `decodeRequest` could not accept: answered as the refusal `invalid` (the connection stays up). */
+export class InvalidRequest {
+  readonly message: string
+  /** Anything the protocol wants to carry to its `refusal` encoder (KRPC: unsupported feature flags). */
+  readonly detail: unknown
+  constructor (message: string, detail?: unknown) {
+    this.message = message
+    this.detail = detail
+  }
+}
+
+/**
+ * What a registered route is to the protocol: its names and what the
+ * application registered with it (`spec`: KRPC's method definition; often
+ * nothing).
+ */
+export interface RouteInfo {
+  readonly service: string
+  readonly method: string
+  readonly spec: unknown
+}
+
+/** The answer to a request: bytes to send, or none. */
+export type AnswerSlices = Uint8Array[] | null
+
+/**
+ * A protocol, as the generic server sees it. `Req` is what handlers get,
+ * `Res` what they return.
+ */
+export interface ServerProtocol<Req = unknown, Res = unknown> {
+  /** A short name for logs and metrics (`krpc`, `memcached`). */
+  readonly name: string
+  /** Where frames end: a length field (`Framing`) or a scan (`ScanFraming`). */
+  readonly framing: Framing | ScanFraming
+  /**
+   * `id`: answers are matched by `CallHead.callId` and leave as handlers finish
+   * (KRPC, memcached's opaque would allow it too). `in-order`: answers leave
+   * in request order even when handlers finish out of order (memcached,
+   * RESP, line protocols); a request answered with no bytes keeps its place.
+   */
+  readonly ordering: 'id' | 'in-order'
+  /** The largest frame accepted; the server's `maxMessageBytes` option overrides it. Default 50 MiB. */
+  readonly maxFrameBytes?: number
+  /**
+   * The connection's set-up, if the protocol has one; its result is the
+   * connection's peer identity (`user`) for the calls that follow.
+   */
+  handshake?: (remoteAddress: string) => Handshake<{ user?: string }>
+  /**
+   * Reads the head of the frame `buf[start, end)` into `head`. Return null
+   * to go on, or an error to close the connection (the stream can no
+   * longer be trusted: bad magic, a malformed header). Must not throw.
+   */
+  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead) => RpcError | null
+  /**
+   * Decodes the body the head pointed at, for the route it named. What it
+   * returns is the handler's request; `InvalidRequest` is answered with the
+   * refusal `invalid`. Must not throw. Views of `buf` stay valid as long as
+   * they are referenced (the read chunk is not reused).
+   */
+  decodeRequest: (route: RouteInfo, buf: Buffer, head: CallHead) => Req | InvalidRequest
+  /**
+   * The size of `response`'s answer frame, to be written in place by
+   * `encodeInto` (the common case: straight into the connection's
+   * coalesced outbound buffer); 0: no answer at all (memcached's quiet
+   * commands); -1: use `encodeSlices` instead (large payloads, sent with
+   * writev and no copy). May throw: the call is then answered `failed`.
+   */
+  encodedLength: (call: AnsweredCall, response: Res) => number
+  /**
+   * Writes the answer frame of exactly `encodedLength` bytes at `out[at]`.
+   * Called right after `encodedLength` for the same call and response, so
+   * the protocol may keep what it measured there. Should not throw.
+   */
+  encodeInto: (call: AnsweredCall, response: Res, out: Buffer, at: number) => void
+  /** The answer frame as slices, when `encodedLength` said -1. */
+  encodeSlices?: (call: AnsweredCall, response: Res) => Uint8Array[]
+  /**
+   * The protocol's words for a request the server answers itself (see
+   * `RefusalReason`): the answer's bytes, an empty array for no answer, or
+   * null to close the connection instead. `detail` is the handler's error
+   * (`failed`) or the `InvalidRequest`'s detail (`invalid`).
+   */
+  refusal: (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
+}

@@ -1,0 +1,170 @@
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { KrpcCode, krpcCodeOf } from '../../codec/krpc/codes.js'
+import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead } from '../../codec/krpc/frames.js'
+import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
+import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type Handshake, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
+import type { Message, MethodDef } from '../../codec/schema.js'
+import type { KrpcCall } from './call.js'
+
+/** What the KRPC server registers with each route (`RouteInfo.spec`). */
+export interface KrpcRouteSpec {
+  readonly methodDef: MethodDef<Message, Message>
+  /** Application feature flags the service supports. */
+  readonly featureFlags: ReadonlySet<number>
+  /** The service runs in worker threads: the request is decoded there, from the frame's bytes. */
+  readonly threaded: boolean
+}
+
+/** A thread-mode request: the whole frame and the request message in it, decoded by the thread. */
+export class ThreadRequest {
+  readonly frame: Buffer
+  readonly message: Buffer
+  constructor (frame: Buffer, message: Buffer) {
+    this.frame = frame
+    this.message = message
+  }
+}
+
+/** A response already encoded (by a worker thread): its message bytes and sidecars. */
+export class EncodedBody {
+  readonly body: Uint8Array
+  readonly sidecars: Uint8Array[] | undefined
+  constructor (body: Uint8Array, sidecars: Uint8Array[] | undefined) {
+    this.body = body
+    this.sidecars = sidecars
+  }
+}
+
+/** Features the server offers in negotiation. */
+export const SERVER_FEATURES = [RpcFeature.APPLICATION_FEATURE_FLAGS]
+
+// The body of a flat response, written into its frame from the message itself.
+const NO_BODY = new Uint8Array(0)
+
+const REFUSAL_CODES: Record<RefusalReason, number> = {
+  busy: KrpcCode.ERROR_SERVER_TOO_BUSY,
+  // As Kudu: a call that waited in the queue past its deadline is answered TOO_BUSY.
+  expired: KrpcCode.ERROR_SERVER_TOO_BUSY,
+  shutdown: KrpcCode.FATAL_SERVER_SHUTTING_DOWN,
+  unavailable: KrpcCode.ERROR_UNAVAILABLE,
+  'no-service': KrpcCode.ERROR_NO_SUCH_SERVICE,
+  'no-method': KrpcCode.ERROR_NO_SUCH_METHOD,
+  invalid: KrpcCode.ERROR_INVALID_REQUEST,
+  failed: KrpcCode.ERROR_APPLICATION,
+  abandoned: KrpcCode.ERROR_APPLICATION
+}
+
+export interface KrpcProtocolOptions {
+  /** SASL PLAIN verification; by default any user is accepted. */
+  authenticate?: Authenticator | undefined
+}
+
+/**
+ * KRPC, Kudu's RPC protocol, as a `ServerProtocol`: 4-byte length-prefixed
+ * frames, SASL negotiation as the set-up, answers matched by call id, the
+ * deadline from the header's timeout_millis, and the response encoded in
+ * place from the message (flat messages straight into the frame).
+ */
+export class KrpcServerProtocol implements ServerProtocol<unknown, Message | EncodedBody> {
+  readonly name = 'krpc'
+  readonly framing = krpcFraming
+  readonly ordering = 'id'
+  readonly #authenticate: Authenticator | undefined
+  // One reused header object: no header, frame or view objects per call.
+  readonly #parts = new RequestParts()
+  // What encodedLength measured, for the encodeInto that follows it.
+  #body: Uint8Array = NO_BODY
+  #bodyBytes = 0
+
+  constructor (options: KrpcProtocolOptions = {}) {
+    this.#authenticate = options.authenticate
+  }
+
+  handshake = (): Handshake<Negotiated> => {
+    const negotiation = new ServerNegotiation({ authenticate: this.#authenticate })
+    return { preambleBytes: PREAMBLE_BYTES, checkPreamble, onFrame: (frame) => negotiation.onFrame(frame) }
+  }
+
+  decodeHead (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null {
+    const parts = this.#parts
+    const malformed = parseRequestInto(buf, start, end, parts)
+    if (malformed !== null) return malformed
+    const callId = parts.callId
+    if (callId < 0) return new RpcError(ErrorCode.MALFORMED_FRAME, `unexpected call id ${callId} after negotiation`)
+    const remote = parts.remoteMethod
+    if (remote === undefined) return new RpcError(ErrorCode.MALFORMED_FRAME, 'request header has no remote_method')
+    head.callId = callId
+    head.service = remote.service_name
+    head.method = remote.method_name
+    head.timeoutMs = parts.timeoutMillis
+    // The codec hands out one frozen object per method it has cached; others are new each time.
+    if (Object.isFrozen(remote)) head.routeKey = remote
+    head.data = parts.sidecars
+    head.bodyStart = parts.messageStart
+    head.bodyEnd = parts.messageEnd
+    return null
+  }
+
+  decodeRequest (route: RouteInfo, buf: Buffer, head: CallHead): unknown {
+    const spec = route.spec as KrpcRouteSpec
+    const required = this.#parts.requiredFeatureFlags
+    if (required !== undefined && required.length > 0) {
+      const unsupported = required.filter(flag => !spec.featureFlags.has(flag))
+      if (unsupported.length > 0) return new InvalidRequest('unsupported feature flags', unsupported)
+    }
+    // Thread mode: the thread decodes the request from the frame's bytes.
+    if (spec.threaded) return new ThreadRequest(buf.subarray(head.start, head.end), buf.subarray(head.bodyStart, head.bodyEnd))
+    const request = spec.methodDef.requestType.decodeRange(buf, head.bodyStart, head.bodyEnd)
+    if (request instanceof RpcError) return new InvalidRequest(`invalid parameter for call ${head.service}.${head.method}: ${request.message}`)
+    return request
+  }
+
+  encodedLength (call: AnsweredCall, response: Message | EncodedBody): number {
+    if (response instanceof EncodedBody) {
+      if (response.sidecars !== undefined && response.sidecars.length > 0) return -1
+      this.#body = response.body
+      this.#bodyBytes = response.body.length
+      return responseFrameBytes(call.callId, this.#bodyBytes)
+    }
+    const sidecars = (call as KrpcCall).responseSidecars
+    if (sidecars !== undefined && sidecars.length > 0) return -1
+    const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
+    let bodyBytes = type.flatLength(response)
+    if (bodyBytes < 0) {
+      // In the codec's scratch buffer: copied into the frame at once.
+      const scratch = type.encodeToScratch(response)
+      this.#body = scratch.bytes
+      bodyBytes = scratch.length
+    } else {
+      this.#body = NO_BODY
+    }
+    this.#bodyBytes = bodyBytes
+    return responseFrameBytes(call.callId, bodyBytes)
+  }
+
+  encodeInto (call: AnsweredCall, response: Message | EncodedBody, out: Buffer, at: number): void {
+    const body = this.#body
+    if (body !== NO_BODY) writeResponseFrame(out, at, call.callId, body, this.#bodyBytes)
+    else (call.route.spec as KrpcRouteSpec).methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, at, call.callId, this.#bodyBytes))
+    this.#body = NO_BODY
+  }
+
+  encodeSlices (call: AnsweredCall, response: Message | EncodedBody): Uint8Array[] {
+    if (response instanceof EncodedBody) return encodeResponseFrame(call.callId, false, response.body, response.sidecars)
+    const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
+    return encodeResponseFrame(call.callId, false, type.encode(response), (call as KrpcCall).responseSidecars)
+  }
+
+  refusal (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
+    if (reason === 'failed') {
+      const code = krpcCodeOf(detail)
+      if (code !== undefined) return encodeErrorFrame(call.callId, code, stripCodePrefix(message))
+    }
+    const flags = reason === 'invalid' && Array.isArray(detail) ? detail as number[] : undefined
+    return encodeErrorFrame(call.callId, REFUSAL_CODES[reason], message, flags)
+  }
+}
+
+function stripCodePrefix (message: string): string {
+  return message.replace(/^[A-Z_]+: /, '')
+}

@@ -1,0 +1,162 @@
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { krpcError } from '../../codec/krpc/codes.js'
+import type { Authenticator } from '../../codec/krpc/negotiation.js'
+import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/schema.js'
+import { realClock } from '../../scheduling/clock.js'
+import type { QueueDiscipline } from '../../scheduling/service-queue.js'
+import type { CallExecutor, RouteDefinition } from '../call-dispatch.js'
+import { silentLogger } from '../logger.js'
+import { ProtocolServer, type ServerOptions } from '../server.js'
+import { KrpcCall, type KrpcCallContext } from './call.js'
+import { EncodedBody, KrpcServerProtocol, type KrpcRouteSpec } from './protocol.js'
+import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats } from './thread-pool.js'
+
+export { SERVER_FEATURES } from './protocol.js'
+export type { ServerOptions, ServerStats, ServerConnectionStats } from '../server.js'
+export type { HandlerModule, ThreadPoolStats }
+
+/** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
+export type Handler<Req, Res> = (request: Req, ctx: KrpcCallContext) => Res | Promise<Res>
+
+/** One handler per method of the service. */
+export type ServiceHandlers<M extends MethodMap> = { [K in keyof M & string]: Handler<M[K]['request'], M[K]['response']> }
+
+/** The KRPC server's options: the generic server's, plus SASL verification. */
+export interface KrpcServerOptions extends ServerOptions {
+  /** SASL PLAIN verification; by default any user is accepted. */
+  authenticate?: Authenticator
+}
+
+export interface AddServiceOptions {
+  /** Application feature flags this service supports (`required_feature_flags` outside this set are refused). */
+  supportedFeatureFlags?: readonly number[]
+  /** Overrides the server's `workers` for this service. */
+  workers?: number
+  /** Overrides the server's `queueLength` for this service. */
+  queueLength?: number
+  /** Overrides the server's `queue` discipline for this service. */
+  queue?: QueueDiscipline
+  /** Overrides the server's `abandonAfterMs` for this service. */
+  abandonAfterMs?: number
+  /** Overrides the server's `maxAbandonedHandlers` for this service. */
+  maxAbandonedHandlers?: number
+  /**
+   * Worker-thread mode: the handlers run in this many
+   * `worker_threads` threads, each loading the module given in place of the
+   * handler object. The threads are the service's workers (`workers` is
+   * ignored): same queue, LIFO parking and hand-off. Always pooled, also
+   * under `scheduler: 'direct'`. See docs/threads.md.
+   */
+  threads?: number
+  /**
+   * Thread mode: calls a thread may hold at once, default 1. With k > 1 the
+   * pool has threads x k workers, and a busy thread finds its next call
+   * already waiting instead of sleeping between calls (much cheaper per call
+   * for short handlers), at the price of that call waiting behind the
+   * current one. See docs/threads.md.
+   */
+  callsPerThread?: number
+}
+
+/** `addService` options of a thread-mode service. */
+export type ThreadServiceOptions = AddServiceOptions & { threads: number }
+
+
+
+/** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
+const THREAD_HOLD_WINDOW_MS = 10
+
+/**
+ * A KRPC server: the generic `ProtocolServer` speaking KRPC, with services
+ * (protobuf `ServiceDef`s) as its route groups and their methods as routes.
+ * Each call is answered exactly once, in KRPC's words when the server
+ * answers it itself (ERROR_SERVER_TOO_BUSY, FATAL_SERVER_SHUTTING_DOWN, ...).
+ */
+export class Server extends ProtocolServer {
+  readonly #threads = new Map<string, ThreadPool>()
+  readonly #defaults: ServerOptions
+
+  constructor (options: KrpcServerOptions = {}) {
+    super(new KrpcServerProtocol({ authenticate: options.authenticate }), options)
+    this.#defaults = options
+  }
+
+  /**
+   * Registers a service's handlers; the service is then served on every
+   * connection. With `{ threads: N }` the second argument names a module
+   * (`{ module, export?, serviceExport? }`) that each of N worker threads
+   * loads; `listen()` then waits until every thread has loaded it.
+   */
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M>, options?: AddServiceOptions): this
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: HandlerModule, options: ThreadServiceOptions): this
+  addService<M extends MethodMap> (def: ServiceDef<M>, handlers: ServiceHandlers<M> | HandlerModule, options: AddServiceOptions = {}): this {
+    const threaded = options.threads !== undefined
+    const isModule = typeof (handlers as Partial<HandlerModule>).module === 'string' || (handlers as Partial<HandlerModule>).module instanceof URL
+    if (threaded !== isModule) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, threaded
+        ? `${def.fullName}: thread mode takes { module, export? } in place of the handler object`
+        : `${def.fullName}: a handler module needs the threads option`)
+    }
+    const methods = def.methods as Record<string, MethodDef<Message, Message>>
+    if (!threaded) {
+      for (const name of Object.keys(methods)) {
+        if (typeof (handlers as Record<string, unknown>)[name] !== 'function') {
+          throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${def.fullName}.${name}`)
+        }
+      }
+    }
+    const featureFlags = new Set(options.supportedFeatureFlags ?? [])
+    const routes: Record<string, RouteDefinition> = {}
+    for (const [name, methodDef] of Object.entries(methods)) {
+      const spec: KrpcRouteSpec = { methodDef, featureFlags, threaded }
+      // In thread mode the handlers live in the threads; every method is known here.
+      routes[name] = { handler: threaded ? inThread : (handlers as unknown as Record<string, RouteDefinition['handler']>)[name]!, spec }
+    }
+    let executor: CallExecutor | undefined
+    if (threaded) {
+      if (this.#threads.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
+      const pool = new ThreadPool({
+        threads: options.threads!, callsPerThread: options.callsPerThread, handlers: handlers as HandlerModule,
+        service: def.fullName, methods: Object.keys(methods), clock: this.#defaults.clock ?? realClock, logger: this.#defaults.logger ?? silentLogger
+      })
+      executor = threadExecutor(pool)
+      this.#threads.set(def.fullName, pool)
+    }
+    this.addRoutes(def.fullName, routes, {
+      workers: options.workers,
+      queueLength: options.queueLength,
+      queue: options.queue,
+      abandonAfterMs: options.abandonAfterMs,
+      maxAbandonedHandlers: options.maxAbandonedHandlers,
+      executor,
+      callType: threaded ? ThreadCall : KrpcCall
+    })
+    return this
+  }
+
+  /** Counters of a thread-mode service's threads (per-thread handled calls, restarts); undefined for other services. */
+  threadStats (service: string): ThreadPoolStats | undefined {
+    return this.#threads.get(service)?.stats()
+  }
+}
+
+// A thread pool as a group's executor: the thread answers with the encoded
+// response (or a KRPC error), which the protocol frames as usual.
+function threadExecutor (pool: ThreadPool): CallExecutor {
+  return {
+    workers: pool.workers,
+    ready: pool.ready,
+    holdWindowMs: THREAD_HOLD_WINDOW_MS,
+    run: (call, worker) => pool.run(call as ThreadCall, worker).then((result) => {
+      if (result.error === undefined) return new EncodedBody(result.body, result.sidecars)
+      throw krpcError(result.error.krpcCode, result.error.message)
+    }),
+    close: () => pool.close()
+  }
+}
+
+// Stands for a thread-mode service's handlers on the main thread; never called.
+function inThread (): never {
+  throw new Error('thread-mode handlers run in worker threads')
+}
+

@@ -1,0 +1,50 @@
+// docs/custom-protocols.md's first example is a whole server: this test
+// runs that very block (its `nyala` import pointed at the sources) in a
+// process of its own and talks to it over loopback.
+import t from 'tap'
+import { spawn } from 'node:child_process'
+import { connect } from 'node:net'
+import { once } from 'node:events'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+
+const doc = readFileSync(new URL('../../docs/custom-protocols.md', import.meta.url), 'utf8')
+const block = /```ts\n([\s\S]*?)```/.exec(doc)![1]!
+const entry = fileURLToPath(new URL('../../reactor/index.ts', import.meta.url))
+
+t.test('the example is short, imports only the package entry point, and works as the doc says', async (t) => {
+  t.ok(block.split('\n').length <= 45, `the example is ${block.split('\n').length} lines`)
+  t.same([...block.matchAll(/from '([^']+)'/g)].map(m => m[1]), ['nyala'], 'it imports only nyala')
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-doc-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'kv.mts')
+  writeFileSync(file, block.replace("from 'nyala'", `from ${JSON.stringify(entry)}`))
+  const loader = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+  const child = spawn(process.execPath, [...loader, file], { env: { ...process.env, PORT: '0' }, stdio: ['ignore', 'pipe', 'pipe'] })
+  t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM') })
+  let out = ''
+  let err = ''
+  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
+  const port = await new Promise<number>((resolve, reject) => {
+    child.stdout!.on('data', (d: Buffer) => {
+      out += d.toString()
+      const m = /listening on 127\.0\.0\.1:(\d+)/.exec(out)
+      if (m !== null) resolve(Number(m[1]))
+    })
+    child.once('exit', (code) => reject(new Error(`the example exited (${code}): ${err}`)))
+  })
+  const socket = connect(port, '127.0.0.1')
+  await once(socket, 'connect')
+  let answers = ''
+  socket.on('data', (d: Buffer) => { answers += d.toString() })
+  socket.write('SET greeting hello world\nGET greeting\nDEL greeting\n')
+  for (let i = 0; i < 400 && answers.split('\n').length < 4; i++) await new Promise(resolve => setTimeout(resolve, 5))
+  socket.destroy()
+  t.equal(answers, 'OK\nhello world\n-ERR no-method: call on service kv received with an invalid method name: DEL\n', 'the answers the doc shows')
+  const shown = /\$ printf[^\n]*\n([\s\S]*?)```/.exec(doc)![1]!
+  t.equal(shown, answers, 'the doc shows exactly these answers')
+  child.kill('SIGTERM')
+  await once(child, 'exit')
+})
