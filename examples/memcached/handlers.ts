@@ -1,0 +1,212 @@
+import { ResponseStatus, MemcachedResponse, OK, errorResponse, type CommandName, type MemcachedRequest, type StatEntry } from './protocol.js'
+import type { Item, MemcachedStore, Status, StoreMode } from './store.js'
+
+/**
+ * The memcached commands, one synchronous handler per command name (the
+ * route names `decodeHead` gives), over one `MemcachedStore`. The answers
+ * are memcached's (proto_bin.c): which extras, key and CAS each carries.
+ * Quiet commands are handled as their loud twins; the encoder leaves out
+ * what the protocol says they do not send, so here a quiet success or miss
+ * returns a shared object rather than one made to be dropped.
+ */
+
+/** What a handler needs of its call: closing the connection once this call's answer (or non-answer) is written. */
+export interface MemcachedCallContext {
+  closeConnection (): void
+}
+
+export type MemcachedHandler = (request: MemcachedRequest, ctx: MemcachedCallContext) => MemcachedResponse
+
+export interface MemcachedHandlerOptions {
+  /**
+   * VERSION's answer; default `1.6.0-nyala`. Clients read the leading
+   * `major.minor.patch` to pick features, so keep those numbers first.
+   */
+  version?: string
+}
+
+const NOT_FOUND = errorResponse(ResponseStatus.KEY_ENOENT)
+const EMPTY = Buffer.alloc(0)
+
+/** The handlers of every command in `Opcode`, by name. */
+export function memcachedHandlers (store: MemcachedStore, options: MemcachedHandlerOptions = {}): Record<CommandName, MemcachedHandler> {
+  const version = options.version ?? '1.6.0-nyala'
+  const versionAnswer = new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, '', Buffer.from(version, 'latin1'))
+  const startedAt = store.now()
+
+  // GET family. A hit carries the flags as extras, the CAS, the value, and
+  // (GETK) the key; a miss is "Not found", except that GETK's miss carries
+  // the key instead of a text.
+  const get = (withKey: boolean, quiet: boolean): MemcachedHandler => request => {
+    const item = store.get(request.key)
+    return item === null ? miss(request, withKey, quiet) : hit(item, withKey, true)
+  }
+
+  // TOUCH answers like a GET hit without the value (memcached sends the flags); GAT and GATK as GET and GETK.
+  const touch = (withKey: boolean, withValue: boolean, quiet: boolean): MemcachedHandler => request => {
+    const item = store.touch(request.key, request.exptime)
+    return item === null ? miss(request, withKey, quiet) : hit(item, withKey, withValue)
+  }
+
+  // SET, ADD, REPLACE: success carries the new CAS.
+  const update = (mode: StoreMode, quiet: boolean): MemcachedHandler => request =>
+    stored(store.store(mode, request.key, request.value, request.flags, request.exptime, request.cas), quiet)
+
+  const concat = (prepend: boolean, quiet: boolean): MemcachedHandler => request =>
+    stored(store.concat(request.key, request.value, prepend, request.cas), quiet)
+
+  // INCREMENT, DECREMENT: success carries the new CAS and the number as 8 bytes, big-endian.
+  const arithmetic = (increment: boolean, quiet: boolean): MemcachedHandler => request => {
+    const result = store.arithmetic(request.key, increment, request.delta, request.initial, request.exptime,
+      request.exptime !== 0xffffffff, request.cas)
+    if (typeof result === 'number') return errorResponse(result)
+    if (quiet) return OK
+    const number = Buffer.allocUnsafe(8)
+    number.writeBigUInt64BE(BigInt(result.value.toString('latin1')))
+    return new MemcachedResponse(ResponseStatus.SUCCESS, result.cas, -1, '', number)
+  }
+
+  const remove: MemcachedHandler = request => {
+    const status = store.delete(request.key, request.cas)
+    return status === ResponseStatus.SUCCESS ? OK : errorResponse(status)
+  }
+
+  const flush: MemcachedHandler = request => {
+    store.flush(request.exptime)
+    return OK
+  }
+
+  const quit: MemcachedHandler = (_request, ctx) => {
+    ctx.closeConnection()
+    return OK
+  }
+
+  // STAT: no key for the general statistics, `reset` to zero the counters
+  // (its answer is the end packet alone), `settings`; anything else is
+  // "Not found", as memcached answers a sub-command it does not know.
+  const stat: MemcachedHandler = request => {
+    switch (request.key) {
+      case '':
+        return statsAnswer(generalStats(store, version, startedAt))
+      case 'reset':
+        store.resetStats()
+        return statsAnswer([])
+      case 'settings':
+        return statsAnswer([
+          ['maxbytes', String(store.memoryBytes)],
+          ['item_size_max', String(store.maxItemBytes)],
+          ['evictions', 'on'],
+          ['cas_enabled', 'yes'],
+          ['flush_enabled', 'yes'],
+          ['binding_protocol', 'binary']
+        ])
+      default:
+        return NOT_FOUND
+    }
+  }
+
+  return {
+    GET: get(false, false),
+    GETQ: get(false, true),
+    GETK: get(true, false),
+    GETKQ: get(true, true),
+    SET: update('set', false),
+    SETQ: update('set', true),
+    ADD: update('add', false),
+    ADDQ: update('add', true),
+    REPLACE: update('replace', false),
+    REPLACEQ: update('replace', true),
+    DELETE: remove,
+    DELETEQ: remove,
+    INCREMENT: arithmetic(true, false),
+    INCREMENTQ: arithmetic(true, true),
+    DECREMENT: arithmetic(false, false),
+    DECREMENTQ: arithmetic(false, true),
+    APPEND: concat(false, false),
+    APPENDQ: concat(false, true),
+    PREPEND: concat(true, false),
+    PREPENDQ: concat(true, true),
+    FLUSH: flush,
+    FLUSHQ: flush,
+    NOOP: () => OK,
+    VERSION: () => versionAnswer,
+    QUIT: quit,
+    QUITQ: quit,
+    STAT: stat,
+    // memcached 1.6 answers VERBOSITY "Unknown command"; the protocol
+    // defines it (4 bytes of extras: the level) and this server has no
+    // log level to set, so it is accepted and does nothing.
+    VERBOSITY: () => OK,
+    TOUCH: touch(false, false, false),
+    GAT: touch(false, true, false),
+    GATQ: touch(false, true, true),
+    GATK: touch(true, true, false),
+    GATKQ: touch(true, true, true)
+  }
+}
+
+function hit (item: Item, withKey: boolean, withValue: boolean): MemcachedResponse {
+  return new MemcachedResponse(ResponseStatus.SUCCESS, item.cas, item.flags, withKey ? item.key : '', withValue ? item.value : EMPTY)
+}
+
+function miss (request: MemcachedRequest, withKey: boolean, quiet: boolean): MemcachedResponse {
+  // A quiet miss is not sent: any miss object will do.
+  return withKey && !quiet ? new MemcachedResponse(ResponseStatus.KEY_ENOENT, 0, -1, request.key) : NOT_FOUND
+}
+
+function stored (result: Item | Status, quiet: boolean): MemcachedResponse {
+  if (typeof result === 'number') return errorResponse(result)
+  return quiet ? OK : new MemcachedResponse(ResponseStatus.SUCCESS, result.cas)
+}
+
+function statsAnswer (entries: readonly StatEntry[]): MemcachedResponse {
+  return new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, '', EMPTY, entries)
+}
+
+// memcached's general statistics that this server can know, under its
+// names and in its order (connections are the server's, not the store's).
+function generalStats (store: MemcachedStore, version: string, startedAt: number): StatEntry[] {
+  const now = store.now()
+  const cpu = process.cpuUsage()
+  const s = store.stats
+  const entries: [string, number | string][] = [
+    ['pid', process.pid],
+    ['uptime', Math.floor((now - startedAt) / 1000)],
+    ['time', Math.floor(now / 1000)],
+    ['version', version],
+    ['pointer_size', 64],
+    ['rusage_user', seconds(cpu.user)],
+    ['rusage_system', seconds(cpu.system)],
+    ['cmd_get', s.cmd_get],
+    ['cmd_set', s.cmd_set],
+    ['cmd_flush', s.cmd_flush],
+    ['cmd_touch', s.cmd_touch],
+    ['get_hits', s.get_hits],
+    ['get_misses', s.get_misses],
+    ['get_expired', s.get_expired],
+    ['delete_misses', s.delete_misses],
+    ['delete_hits', s.delete_hits],
+    ['incr_misses', s.incr_misses],
+    ['incr_hits', s.incr_hits],
+    ['decr_misses', s.decr_misses],
+    ['decr_hits', s.decr_hits],
+    ['cas_misses', s.cas_misses],
+    ['cas_hits', s.cas_hits],
+    ['cas_badval', s.cas_badval],
+    ['touch_hits', s.touch_hits],
+    ['touch_misses', s.touch_misses],
+    ['threads', 1],
+    ['limit_maxbytes', store.memoryBytes],
+    ['bytes', store.usedBytes],
+    ['curr_items', store.size],
+    ['total_items', s.total_items],
+    ['evictions', s.evictions],
+    ['reclaimed', s.reclaimed]
+  ]
+  return entries.map(([name, value]) => [name, String(value)])
+}
+
+// Microseconds as memcached prints rusage: seconds with six decimals.
+function seconds (micros: number): string {
+  return `${Math.floor(micros / 1e6)}.${String(micros % 1e6).padStart(6, '0')}`
+}

@@ -1,0 +1,79 @@
+/**
+ * A memcached server speaking the binary protocol, on nyala's generic
+ * protocol server:
+ *
+ *   node dist/examples/memcached/main.js [--port 11211] [--host 127.0.0.1]
+ *     [--reactors 1] [--memory-mb 64] [--request-timeout-ms 1000]
+ *
+ * Prints `listening on HOST:PORT` once it serves. Every reactor process
+ * has its own cache: with `--reactors` above 1 a key set through one
+ * connection is not seen through a connection that landed on another
+ * reactor, so more than one reactor suits only clients that shard by
+ * connection (or benchmarks that do not read back).
+ */
+import { pathToFileURL } from 'node:url'
+import { parseArgs } from 'node:util'
+import { ProtocolServer, serveReactors } from '../../reactor/index.js'
+import { memcachedHandlers } from './handlers.js'
+import { memcachedProtocol } from './protocol.js'
+import { MemcachedStore } from './store.js'
+
+export interface MemcachedServerOptions {
+  /** The cache's memory limit in bytes; default 64 MiB. */
+  memoryBytes?: number
+  /** Time budget of a request from its arrival (the protocol carries none): it orders the queue and expires requests that waited too long (answered Busy). Default 1000 ms. */
+  requestTimeoutMs?: number
+}
+
+/** One server and its cache, the commands registered as the routes of the group `memcached`. */
+export function memcachedServer (options: MemcachedServerOptions = {}): ProtocolServer {
+  const store = new MemcachedStore({ memoryBytes: options.memoryBytes })
+  const server = new ProtocolServer(memcachedProtocol({ maxItemBytes: store.maxItemBytes }), {
+    requestTimeoutMs: options.requestTimeoutMs ?? 1000,
+    // memcached keeps idle connections open (its idle_timeout is 0): client pools hold them between bursts.
+    idleTimeoutMs: 0
+  })
+  // The handlers are synchronous: the group's default workers and queue suffice.
+  server.addRoutes('memcached', memcachedHandlers(store))
+  return server
+}
+
+function positiveInteger (name: string, text: string | undefined, fallback: number): number {
+  if (text === undefined) return fallback
+  const value = Number(text)
+  if (!Number.isInteger(value) || value < 0) throw new RangeError(`--${name} must be a non-negative integer, got ${text}`)
+  return value
+}
+
+async function main (argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      port: { type: 'string' },
+      host: { type: 'string' },
+      reactors: { type: 'string' },
+      'memory-mb': { type: 'string' },
+      'request-timeout-ms': { type: 'string' }
+    },
+    strict: true
+  })
+  const port = positiveInteger('port', values.port, 11211)
+  const host = values.host ?? '127.0.0.1'
+  const reactors = positiveInteger('reactors', values.reactors, 1)
+  const memoryBytes = positiveInteger('memory-mb', values['memory-mb'], 64) * 1024 * 1024
+  const requestTimeoutMs = positiveInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
+  const served = await serveReactors({ reactors, host, port, build: () => memcachedServer({ memoryBytes, requestTimeoutMs }) })
+  if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
+  console.log(`listening on ${served.address.host}:${served.address.port}`)
+  const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }
+  process.once('SIGINT', close)
+  process.once('SIGTERM', close)
+}
+
+// Run as a script (also in each reactor process serveReactors forks), not when imported.
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  main(process.argv.slice(2)).catch((err: unknown) => {
+    console.error(err instanceof Error ? err.message : err)
+    process.exit(1)
+  })
+}

@@ -1,0 +1,507 @@
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import type { Framing } from '../../codec/frame-decoder.js'
+import { InvalidRequest, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
+import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES } from './store.js'
+
+/**
+ * memcached's binary protocol (protocol_binary.h, the BinaryProtocolRevamped
+ * wiki) as a nyala `ServerProtocol`. Every packet, request or response, is
+ * a 24-byte header and a body of extras, key and value:
+ *
+ *   magic | opcode | key length u16 | extras length | data type | vbucket / status u16 |
+ *   body length u32 | opaque u32 | CAS u64 | extras | key | value
+ *
+ * Requests have magic 0x80, responses 0x81; all numbers are big-endian.
+ * Answers leave in request order. What memcached does, byte for byte, is
+ * the reference (proto_bin.c): which answers the quiet commands leave out,
+ * what each error's body says, which extras each answer carries.
+ */
+
+/** The command opcodes. The route (method) of a request is its command's name here. */
+export const Opcode = {
+  GET: 0x00,
+  SET: 0x01,
+  ADD: 0x02,
+  REPLACE: 0x03,
+  DELETE: 0x04,
+  INCREMENT: 0x05,
+  DECREMENT: 0x06,
+  QUIT: 0x07,
+  FLUSH: 0x08,
+  GETQ: 0x09,
+  NOOP: 0x0a,
+  VERSION: 0x0b,
+  GETK: 0x0c,
+  GETKQ: 0x0d,
+  APPEND: 0x0e,
+  PREPEND: 0x0f,
+  STAT: 0x10,
+  SETQ: 0x11,
+  ADDQ: 0x12,
+  REPLACEQ: 0x13,
+  DELETEQ: 0x14,
+  INCREMENTQ: 0x15,
+  DECREMENTQ: 0x16,
+  QUITQ: 0x17,
+  FLUSHQ: 0x18,
+  APPENDQ: 0x19,
+  PREPENDQ: 0x1a,
+  VERBOSITY: 0x1b,
+  TOUCH: 0x1c,
+  GAT: 0x1d,
+  GATQ: 0x1e,
+  GATK: 0x23,
+  GATKQ: 0x24
+} as const
+export type CommandName = keyof typeof Opcode
+
+/**
+ * Response statuses: the store's (`Status` in store.ts) and those the
+ * server answers itself. EBUSY and ETMPFAIL are not in memcached's own
+ * header but in the protocol's (libmemcached's binary.h, the wiki).
+ */
+export const ResponseStatus = {
+  SUCCESS: 0x00,
+  KEY_ENOENT: 0x01,
+  KEY_EEXISTS: 0x02,
+  E2BIG: 0x03,
+  EINVAL: 0x04,
+  NOT_STORED: 0x05,
+  DELTA_BADVAL: 0x06,
+  UNKNOWN_COMMAND: 0x81,
+  ENOMEM: 0x82,
+  NOT_SUPPORTED: 0x83,
+  EINTERNAL: 0x84,
+  EBUSY: 0x85,
+  ETMPFAIL: 0x86
+} as const
+
+/** The body of an error answer: memcached's words (write_bin_error), and the protocol's for those memcached never sends. */
+const ERROR_TEXT: ReadonlyMap<number, string> = new Map([
+  [0x01, 'Not found'],
+  [0x02, 'Data exists for key.'],
+  [0x03, 'Too large.'],
+  [0x04, 'Invalid arguments'],
+  [0x05, 'Not stored.'],
+  [0x06, 'Non-numeric server-side value for incr or decr'],
+  [0x81, 'Unknown command'],
+  [0x82, 'Out of memory'],
+  [0x83, 'Not supported'],
+  [0x84, 'Internal error'],
+  [0x85, 'Busy'],
+  [0x86, 'Temporary failure']
+])
+
+export const HEADER_BYTES = 24
+const REQUEST_MAGIC = 0x80
+const RESPONSE_MAGIC = 0x81
+const TWO_32 = 0x1_0000_0000
+const EMPTY = Buffer.alloc(0)
+
+/** Values larger than this are sent as their own slice (writev, no copy) rather than copied into the outbound buffer. */
+export const DEFAULT_SLICE_VALUE_BYTES = 16 * 1024
+
+/** Route names by opcode; an opcode with no command is `0x..`, a name no route has, so it is answered `no-method` (Unknown command). */
+const METHOD_OF: readonly string[] = (() => {
+  const names = Array.from({ length: 256 }, (_, opcode) => '0x' + opcode.toString(16).padStart(2, '0'))
+  for (const [name, opcode] of Object.entries(Opcode)) names[opcode] = name
+  return names
+})()
+
+/** One object per opcode, the same every time (`CallHead.routeKey`): the server finds the route by identity. */
+const ROUTE_KEY_OF: readonly object[] = Array.from({ length: 256 }, (_, opcode) => Object.freeze({ opcode }))
+
+/** The name of an opcode's command (`GETQ`), or `0x..` when it has none. */
+export function methodOf (opcode: number): string {
+  return METHOD_OF[opcode & 0xff]!
+}
+
+// Which answers the quiet commands leave out (proto_bin.c). The "Q"
+// storage, delete, arithmetic, flush and quit commands send nothing on
+// success; GETQ, GETKQ, GATQ and GATKQ send their hits and leave out their
+// misses. Errors always go.
+const QUIET_SUCCESS = 1
+const QUIET_MISS = 2
+const QUIET: Uint8Array = (() => {
+  const quiet = new Uint8Array(256)
+  for (const op of [Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ, Opcode.DELETEQ, Opcode.INCREMENTQ, Opcode.DECREMENTQ,
+    Opcode.QUITQ, Opcode.FLUSHQ, Opcode.APPENDQ, Opcode.PREPENDQ]) quiet[op] = QUIET_SUCCESS
+  for (const op of [Opcode.GETQ, Opcode.GETKQ, Opcode.GATQ, Opcode.GATKQ]) quiet[op] = QUIET_MISS
+  return quiet
+})()
+
+/** True when the protocol sends nothing for this answer: a quiet command's success, or a quiet get's miss. */
+export function isSilent (opcode: number, status: number): boolean {
+  const quiet = QUIET[opcode & 0xff]!
+  return (quiet === QUIET_SUCCESS && status === ResponseStatus.SUCCESS) ||
+    (quiet === QUIET_MISS && status === ResponseStatus.KEY_ENOENT)
+}
+
+// What a call carries for its encoders (CallHead.data): the opcode and the
+// opaque packed into one number (opcode * 2^32 + opaque; at most 2^40), so
+// the head makes no object per frame.
+function callData (opcode: number, opaque: number): number {
+  return opcode * TWO_32 + opaque
+}
+
+/** The request's opcode, from a call's `data`. */
+export function opcodeOf (data: unknown): number {
+  return typeof data === 'number' ? Math.floor(data / TWO_32) : 0
+}
+
+/** The request's opaque, from a call's `data`. */
+export function opaqueOf (data: unknown): number {
+  return typeof data === 'number' ? data % TWO_32 : 0
+}
+
+/**
+ * A request, as handlers get it. Which fields mean something depends on
+ * the command; the others are 0 or empty.
+ */
+export class MemcachedRequest {
+  readonly opcode: number
+  /** The header's CAS (0: none). A number: CAS values up to 2^53 are exact, and a larger one matches no item's. */
+  readonly cas: number
+  /** The key as a latin1 string (one char per byte); '' when there is none. STAT: the sub-command. */
+  readonly key: string
+  /** The value: a view of the frame (copy it to keep it). */
+  readonly value: Buffer
+  /** SET, ADD, REPLACE: the flags. VERBOSITY: the level. */
+  readonly flags: number
+  /** SET, ADD, REPLACE, TOUCH, GAT, INCREMENT, DECREMENT: the expiration (0xffffffff on INCREMENT and DECREMENT: do not create). FLUSH: the delay. */
+  readonly exptime: number
+  /** INCREMENT, DECREMENT: the amount. */
+  readonly delta: bigint
+  /** INCREMENT, DECREMENT: the value of a key created. */
+  readonly initial: bigint
+
+  constructor (opcode: number, cas: number, key: string, value: Buffer, flags: number, exptime: number, delta: bigint, initial: bigint) {
+    this.opcode = opcode
+    this.cas = cas
+    this.key = key
+    this.value = value
+    this.flags = flags
+    this.exptime = exptime
+    this.delta = delta
+    this.initial = initial
+  }
+}
+
+/** A name and value of a STAT answer. */
+export type StatEntry = readonly [name: string, value: string]
+
+/**
+ * An answer, as handlers return it. The encoder adds the opcode and the
+ * opaque of the request, and leaves the answer out when the command is
+ * quiet about it (`isSilent`). Its buffers must not change once returned:
+ * the answer may wait behind slower ones before it is written.
+ */
+export class MemcachedResponse {
+  readonly status: number
+  /** The header's CAS: the item's, on answers about one; else 0. */
+  readonly cas: number
+  /** The item's flags as 4 bytes of extras (GET, GAT and TOUCH hits); -1: no extras. */
+  readonly flags: number
+  /** A key (latin1), for GETK and GATK; '' for none. */
+  readonly key: string
+  /** The value: the item's, an error's text, the version, an INCREMENT's 8-byte result. */
+  readonly value: Uint8Array
+  /** A STAT answer: one packet per entry, then the empty one that ends it. Null for other answers. */
+  readonly stats: readonly StatEntry[] | null
+
+  constructor (status: number, cas = 0, flags = -1, key = '', value: Uint8Array = EMPTY, stats: readonly StatEntry[] | null = null) {
+    this.status = status
+    this.cas = cas
+    this.flags = flags
+    this.key = key
+    this.value = value
+    this.stats = stats
+  }
+}
+
+/** A success with no body, CAS 0 (DELETE, FLUSH, NOOP, QUIT, VERBOSITY). */
+export const OK = new MemcachedResponse(ResponseStatus.SUCCESS)
+
+const ERRORS = new Map<number, MemcachedResponse>()
+
+/** The error answer for a status, with memcached's text as its body (one shared object per status). */
+export function errorResponse (status: number): MemcachedResponse {
+  let response = ERRORS.get(status)
+  if (response === undefined) {
+    response = new MemcachedResponse(status, 0, -1, '', Buffer.from(ERROR_TEXT.get(status) ?? 'Error', 'latin1'))
+    ERRORS.set(status, response)
+  }
+  return response
+}
+
+/** The status of a refusal, in memcached's terms. */
+export function refusalStatus (reason: RefusalReason): number {
+  switch (reason) {
+    // Too much queued, or queued too long: the server is overloaded.
+    case 'busy':
+    case 'expired':
+      return ResponseStatus.EBUSY
+    // Going away or not there yet: worth trying again (elsewhere, or later).
+    case 'shutdown':
+    case 'unavailable':
+      return ResponseStatus.ETMPFAIL
+    case 'no-service':
+    case 'no-method':
+      return ResponseStatus.UNKNOWN_COMMAND
+    case 'invalid':
+      return ResponseStatus.EINVAL
+    case 'failed':
+    case 'abandoned':
+      return ResponseStatus.EINTERNAL
+  }
+}
+
+export interface MemcachedProtocolOptions {
+  /** The store's largest item (`maxItemBytes`); frames are accepted up to twice it. Default 1 MiB. */
+  maxItemBytes?: number
+  /** Values above this many bytes are sent as their own slice, without a copy. Default 16 KiB. */
+  sliceValueBytes?: number
+}
+
+// Big-endian reads and writes by hand, as in codec/krpc.ts: Buffer's
+// methods validate their arguments on every call. Callers stay in bounds.
+function readU16 (buf: Uint8Array, at: number): number {
+  return (buf[at]! << 8) | buf[at + 1]!
+}
+
+function readU32 (buf: Uint8Array, at: number): number {
+  return buf[at]! * 0x1000000 + ((buf[at + 1]! << 16) | (buf[at + 2]! << 8) | buf[at + 3]!)
+}
+
+function writeU16 (out: Uint8Array, at: number, value: number): void {
+  out[at] = value >>> 8
+  out[at + 1] = value
+}
+
+function writeU32 (out: Uint8Array, at: number, value: number): void {
+  out[at] = value >>> 24
+  out[at + 1] = value >>> 16
+  out[at + 2] = value >>> 8
+  out[at + 3] = value
+}
+
+/** Writes a response header at `out[at]`; the data type and the CAS's high bytes as the numbers give them. */
+function writeHeader (out: Uint8Array, at: number, opcode: number, keyBytes: number, extrasBytes: number,
+  status: number, bodyBytes: number, opaque: number, cas: number): void {
+  out[at] = RESPONSE_MAGIC
+  out[at + 1] = opcode
+  writeU16(out, at + 2, keyBytes)
+  out[at + 4] = extrasBytes
+  out[at + 5] = 0
+  writeU16(out, at + 6, status)
+  writeU32(out, at + 8, bodyBytes)
+  writeU32(out, at + 12, opaque)
+  writeU32(out, at + 16, Math.floor(cas / TWO_32))
+  writeU32(out, at + 20, cas % TWO_32)
+}
+
+function malformed (message: string): RpcError {
+  return new RpcError(ErrorCode.MALFORMED_FRAME, message)
+}
+
+/**
+ * Framing: the 24-byte header holds the body's length. A first byte that
+ * is not the request magic (0x80) closes the connection, as memcached does
+ * with a binary connection; so does a header whose extras and key do not
+ * fit in its body (memcached answers that "Unknown command" and closes).
+ */
+export const memcachedFraming: Framing = {
+  prefixBytes: HEADER_BYTES,
+  frameBytes: (buf, offset) => {
+    if (buf[offset] !== REQUEST_MAGIC) return malformed(`bad magic 0x${buf[offset]!.toString(16)}: not a memcached binary request`)
+    const bodyBytes = readU32(buf, offset + 8)
+    if (buf[offset + 4]! + readU16(buf, offset + 2) > bodyBytes) return malformed('the extras and key are longer than the body')
+    return HEADER_BYTES + bodyBytes
+  }
+}
+
+// Why a request's lengths are wrong for its command, or null when they are
+// right: memcached's checks (dispatch_bin_command), each of which it
+// answers "Invalid arguments".
+function shapeProblem (opcode: number, extras: number, key: number, body: number): string | null {
+  if (key > MAX_KEY_BYTES) return `a key of ${key} bytes: at most ${MAX_KEY_BYTES}`
+  switch (opcode) {
+    case Opcode.NOOP:
+    case Opcode.VERSION:
+    case Opcode.QUIT:
+    case Opcode.QUITQ:
+      return body === 0 ? null : `${methodOf(opcode)} takes no extras, key or value`
+    case Opcode.FLUSH:
+    case Opcode.FLUSHQ:
+      return key === 0 && body === extras && (extras === 0 || extras === 4) ? null : `${methodOf(opcode)} takes only an optional 4-byte delay`
+    case Opcode.SET:
+    case Opcode.SETQ:
+    case Opcode.ADD:
+    case Opcode.ADDQ:
+    case Opcode.REPLACE:
+    case Opcode.REPLACEQ:
+      return extras === 8 && key > 0 ? null : `${methodOf(opcode)} takes 8 bytes of extras (flags, expiration) and a key`
+    case Opcode.GET:
+    case Opcode.GETQ:
+    case Opcode.GETK:
+    case Opcode.GETKQ:
+    case Opcode.DELETE:
+    case Opcode.DELETEQ:
+      return extras === 0 && key > 0 && body === key ? null : `${methodOf(opcode)} takes a key only`
+    case Opcode.INCREMENT:
+    case Opcode.INCREMENTQ:
+    case Opcode.DECREMENT:
+    case Opcode.DECREMENTQ:
+      return extras === 20 && key > 0 && body === key + 20 ? null : `${methodOf(opcode)} takes 20 bytes of extras (delta, initial, expiration) and a key`
+    case Opcode.APPEND:
+    case Opcode.APPENDQ:
+    case Opcode.PREPEND:
+    case Opcode.PREPENDQ:
+      return extras === 0 && key > 0 ? null : `${methodOf(opcode)} takes a key and a value, no extras`
+    case Opcode.STAT:
+      return extras === 0 && body === key ? null : 'STAT takes an optional key only'
+    case Opcode.TOUCH:
+    case Opcode.GAT:
+    case Opcode.GATQ:
+    case Opcode.GATK:
+    case Opcode.GATKQ:
+      return extras === 4 && key > 0 && body === key + 4 ? null : `${methodOf(opcode)} takes 4 bytes of extras (expiration) and a key`
+    case Opcode.VERBOSITY:
+      return extras === 4 && key === 0 && body === 4 ? null : 'VERBOSITY takes 4 bytes of extras (the level) only'
+    default:
+      return null
+  }
+}
+
+function readU64 (buf: Buffer, at: number): bigint {
+  return (BigInt(readU32(buf, at)) << 32n) | BigInt(readU32(buf, at + 4))
+}
+
+/** The memcached binary protocol, for handlers that take `MemcachedRequest` and return `MemcachedResponse`. */
+export function memcachedProtocol (options: MemcachedProtocolOptions = {}): ServerProtocol<MemcachedRequest, MemcachedResponse> {
+  const sliceValueBytes = options.sliceValueBytes ?? DEFAULT_SLICE_VALUE_BYTES
+  return {
+    name: 'memcached',
+    framing: memcachedFraming,
+    ordering: 'in-order',
+    // memcached reads a value too large to store and answers E2BIG ("Too
+    // large."), whatever its size (up to 1 GiB). Here a frame is buffered
+    // whole before it is decoded, so that answer costs its size in memory:
+    // values up to twice the item limit still get it, larger frames close
+    // the connection (FRAME_TOO_LARGE) rather than let a peer park
+    // megabytes to be told no. memccapable sends no large values.
+    maxFrameBytes: 2 * (options.maxItemBytes ?? DEFAULT_MAX_ITEM_BYTES),
+
+    decodeHead: (buf: Buffer, start: number, _end: number, head: CallHead): RpcError | null => {
+      // The framing checked the magic and the lengths.
+      const opcode = buf[start + 1]!
+      const opaque = readU32(buf, start + 12)
+      head.service = 'memcached'
+      head.method = METHOD_OF[opcode]!
+      head.routeKey = ROUTE_KEY_OF[opcode]!
+      head.callId = opaque
+      head.data = callData(opcode, opaque)
+      head.bodyStart = start + HEADER_BYTES
+      return null
+    },
+
+    decodeRequest: (_route: RouteInfo, buf: Buffer, head: CallHead): MemcachedRequest | InvalidRequest => {
+      const bodyStart = head.bodyStart
+      const at = bodyStart - HEADER_BYTES
+      const opcode = buf[at + 1]!
+      const keyBytes = readU16(buf, at + 2)
+      const extrasBytes = buf[at + 4]!
+      const bodyBytes = head.bodyEnd - bodyStart
+      const problem = shapeProblem(opcode, extrasBytes, keyBytes, bodyBytes)
+      if (problem !== null) return new InvalidRequest(problem)
+      const cas = readU32(buf, at + 16) * TWO_32 + readU32(buf, at + 20)
+      const keyStart = bodyStart + extrasBytes
+      const valueStart = keyStart + keyBytes
+      const key = keyBytes === 0 ? '' : buf.toString('latin1', keyStart, valueStart)
+      const value = valueStart === head.bodyEnd ? EMPTY : buf.subarray(valueStart, head.bodyEnd)
+      let flags = 0
+      let exptime = 0
+      let delta = 0n
+      let initial = 0n
+      switch (extrasBytes) {
+        case 8: // SET, ADD, REPLACE
+          flags = readU32(buf, bodyStart)
+          exptime = readU32(buf, bodyStart + 4)
+          break
+        case 4: // TOUCH and GAT, FLUSH: an expiration; VERBOSITY: the level
+          if (opcode === Opcode.VERBOSITY) flags = readU32(buf, bodyStart)
+          else exptime = readU32(buf, bodyStart)
+          break
+        case 20: // INCREMENT, DECREMENT
+          delta = readU64(buf, bodyStart)
+          initial = readU64(buf, bodyStart + 8)
+          exptime = readU32(buf, bodyStart + 16)
+          break
+      }
+      return new MemcachedRequest(opcode, cas, key, value, flags, exptime, delta, initial)
+    },
+
+    encodedLength: (call: CallInfo, response: MemcachedResponse): number => {
+      if (isSilent(opcodeOf(call.data), response.status)) return 0
+      const stats = response.stats
+      if (stats !== null) {
+        let bytes = HEADER_BYTES
+        for (const [name, value] of stats) bytes += HEADER_BYTES + name.length + value.length
+        return bytes
+      }
+      const valueBytes = response.value.length
+      if (valueBytes > sliceValueBytes) return -1
+      return HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length + valueBytes
+    },
+
+    encodeInto: (call: CallInfo, response: MemcachedResponse, out: Buffer, at: number): void => {
+      const opcode = opcodeOf(call.data)
+      const opaque = opaqueOf(call.data)
+      const stats = response.stats
+      if (stats !== null) {
+        // One packet per entry (key: the name, value: the value, CAS 0),
+        // then one with no key and no value, which ends the answer.
+        for (const [name, value] of stats) {
+          writeHeader(out, at, opcode, name.length, 0, response.status, name.length + value.length, opaque, 0)
+          at += HEADER_BYTES
+          at += out.write(name, at, 'latin1')
+          at += out.write(value, at, 'latin1')
+        }
+        writeHeader(out, at, opcode, 0, 0, response.status, 0, opaque, 0)
+        return
+      }
+      at = encodeHead(out, at, opcode, opaque, response)
+      if (response.value.length > 0) out.set(response.value, at)
+    },
+
+    encodeSlices: (call: CallInfo, response: MemcachedResponse): Uint8Array[] => {
+      const head = Buffer.allocUnsafe(HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length)
+      encodeHead(head, 0, opcodeOf(call.data), opaqueOf(call.data), response)
+      return [head, response.value]
+    },
+
+    refusal: (call: CallInfo, reason: RefusalReason): AnswerSlices => {
+      // Errors are never quiet: a quiet command's refusal is sent too.
+      const response = errorResponse(refusalStatus(reason))
+      const out = Buffer.allocUnsafe(HEADER_BYTES + response.value.length)
+      const at = encodeHead(out, 0, opcodeOf(call.data), opaqueOf(call.data), response)
+      out.set(response.value, at)
+      return [out]
+    }
+  }
+}
+
+// Writes the header, extras and key of an answer; returns where its value goes.
+function encodeHead (out: Buffer, at: number, opcode: number, opaque: number, response: MemcachedResponse): number {
+  const extrasBytes = response.flags >= 0 ? 4 : 0
+  const keyBytes = response.key.length
+  writeHeader(out, at, opcode, keyBytes, extrasBytes, response.status, extrasBytes + keyBytes + response.value.length, opaque, response.cas)
+  at += HEADER_BYTES
+  if (extrasBytes !== 0) {
+    writeU32(out, at, response.flags)
+    at += 4
+  }
+  if (keyBytes !== 0) at += out.write(response.key, at, 'latin1')
+  return at
+}
+
