@@ -1,8 +1,9 @@
 /**
  * A fast path for flat messages: proto2 types whose every field is a
  * singular `required` or `optional` scalar of the kinds uint32, int32,
- * sint32, bool, fixed32, sfixed32, float, double, numbered 1..15. Such
- * messages (an `Add`'s x and y) are most small calls; KRPC's are proto2.
+ * sint32, bool, fixed32, sfixed32, float, double, or a string, numbered
+ * 1..15. Such messages (an `Add`'s x and y, an `Echo`'s data) are most
+ * small calls; KRPC's are proto2.
  *
  * Why: protobufjs encodes through a writer into a buffer the frame then
  * copies, and decodes through a reader object, each costing more than the
@@ -59,7 +60,7 @@ export interface FlatCodec<T = Record<string, unknown>> {
 
 const VARINT = new Set(['uint32', 'int32', 'sint32'])
 const FIXED32 = new Set(['fixed32', 'sfixed32', 'float'])
-const WIRE_TYPE: Record<string, number> = { uint32: 0, int32: 0, sint32: 0, bool: 0, fixed32: 5, sfixed32: 5, float: 5, double: 1 }
+const WIRE_TYPE: Record<string, number> = { uint32: 0, int32: 0, sint32: 0, bool: 0, fixed32: 5, sfixed32: 5, float: 5, double: 1, string: 2 }
 
 // Shared by the generated code: little-endian floats through one view each.
 const f32 = new Float32Array(1)
@@ -94,6 +95,28 @@ function rv (b: Uint8Array, p: number, end: number): number {
   if (byte >= 0x80) { varintEnd.p = -1; return 0 }
   varintEnd.p = p
   return (v | (byte & 0x0f) << 28) >>> 0
+}
+
+// A string's UTF-8 bytes exactly as protobufjs's node writer produces them:
+// its own encoder under 40 UTF-16 units (which writes a lone surrogate as
+// its three-byte form), Buffer's at 40 and over (which writes U+FFFD).
+const utf8 = protobuf.util.utf8
+/** Buffer's UTF-8 methods that protobufjs's node writer and reader use (not in @types/node). */
+interface Utf8Buffer { utf8Write: (s: string, at: number, len: number) => number, utf8Slice: (start: number, end: number) => string }
+
+function slen (v: string): number {
+  return v.length < 40 ? utf8.length(v) : Buffer.byteLength(v)
+}
+
+function wstr (out: Uint8Array, at: number, v: string, len: number): number {
+  if (v.length < 40) utf8.write(v, out, at)
+  else (out as unknown as Utf8Buffer).utf8Write(v, at, len)
+  return at + len
+}
+
+// protobufjs's node reader decodes strings with Buffer's utf8Slice; other arrays are left to it.
+function rstr (b: Uint8Array, p: number, end: number): string | undefined {
+  return typeof (b as unknown as Partial<Utf8Buffer>).utf8Slice === 'function' ? (b as unknown as Utf8Buffer).utf8Slice(p, end) : undefined
 }
 
 function wf32 (out: Uint8Array, at: number, v: number): number {
@@ -159,11 +182,13 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
       case 'bool': convert = 'v ? 1 : 0'; size = '1'; put = `out[at++] = ${c}`; break
       case 'fixed32': case 'sfixed32': convert = 'v >>> 0'; size = '4'; put = `at = wfixed(out, at, ${c})`; break
       case 'float': convert = '+v'; size = '4'; put = `at = wf32(out, at, ${c})`; break
+      // Length-delimited: the byte length (kept as lN) as a varint, then the bytes.
+      case 'string': convert = 'v'; size = `vlen(l${i} = slen(${c})) + l${i}`; put = `at = wv(out, at, l${i}); at = wstr(out, at, ${c}, l${i})`; captured.push(`let l${i} = 0`); break
       default: convert = '+v'; size = '8'; put = `at = wf64(out, at, ${c})`
     }
     const presence = f.required ? 'true' : `v != null && hasOwn.call(m, ${key})`
     // protobufjs's verify, field by field: a value it would refuse is left to it (it names the problem).
-    const valid = f.type === 'bool' ? "typeof v === 'boolean'" : f.type === 'float' || f.type === 'double' ? "typeof v === 'number'" : 'isInteger(v)'
+    const valid = f.type === 'bool' ? "typeof v === 'boolean'" : f.type === 'float' || f.type === 'double' ? "typeof v === 'number'" : f.type === 'string' ? "typeof v === 'string'" : 'isInteger(v)'
     lengthBody.push(`{ const v = m[${key}]; ${h} = ${presence}; if (${h}) { if (!(${valid})) return -1; ${c} = ${convert}; n += 1 + ${size} } }`)
     writeBody.push(`if (${h}) { out[at++] = ${tag}; ${put} }`)
     // The value at p, as protobufjs's reader converts it.
@@ -174,6 +199,8 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
     } else if (VARINT.has(f.type)) {
       const to = f.type === 'uint32' ? 'v' : f.type === 'int32' ? 'v | 0' : '(v >>> 1 ^ -(v & 1)) | 0'
       read = `const v = rv(b, p, end); if (rvEnd.p < 0) return undefined; p = rvEnd.p; m[${key}] = ${to}`
+    } else if (f.type === 'string') {
+      read = `const n = rv(b, p, end); if (rvEnd.p < 0 || end - rvEnd.p < n) return undefined; p = rvEnd.p; const v = rstr(b, p, p + n); if (v === undefined) return undefined; m[${key}] = v; p += n`
     } else if (FIXED32.has(f.type)) {
       const to = f.type === 'fixed32'
         ? '(b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24) >>> 0'
@@ -187,7 +214,7 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
   // NaN: a negative int32.
   lengthBody.push('return Number.isNaN(n) ? -1 : n')
   writeBody.push('return at')
-  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, rvEnd: varintEnd, C: type.ctor }
+  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, slen, wstr, rstr, rvEnd: varintEnd, C: type.ctor }
   const source = `${captured.join('\n')}
 return {
   length (m) {

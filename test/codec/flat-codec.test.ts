@@ -22,6 +22,7 @@ message All {
 }
 message Empty {}
 message Str { required string s = 1; }
+message Strs { required string a = 1; optional string b = 2; optional uint32 n = 3; }
 message Rep { repeated uint32 r = 1; }
 message Big { optional uint32 x = 16; }
 enum E { A = 0; B = 1; }
@@ -45,7 +46,8 @@ const flat = flatCodec(All)!
 t.test('which types take the fast path', async t => {
   t.ok(flat, 'every scalar kind, required and optional, ids up to 15')
   t.ok(flatCodec(root.lookupType('t.Empty')), 'no fields at all')
-  for (const name of ['t.Str', 't.Rep', 't.Big', 't.En', 't.Long', 't.One', 't.Nested']) {
+  t.ok(flatCodec(root.lookupType('t.Str')), 'a string field')
+  for (const name of ['t.Rep', 't.Big', 't.En', 't.Long', 't.One', 't.Nested']) {
     t.equal(flatCodec(root.lookupType(name)), null, `${name}: protobufjs's`)
   }
   t.equal(flatCodec(root3.lookupType('t3.Implicit')), null, 'proto3 implicit presence (zero is not written): protobufjs\'s')
@@ -198,7 +200,54 @@ t.test('through MessageType: the fast path and the fallbacks give protobufjs\'s 
   const reencoded = Buffer.alloc(Math.max(0, all.flatLength(decoded)))
   if (reencoded.length > 0) all.writeFlat(reencoded, 0)
   t.same(reencoded.length > 0 ? reencoded : Buffer.from(all.encode(decoded)), Buffer.from(all.encode(decoded)))
-  const str = schema.type('t.Str')
-  t.equal(str.flatLength({ s: 'x' }), -1, 'not a flat type')
-  t.throws(() => str.writeFlat(out, 0), /not a flat message type/)
+  const rep = schema.type('t.Rep')
+  t.equal(rep.flatLength({ r: [1] }), -1, 'not a flat type')
+  t.throws(() => rep.writeFlat(out, 0), /not a flat message type/)
+})
+
+// Strings: protobufjs's node writer encodes under 40 UTF-16 units with its
+// own UTF-8 encoder (a lone surrogate as three bytes of its own) and from 40
+// on with Buffer's (U+FFFD); its reader decodes with Buffer's utf8Slice.
+const Strs = root.lookupType('t.Strs')
+const strs = flatCodec(Strs)!
+const text = fc.oneof(
+  fc.string({ maxLength: 60 }), fc.string({ unit: 'grapheme', maxLength: 50 }), fc.string({ unit: 'binary', maxLength: 50 }),
+  fc.constantFrom('', 'a'.repeat(39), 'a'.repeat(40), 'é'.repeat(39), '\ud800', 'x\udc00y', '😀'.repeat(20), 'z'.repeat(200)))
+const strMessage = fc.record({ a: text, b: fc.option(text, { nil: undefined }), n: fc.option(fc.integer({ min: 0, max: 2 ** 32 - 1 }), { nil: undefined }) }, { requiredKeys: ['a'] })
+
+t.test('string fields: encoding writes protobufjs\'s bytes exactly, and decoding gives its message', async t => {
+  t.ok(strs, 'strings and scalars together take the fast path')
+  fc.assert(fc.property(strMessage, fc.integer({ min: 0, max: 7 }), (m, offset) => {
+    const want = Buffer.from(Strs.encode(m).finish())
+    const length = strs.length(m)
+    if (length !== want.length) throw new Error(`measured ${length}, protobufjs wrote ${want.length} for ${JSON.stringify(m)}`)
+    const out = Buffer.alloc(offset + length + 3, 0xee)
+    if (strs.write(out, offset) !== offset + length) throw new Error('write returned another end')
+    if (!out.subarray(offset, offset + length).equals(want)) throw new Error(`bytes differ for ${JSON.stringify(m)}`)
+    if (out[offset + length] !== 0xee || (offset > 0 && out[offset - 1] !== 0xee)) throw new Error('wrote outside its room')
+    const framed = Buffer.concat([Buffer.from([1, 2]), want, Buffer.from([3])])
+    const got = strs.decode(framed, 2, 2 + want.length) as Record<string, unknown>
+    const expected = Strs.decode(want) as unknown as Record<string, unknown>
+    if (got === undefined || JSON.stringify({ ...got }) !== JSON.stringify({ ...expected }) || Object.getPrototypeOf(got) !== Object.getPrototypeOf(expected)) {
+      throw new Error(`decoded ${JSON.stringify(got)}, protobufjs ${JSON.stringify(expected)}`)
+    }
+  }), { numRuns: 3000 })
+  // Not a string (verify refuses it): left to protobufjs.
+  for (const bad of [{ a: 5 }, { a: 'x', b: 7 }, { a: Object('boxed') }, {}]) t.equal(strs.length(bad as never), -1, JSON.stringify(bad))
+})
+
+t.test('string fields: random and truncated bytes decode as protobufjs decodes them, or are left to it', async t => {
+  const check = (bytes: Buffer): void => {
+    const got = strs.decode(bytes, 0, bytes.length)
+    let want: unknown
+    try { want = Strs.decode(bytes) } catch { want = undefined }
+    if (got === undefined) return
+    if (want === undefined || JSON.stringify({ ...got }) !== JSON.stringify({ ...(want as object) })) throw new Error(`${bytes.toString('hex')}: ${JSON.stringify(got)} != ${JSON.stringify(want)}`)
+  }
+  fc.assert(fc.property(fc.uint8Array({ maxLength: 40 }), (b) => check(Buffer.from(b))), { numRuns: 20000 })
+  const whole = Buffer.from(Strs.encode({ a: 'héllo wörld', b: '\ud800x', n: 300 }).finish())
+  for (let end = 0; end <= whole.length; end++) check(whole.subarray(0, end))
+  // Invalid UTF-8 becomes U+FFFD, as protobufjs's reader (utf8Slice) makes it.
+  const invalid = Buffer.from('0a03ff6162', 'hex')
+  t.same({ ...strs.decode(invalid, 0, invalid.length)! }, { ...(Strs.decode(invalid) as object) })
 })
