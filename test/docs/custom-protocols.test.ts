@@ -2,13 +2,13 @@
 // runs that very block (its `nyala` import pointed at the sources) in a
 // process of its own and talks to it over loopback.
 import t from 'tap'
-import { spawn } from 'node:child_process'
 import { connect } from 'node:net'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { startListening } from '../helpers/listening-child.js'
 
 const doc = readFileSync(new URL('../../docs/custom-protocols.md', import.meta.url), 'utf8')
 const block = /```ts\n([\s\S]*?)```/.exec(doc)![1]!
@@ -21,20 +21,7 @@ t.test('the example is short, imports only the package entry point, and works as
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   const file = join(dir, 'kv.mts')
   writeFileSync(file, block.replace("from 'nyala'", `from ${JSON.stringify(entry)}`))
-  const loader = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
-  const child = spawn(process.execPath, [...loader, file], { env: { ...process.env, PORT: '0' }, stdio: ['ignore', 'pipe', 'pipe'] })
-  t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM') })
-  let out = ''
-  let err = ''
-  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
-  const port = await new Promise<number>((resolve, reject) => {
-    child.stdout!.on('data', (d: Buffer) => {
-      out += d.toString()
-      const m = /listening on 127\.0\.0\.1:(\d+)/.exec(out)
-      if (m !== null) resolve(Number(m[1]))
-    })
-    child.once('exit', (code) => reject(new Error(`the example exited (${code}): ${err}`)))
-  })
+  const { child, port } = await startListening(t, file, [], { ...process.env, PORT: '0' })
   const socket = connect(port, '127.0.0.1')
   await once(socket, 'connect')
   let answers = ''
