@@ -492,13 +492,17 @@ export class CallDispatch {
     }
   }
 
-  // A call asked to close its connection after its answer: nothing more is read.
+  // A call asked to close its connection after its answer: nothing more is
+  // read, and the connection ends once the requests before it are answered
+  // too (in order: when its turn has passed; by id: when none is in flight).
   #closeAfter (sc: ServerConnection, call: InboundCall): void {
     sc.closing = true
     if (this.#inOrder) {
       if (sc.closeAfterSeq < 0 || call.seq < sc.closeAfterSeq) sc.closeAfterSeq = call.seq
       // Its answer has left (the connection ends now), or leaves after the earlier ones (#advance ends it).
       if (sc.sendSeq <= sc.closeAfterSeq) return
+    } else if (sc.inFlight.size > 0) {
+      return
     }
     sc.connection.endAfterFlush()
   }
@@ -524,6 +528,8 @@ export class CallDispatch {
     call.owner = null
     if (sc === null) return undefined
     sc.inFlight.delete(this.#inOrder ? call.seq : call.callId)
+    // By id, a connection asked to close waits for its last call (answered just after this).
+    if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => sc.connection.endAfterFlush())
     return sc.connection.isClosed ? undefined : sc
   }
 

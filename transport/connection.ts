@@ -313,7 +313,7 @@ export class Connection {
 
   /** Writes the queued frames, then ends the socket (after a fatal error reply, or a server's drained shutdown). */
   endAfterFlush (error?: RpcError): void {
-    if (this.#closed) return
+    if (this.#closed || this.#ending) return
     this.#ending = true
     this.#decoder.stop()
     this.#reportHeld()

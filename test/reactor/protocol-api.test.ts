@@ -237,3 +237,16 @@ t.test('shutdown: requests after close() are refused in the protocol\'s words', 
   await peer.until(() => peer.closed, 'the close')
   t.same(peer.text.split('\n').slice(0, 2), ['a', '-ERR shutdown server is shutting down'])
 })
+
+t.test('tagged (by id): closeConnection() waits for the calls in flight before it, then closes', async (t) => {
+  const { server, open } = await start(t, 'tagged', {
+    echo: (req: Buffer) => req,
+    sleep: async (req: Buffer) => { await new Promise(resolve => setTimeout(resolve, 40)); return req },
+    quit: (_req: Buffer, ctx: CallContext) => { ctx.closeConnection(); return Buffer.from('bye') }
+  })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('sleep', 1, 'slow'), taggedRequest('quit', 2), taggedRequest('echo', 3, 'never')]))
+  await peer.until(() => peer.closed, 'the close')
+  t.same(taggedAnswers(peer.received), [['ok', 2, 'bye'], ['ok', 1, 'slow']], 'the slow call before it is answered, then the connection ends')
+  t.equal(server.stats().callsReceived, 2, 'nothing after the quit was read')
+})
