@@ -245,20 +245,21 @@ export class Connection {
   }
 
   /**
-   * Room for a small frame with no hooks, encoded in place (see
-   * `TransferQueue.reserve`): write `bytes` bytes at `reservedAt`, then
-   * `commit(bytes)`. Null: send it with `send` instead.
+   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
+   * b, out, at)` straight into the connection's coalesced outbound slab,
+   * if it can go there now (small, nothing held back, not backed up, not
+   * closed); false otherwise, with nothing written: the caller then sends
+   * it as a transfer of its own (`send`), e.g. to keep it droppable.
    */
-  reserve (bytes: number): Buffer | null {
-    return this.#queue.reserve(bytes)
+  tryWriteFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
+    const out = this.#queue.reserve(bytes)
+    if (out === null) return false
+    encoder.encodeInto(a, b, out, this.#queue.reservedAt)
+    this.#committed(bytes)
+    return true
   }
 
-  get reservedAt (): number {
-    return this.#queue.reservedAt
-  }
-
-  /** Queues the frame written at `reservedAt`. */
-  commit (bytes: number): void {
+  #committed (bytes: number): void {
     this.#activity++
     this.#poller?.touch()
     this.#queue.commit(bytes)
@@ -274,12 +275,7 @@ export class Connection {
    * reaches the caller.
    */
   writeFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    const out = this.#queue.reserve(bytes)
-    if (out !== null) {
-      encoder.encodeInto(a, b, out, this.#queue.reservedAt)
-      this.commit(bytes)
-      return true
-    }
+    if (this.tryWriteFrame(bytes, encoder, a, b)) return true
     if (this.#closed) return false
     const own = Buffer.allocUnsafe(bytes)
     encoder.encodeInto(a, b, own, 0)

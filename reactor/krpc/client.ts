@@ -1,7 +1,7 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
 import { encodeRequestFrame, requestFrameBytes, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../../codec/krpc/frames.js'
-import type { Message, MethodMap, ServiceDef } from '../../codec/schema.js'
+import type { Message, MessageType, MethodMap, ServiceDef } from '../../codec/schema.js'
 import { realClock, type Clock } from '../../scheduling/clock.js'
 import type { DeadlineLists } from '../../scheduling/deadline-lists.js'
 import { Balancer, type BalancePolicy, type Slot } from '../balancer.js'
@@ -84,6 +84,31 @@ function retriesTimedOut (def: ServiceDef, method: string, timeoutMs: number, at
 
 // The body of a flat request, written into its frame from the message itself.
 const NO_BODY = new Uint8Array(0)
+
+/**
+ * A request frame written in place (Connection.tryWriteFrame): its parts,
+ * in one reused object. The body is body[0, bodyBytes), or NO_BODY: a flat
+ * message the request type's writeFlat writes, as flatLength just measured.
+ */
+class InPlaceRequest {
+  callId = 0
+  tail: Uint8Array = NO_BODY
+  body: Uint8Array = NO_BODY
+  bodyBytes = 0
+  type: MessageType<Message> | null = null
+}
+
+const IN_PLACE = new InPlaceRequest()
+
+const REQUEST_WRITER = {
+  encodeInto (frame: InPlaceRequest, _unused: undefined, out: Buffer, at: number): void {
+    if (frame.body !== NO_BODY) writeRequestFrame(out, at, frame.callId, frame.tail, frame.body, frame.bodyBytes)
+    else frame.type!.writeFlat(out, writeRequestFrameHead(out, at, frame.callId, frame.tail, frame.bodyBytes))
+    // Nothing of the request stays referenced once it is written.
+    frame.body = NO_BODY
+    frame.type = null
+  }
+}
 
 const DEFAULT_CALL_TIMEOUT_MS = 30_000
 
@@ -361,13 +386,14 @@ export class Client {
       const connection = cc.connection
       const tail = method.tailFor(timeout)
       const bytes = requestFrameBytes(callId, tail, bodyBytes)
-      const out = connection.reserve(bytes)
-      if (out !== null) {
-        const at = connection.reservedAt
-        if (body !== NO_BODY) writeRequestFrame(out, at, callId, tail, body, bodyBytes)
-        else methodDef.requestType.writeFlat(out, writeRequestFrameHead(out, at, callId, tail, bodyBytes))
+      const frame = IN_PLACE
+      frame.callId = callId
+      frame.tail = tail
+      frame.body = body
+      frame.bodyBytes = bodyBytes
+      frame.type = methodDef.requestType
+      if (connection.tryWriteFrame(bytes, REQUEST_WRITER, frame, undefined)) {
         call.state = CallState.SENT
-        connection.commit(bytes)
         return
       }
     }

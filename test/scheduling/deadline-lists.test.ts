@@ -10,7 +10,10 @@ class Item implements Expiring<Item> {
   stamp: Stamp<Item> = NO_DEADLINE as Stamp<Item>
   timer: TimerHandle | null = null
   done = false
-  constructor (readonly name: string) {}
+  readonly name: string
+  constructor (name: string) {
+    this.name = name
+  }
 }
 
 function setup (): { clock: FakeClock, lists: DeadlineLists<Item>, expired: string[] } {
