@@ -250,3 +250,15 @@ t.test('tagged (by id): closeConnection() waits for the calls in flight before i
   t.same(taggedAnswers(peer.received), [['ok', 2, 'bye'], ['ok', 1, 'slow']], 'the slow call before it is answered, then the connection ends')
   t.equal(server.stats().callsReceived, 2, 'nothing after the quit was read')
 })
+
+t.test('tagged, end to end: two frames sent one byte per read are answered as sent whole', async (t) => {
+  const { server, open } = await start(t, 'tagged', { echo: (req: Buffer) => req })
+  const peer = await open()
+  const request = Buffer.concat([taggedRequest('echo', 5, 'first'), taggedRequest('echo', 6, '')])
+  for (let i = 0; i < request.length; i++) {
+    peer.socket.write(request.subarray(i, i + 1))
+    await peer.until(() => server.connectionStats()[0]!.bytesRead === i + 1, `byte ${i + 1} read`)
+  }
+  await peer.until(() => taggedAnswers(peer.received).length === 2, 'both answers')
+  t.same(taggedAnswers(peer.received), [['ok', 5, 'first'], ['ok', 6, '']])
+})
