@@ -31,7 +31,7 @@ const EMPTY = Buffer.alloc(0)
 /** The handlers of every command in `Opcode`, by name. */
 export function memcachedHandlers (store: MemcachedStore, options: MemcachedHandlerOptions = {}): Record<CommandName, MemcachedHandler> {
   const version = options.version ?? '1.6.0-nyala'
-  const versionAnswer = new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, '', Buffer.from(version, 'latin1'))
+  const versionAnswer = new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, EMPTY, Buffer.from(version, 'latin1'))
   const startedAt = store.now()
 
   // GET family. A hit carries the flags as extras, the CAS, the value, and
@@ -63,7 +63,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
     if (quiet) return OK
     const number = Buffer.allocUnsafe(8)
     number.writeBigUInt64BE(BigInt(result.value.toString('latin1')))
-    return new MemcachedResponse(ResponseStatus.SUCCESS, result.cas, -1, '', number)
+    return new MemcachedResponse(ResponseStatus.SUCCESS, result.cas, -1, EMPTY, number)
   }
 
   const remove: MemcachedHandler = request => {
@@ -85,7 +85,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
   // (its answer is the end packet alone), `settings`; anything else is
   // "Not found", as memcached answers a sub-command it does not know.
   const stat: MemcachedHandler = request => {
-    switch (request.key) {
+    switch (request.key.toString('latin1')) {
       case '':
         return statsAnswer(generalStats(store, version, startedAt))
       case 'reset':
@@ -146,7 +146,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
 }
 
 function hit (item: Item, withKey: boolean, withValue: boolean): MemcachedResponse {
-  return new MemcachedResponse(ResponseStatus.SUCCESS, item.cas, item.flags, withKey ? item.key : '', withValue ? item.value : EMPTY)
+  return new MemcachedResponse(ResponseStatus.SUCCESS, item.cas, item.flags, withKey ? item.key : EMPTY, withValue ? item.value : EMPTY)
 }
 
 function miss (request: MemcachedRequest, withKey: boolean, quiet: boolean): MemcachedResponse {
@@ -160,7 +160,7 @@ function stored (result: Item | Status, quiet: boolean): MemcachedResponse {
 }
 
 function statsAnswer (entries: readonly StatEntry[]): MemcachedResponse {
-  return new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, '', EMPTY, entries)
+  return new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, EMPTY, EMPTY, entries)
 }
 
 // memcached's general statistics that this server can know, under its

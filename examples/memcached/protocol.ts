@@ -1,7 +1,7 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Framing } from '../../codec/frame-decoder.js'
 import { InvalidRequest, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
-import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES } from './store.js'
+import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES, SLAB_VALUE_BYTES } from './store.js'
 
 /**
  * memcached's binary protocol (protocol_binary.h, the BinaryProtocolRevamped
@@ -98,8 +98,15 @@ const RESPONSE_MAGIC = 0x81
 const TWO_32 = 0x1_0000_0000
 const EMPTY = Buffer.alloc(0)
 
-/** Values larger than this are sent as their own slice (writev, no copy) rather than copied into the outbound buffer. */
-export const DEFAULT_SLICE_VALUE_BYTES = 16 * 1024
+/**
+ * Values larger than this are sent as their own slice (writev, no copy)
+ * rather than copied into the outbound buffer. It is the store's
+ * SLAB_VALUE_BYTES: a value up to that size lies in a slab chunk that is
+ * reused once its item goes, so it must be copied while the handler's
+ * answer is encoded (at once, or into a buffer of its own when the answer
+ * waits for its turn); larger values have buffers that are never written over.
+ */
+export const DEFAULT_SLICE_VALUE_BYTES = SLAB_VALUE_BYTES
 
 /** Route names by opcode; an opcode with no command is `0x..`, a name no route has, so it is answered `no-method` (Unknown command). */
 const METHOD_OF: readonly string[] = (() => {
@@ -162,8 +169,8 @@ export class MemcachedRequest {
   readonly opcode: number
   /** The header's CAS (0: none). A number: CAS values up to 2^53 are exact, and a larger one matches no item's. */
   readonly cas: number
-  /** The key as a latin1 string (one char per byte); '' when there is none. STAT: the sub-command. */
-  readonly key: string
+  /** The key's bytes: a view of the frame, empty when there is none. STAT: the sub-command. */
+  readonly key: Buffer
   /** The value: a view of the frame (copy it to keep it). */
   readonly value: Buffer
   /** SET, ADD, REPLACE: the flags. VERBOSITY: the level. */
@@ -175,7 +182,7 @@ export class MemcachedRequest {
   /** INCREMENT, DECREMENT: the value of a key created. */
   readonly initial: bigint
 
-  constructor (opcode: number, cas: number, key: string, value: Buffer, flags: number, exptime: number, delta: bigint, initial: bigint) {
+  constructor (opcode: number, cas: number, key: Buffer, value: Buffer, flags: number, exptime: number, delta: bigint, initial: bigint) {
     this.opcode = opcode
     this.cas = cas
     this.key = key
@@ -193,8 +200,10 @@ export type StatEntry = readonly [name: string, value: string]
 /**
  * An answer, as handlers return it. The encoder adds the opcode and the
  * opaque of the request, and leaves the answer out when the command is
- * quiet about it (`isSilent`). Its buffers must not change once returned:
- * the answer may wait behind slower ones before it is written.
+ * quiet about it (`isSilent`). Its buffers must not change until the
+ * handler has returned: the server encodes the answer then (copying values
+ * up to `sliceValueBytes`, also when the answer waits behind slower ones),
+ * and a larger value, sent as it is, must not change at all.
  */
 export class MemcachedResponse {
   readonly status: number
@@ -202,14 +211,14 @@ export class MemcachedResponse {
   readonly cas: number
   /** The item's flags as 4 bytes of extras (GET, GAT and TOUCH hits); -1: no extras. */
   readonly flags: number
-  /** A key (latin1), for GETK and GATK; '' for none. */
-  readonly key: string
+  /** A key, for GETK and GATK; empty for none. */
+  readonly key: Uint8Array
   /** The value: the item's, an error's text, the version, an INCREMENT's 8-byte result. */
   readonly value: Uint8Array
   /** A STAT answer: one packet per entry, then the empty one that ends it. Null for other answers. */
   readonly stats: readonly StatEntry[] | null
 
-  constructor (status: number, cas = 0, flags = -1, key = '', value: Uint8Array = EMPTY, stats: readonly StatEntry[] | null = null) {
+  constructor (status: number, cas = 0, flags = -1, key: Uint8Array = EMPTY, value: Uint8Array = EMPTY, stats: readonly StatEntry[] | null = null) {
     this.status = status
     this.cas = cas
     this.flags = flags
@@ -228,7 +237,7 @@ const ERRORS = new Map<number, MemcachedResponse>()
 export function errorResponse (status: number): MemcachedResponse {
   let response = ERRORS.get(status)
   if (response === undefined) {
-    response = new MemcachedResponse(status, 0, -1, '', Buffer.from(ERROR_TEXT.get(status) ?? 'Error', 'latin1'))
+    response = new MemcachedResponse(status, 0, -1, EMPTY, Buffer.from(ERROR_TEXT.get(status) ?? 'Error', 'latin1'))
     ERRORS.set(status, response)
   }
   return response
@@ -259,7 +268,7 @@ export function refusalStatus (reason: RefusalReason): number {
 export interface MemcachedProtocolOptions {
   /** The store's largest item (`maxItemBytes`); frames are accepted up to twice it. Default 1 MiB. */
   maxItemBytes?: number
-  /** Values above this many bytes are sent as their own slice, without a copy. Default 16 KiB. */
+  /** Values above this many bytes are sent as their own slice, without a copy. Default and least: SLAB_VALUE_BYTES (16 KiB). */
   sliceValueBytes?: number
 }
 
@@ -379,7 +388,8 @@ function readU64 (buf: Buffer, at: number): bigint {
 
 /** The memcached binary protocol, for handlers that take `MemcachedRequest` and return `MemcachedResponse`. */
 export function memcachedProtocol (options: MemcachedProtocolOptions = {}): ServerProtocol<MemcachedRequest, MemcachedResponse> {
-  const sliceValueBytes = options.sliceValueBytes ?? DEFAULT_SLICE_VALUE_BYTES
+  // Never below the slab limit: a slab value sent as a slice could be overwritten before it is written.
+  const sliceValueBytes = Math.max(options.sliceValueBytes ?? DEFAULT_SLICE_VALUE_BYTES, SLAB_VALUE_BYTES)
   return {
     name: 'memcached',
     framing: memcachedFraming,
@@ -417,7 +427,7 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
       const cas = readU32(buf, at + 16) * TWO_32 + readU32(buf, at + 20)
       const keyStart = bodyStart + extrasBytes
       const valueStart = keyStart + keyBytes
-      const key = keyBytes === 0 ? '' : buf.toString('latin1', keyStart, valueStart)
+      const key = keyBytes === 0 ? EMPTY : buf.subarray(keyStart, valueStart)
       const value = valueStart === head.bodyEnd ? EMPTY : buf.subarray(valueStart, head.bodyEnd)
       let flags = 0
       let exptime = 0
@@ -501,7 +511,10 @@ function encodeHead (out: Buffer, at: number, opcode: number, opaque: number, re
     writeU32(out, at, response.flags)
     at += 4
   }
-  if (keyBytes !== 0) at += out.write(response.key, at, 'latin1')
+  if (keyBytes !== 0) {
+    out.set(response.key, at)
+    at += keyBytes
+  }
   return at
 }
 

@@ -1,8 +1,35 @@
 /**
- * The memcached example's cache: items in a `Map` for lookup and an
- * intrusive doubly-linked list for LRU order, evicted from the cold end
- * when the memory limit would be passed. Time comes from a `now()` clock
- * (ms) given to the constructor, so tests can move it by hand.
+ * The memcached example's cache, laid out the way memcached lays it out
+ * and for the same reason: the cache holds many long-lived items that die
+ * in LRU order, the worst case for a generational garbage collector. One
+ * JS object and one ArrayBuffer per item (as a `Map` of items would have)
+ * kept V8's major GC busy marking and sweeping ArrayBuffers on the cores
+ * the clients need. So here an item is an index (an id) into typed arrays
+ * of its fields, and its key and value bytes live in a chunk of a 1 MiB
+ * slab page:
+ *
+ * - slab classes of chunk sizes growing by 1.25 (memcached's `-f`), up to
+ *   one that holds a key and a `SLAB_VALUE_BYTES` value; each class takes
+ *   pages as it needs them and keeps a free list of chunks;
+ * - a hash table on the key bytes (chained, in an Int32Array), so no key
+ *   string is made per request;
+ * - the LRU order as a doubly-linked list of ids.
+ *
+ * A value above `SLAB_VALUE_BYTES` gets a buffer of its own (with its key
+ * in front), as before: few, and large.
+ *
+ * Memory: items count key + value + ITEM_OVERHEAD_BYTES against
+ * `memoryBytes` (memcached's `bytes`), and the least recently used are
+ * evicted past it. The pages are bounded too: a class takes a new page
+ * only while the pages stay within `memoryBytes` (its first page always,
+ * as memcached does); past that a chunk comes from evicting an item of the
+ * same class near the cold end of the LRU list, or, when there is none
+ * there, the item gets a buffer of its own. Pages plus own buffers thus
+ * stay below twice `memoryBytes` plus a page per class, and in a steady
+ * workload within `memoryBytes` plus those first pages.
+ *
+ * Time comes from a `now()` clock (ms) given to the constructor, so tests
+ * can move it by hand.
  *
  * Operations answer in the binary protocol's status codes (`Status`), with
  * memcached's choices where the protocol leaves room (proto_bin.c,
@@ -11,8 +38,8 @@
  * absent one NOT_STORED, and a non-zero CAS turns SET, ADD and REPLACE
  * alike into compare-and-swap.
  *
- * Keys are latin1 strings: one char per byte, so any byte string is a key,
- * and the string is what the `Map` needs anyway.
+ * Keys are bytes (`Uint8Array`); a string is taken as latin1, one byte per
+ * char (tests, STAT).
  */
 
 /** The binary protocol's status codes that the cache's operations answer with. */
@@ -51,33 +78,87 @@ export const MAX_KEY_BYTES = 250
 
 const U64_MASK = (1n << 64n) - 1n
 const EMPTY = Buffer.alloc(0)
+const NONE = -1
+
+// An item's numbers in MemcachedStore's #meta, STRIDE per id.
+const STRIDE = 8
+const HASH = 0
+/** The next id in the same hash bucket. */
+const CHAIN = 1
+/** LRU list: toward the hot end, toward the cold end. */
+const PREV = 2
+const NEXT = 3
+/** Where the key (then the value) lies: a slab page's index, or -1 - the index in #own (a buffer of its own). */
+const PAGE = 4
+/** The byte offset in the page (0 in an own buffer). */
+const OFFSET = 5
+const KEY_BYTES = 6
+const VALUE_BYTES = 7
+// #times, two per id: the CAS and when it expires.
+const CAS = 0
+const EXPIRES = 1
+
+/** Values up to this size live in slab chunks; larger ones in buffers of their own. The protocol must send values of this size and below by copy (its `sliceValueBytes` at least this), since a chunk is reused once its item goes. */
+export const SLAB_VALUE_BYTES = 16 * 1024
+/** A slab page (memcached's `-I` default slab page). */
+export const PAGE_BYTES = 1024 * 1024
+const SMALLEST_CHUNK = 64
+const GROWTH_FACTOR = 1.25
+/** How far from the cold end an eviction looks for an item of the class that needs a chunk. */
+const EVICTION_SEARCH = 64
+
+/** Chunk sizes: 64 bytes growing by 1.25 (multiples of 8) up to one that fits the largest key and a SLAB_VALUE_BYTES value. */
+const CHUNK_BYTES: readonly number[] = (() => {
+  const sizes: number[] = []
+  const largest = MAX_KEY_BYTES + SLAB_VALUE_BYTES
+  for (let size = SMALLEST_CHUNK; size < largest; size = Math.ceil(size * GROWTH_FACTOR / 8) * 8) sizes.push(size)
+  sizes.push(Math.ceil(largest / 8) * 8)
+  return sizes
+})()
+
+/** The class of a chunk of `bytes`, by bytes / 8 rounded up. */
+const CLASS_OF: Uint8Array = (() => {
+  const classes = new Uint8Array(CHUNK_BYTES.at(-1)! / 8 + 1)
+  let c = 0
+  for (let i = 0; i < classes.length; i++) {
+    while (CHUNK_BYTES[c]! < i * 8) c++
+    classes[i] = c
+  }
+  return classes
+})()
 
 /**
- * One cached item, and a node of the LRU list. Its value buffer is never
- * written after the item is made: an APPEND or INCR puts a new buffer in
- * its place, so an answer still waiting to be sent can hold the old one.
+ * An item as an operation returns it: a snapshot of its fields, and views
+ * of its key and value bytes in the cache's memory. The views are valid
+ * until the item is next changed, replaced, deleted or evicted (its chunk
+ * is then reused): use them before the next store operation, or copy them.
+ * A value of more than SLAB_VALUE_BYTES is never written over (a change
+ * makes a new buffer), so an answer may send it later without a copy.
  */
 export class Item {
-  readonly key: string
-  value: Buffer
-  flags: number
+  readonly cas: number
+  readonly flags: number
   /** When it expires, in ms of the store's clock; 0: never. */
-  expiresAt: number
-  cas: number
-  /** Bytes it counts against the memory limit. */
-  size: number
-  /** Toward the hot end (more recently used); null at the head. */
-  prev: Item | null = null
-  /** Toward the cold end; null at the tail. */
-  next: Item | null = null
+  readonly expiresAt: number
+  readonly value: Buffer
+  readonly #memory: Buffer
+  readonly #keyAt: number
+  readonly #keyBytes: number
 
-  constructor (key: string, value: Buffer, flags: number, expiresAt: number, cas: number) {
-    this.key = key
-    this.value = value
+  constructor (cas: number, flags: number, expiresAt: number, memory: Buffer, keyAt: number, keyBytes: number, valueBytes: number) {
+    this.cas = cas
     this.flags = flags
     this.expiresAt = expiresAt
-    this.cas = cas
-    this.size = key.length + value.length + ITEM_OVERHEAD_BYTES
+    this.#memory = memory
+    this.#keyAt = keyAt
+    this.#keyBytes = keyBytes
+    const valueAt = keyAt + keyBytes
+    this.value = valueBytes === 0 ? EMPTY : memory.subarray(valueAt, valueAt + valueBytes)
+  }
+
+  /** The key's bytes (a view, as `value`). */
+  get key (): Buffer {
+    return this.#memory.subarray(this.#keyAt, this.#keyAt + this.#keyBytes)
   }
 }
 
@@ -108,12 +189,26 @@ export class StoreStats {
 }
 
 export interface StoreOptions {
-  /** Bytes of items (key + value + ITEM_OVERHEAD_BYTES each) kept before the least recently used are evicted. Default 64 MiB. */
+  /** Bytes of items (key + value + ITEM_OVERHEAD_BYTES each) kept before the least recently used are evicted; also the slab pages' bound. Default 64 MiB. */
   memoryBytes?: number
   /** Largest item (key + value + ITEM_OVERHEAD_BYTES); a larger one is refused with E2BIG. Default 1 MiB. */
   maxItemBytes?: number
   /** The clock, in ms since the unix epoch; default `Date.now`. */
   now?: () => number
+}
+
+/** A key as the store takes it: bytes, or a latin1 string. */
+export type Key = Uint8Array | string
+
+function keyBytes (key: Key): Uint8Array {
+  return typeof key === 'string' ? Buffer.from(key, 'latin1') : key
+}
+
+// FNV-1a over the key's bytes, as a signed 32-bit number (what #meta holds).
+function hashOf (key: Uint8Array): number {
+  let h = 0x811c9dc5 | 0
+  for (let i = 0; i < key.length; i++) h = Math.imul(h ^ key[i]!, 0x01000193)
+  return h
 }
 
 /** The cache. Every operation reads the clock once. */
@@ -122,14 +217,36 @@ export class MemcachedStore {
   readonly maxItemBytes: number
   readonly stats = new StoreStats()
   readonly #now: () => number
-  readonly #items = new Map<string, Item>()
+
+  // The items' fields, by id, grown by doubling; an id not in use is on
+  // #freeIds. What a lookup reads (hash, chain, where the key is, its
+  // length) sits together in #meta, STRIDE numbers per id, so that a lookup
+  // costs one cache miss for them rather than one per field.
+  #capacity = 0
+  #meta = new Int32Array(0)
+  #times = new Float64Array(0)
+  #flags = new Uint32Array(0)
+  #freeIds: number[] = []
+
+  #buckets = new Int32Array(1024).fill(NONE)
+  #count = 0
   /** Most recently used. */
-  #head: Item | null = null
+  #head = NONE
   /** Least recently used: the next to be evicted. */
-  #tail: Item | null = null
+  #tail = NONE
   #usedBytes = 0
+
+  /** Slab pages, and per class the free chunks as page * PAGE_BYTES + offset. */
+  #pages: Buffer[] = []
+  #pageClass: number[] = []
+  #freeChunks: number[][] = CHUNK_BYTES.map(() => [])
+  #classPages: number[] = CHUNK_BYTES.map(() => 0)
+  /** Items in buffers of their own (PAGE -1 - index); freed indexes are reused. */
+  #own: (Buffer | undefined)[] = []
+  #freeOwn: number[] = []
+
   /** The last CAS given out; CAS values start at 1 (0 means "no CAS" on the wire). Exact up to 2^53. */
-  #cas = 0
+  #lastCas = 0
   /** When a delayed flush takes effect (clock ms); 0: none pending. */
   #flushAt = 0
 
@@ -146,7 +263,7 @@ export class MemcachedStore {
 
   /** Items held, expired ones not yet reclaimed included (memcached's `curr_items`). */
   get size (): number {
-    return this.#items.size
+    return this.#count
   }
 
   /** Bytes counted against the memory limit (memcached's `bytes`). */
@@ -154,35 +271,42 @@ export class MemcachedStore {
     return this.#usedBytes
   }
 
+  /** Bytes of slab pages and own buffers held (what the cache costs the process, beyond the fields' arrays). */
+  get heldBytes (): number {
+    let bytes = this.#pages.length * PAGE_BYTES
+    for (const own of this.#own) bytes += own?.length ?? 0
+    return bytes
+  }
+
   /** GET: the live item, made the most recently used; null on a miss. */
-  get (key: string): Item | null {
+  get (key: Key): Item | null {
     const now = this.#tick()
     const stats = this.stats
     stats.cmd_get++
-    const item = this.#find(key, now, true)
-    if (item === null) {
+    const id = this.#find(keyBytes(key), now, true)
+    if (id === NONE) {
       stats.get_misses++
       return null
     }
     stats.get_hits++
-    this.#bump(item)
-    return item
+    this.#bump(id)
+    return this.#item(id)
   }
 
   /** TOUCH and GAT: sets a live item's expiry (`exptime` as on the wire) and returns it; null on a miss. */
-  touch (key: string, exptime: number): Item | null {
+  touch (key: Key, exptime: number): Item | null {
     const now = this.#tick()
     const stats = this.stats
     stats.cmd_touch++
-    const item = this.#find(key, now, false)
-    if (item === null) {
+    const id = this.#find(keyBytes(key), now, false)
+    if (id === NONE) {
       stats.touch_misses++
       return null
     }
     stats.touch_hits++
-    item.expiresAt = expiresAt(exptime, now)
-    this.#bump(item)
-    return item
+    this.#times[id * 2 + EXPIRES] = expiresAt(exptime, now)
+    this.#bump(id)
+    return this.#item(id)
   }
 
   /**
@@ -191,35 +315,41 @@ export class MemcachedStore {
    * there is none), whatever the mode. Returns the new item (its `cas` is
    * the answer's) or the failure's status.
    */
-  store (mode: StoreMode, key: string, value: Uint8Array, flags: number, exptime: number, cas: number): Item | Status {
+  store (mode: StoreMode, key: Key, value: Uint8Array, flags: number, exptime: number, cas: number): Item | Status {
     const now = this.#tick()
+    const bytes = keyBytes(key)
     const stats = this.stats
     stats.cmd_set++
-    const size = key.length + value.length + ITEM_OVERHEAD_BYTES
+    const size = bytes.length + value.length + ITEM_OVERHEAD_BYTES
     if (size > this.maxItemBytes || size > this.memoryBytes) {
       // memcached drops the current value of a SET it cannot store, so
       // that a reader does not go on seeing data the writer replaced.
-      if (mode === 'set') this.#drop(key)
+      if (mode === 'set') {
+        const id = this.#lookup(bytes, hashOf(bytes))
+        if (id !== NONE) this.#unlink(id)
+      }
       return size > this.maxItemBytes ? Status.E2BIG : Status.ENOMEM
     }
-    const old = this.#find(key, now, false)
+    const hash = hashOf(bytes)
+    const old = this.#findHashed(bytes, hash, now, false)
     if (cas !== 0) {
-      if (old === null) {
+      if (old === NONE) {
         stats.cas_misses++
         return Status.KEY_ENOENT
       }
-      if (old.cas !== cas) {
+      if (this.#times[old * 2 + CAS] !== cas) {
         stats.cas_badval++
         return Status.KEY_EEXISTS
       }
       stats.cas_hits++
-    } else if (mode === 'add' && old !== null) {
+    } else if (mode === 'add' && old !== NONE) {
       this.#bump(old)
       return Status.KEY_EEXISTS
-    } else if (mode === 'replace' && old === null) {
+    } else if (mode === 'replace' && old === NONE) {
       return Status.KEY_ENOENT
     }
-    return this.#link(key, copyOf(value), flags, expiresAt(exptime, now), old, now)
+    if (old !== NONE) this.#unlink(old)
+    return this.#link(bytes, hash, value, flags, expiresAt(exptime, now), now)
   }
 
   /**
@@ -227,25 +357,24 @@ export class MemcachedStore {
    * keeping its flags and expiry. NOT_STORED when there is no item;
    * KEY_EEXISTS when `cas` is non-zero and not the item's.
    */
-  concat (key: string, data: Uint8Array, prepend: boolean, cas: number): Item | Status {
+  concat (key: Key, data: Uint8Array, prepend: boolean, cas: number): Item | Status {
     const now = this.#tick()
+    const bytes = keyBytes(key)
     this.stats.cmd_set++
     // As memcached: the new piece alone too large is E2BIG; the joined value too large is NOT_STORED.
-    if (key.length + data.length + ITEM_OVERHEAD_BYTES > this.maxItemBytes) return Status.E2BIG
-    const old = this.#find(key, now, false)
-    if (old === null) return Status.NOT_STORED
-    if (cas !== 0 && old.cas !== cas) return Status.KEY_EEXISTS
-    const length = old.value.length + data.length
-    if (key.length + length + ITEM_OVERHEAD_BYTES > this.maxItemBytes) return Status.NOT_STORED
-    const value = Buffer.allocUnsafeSlow(length)
-    if (prepend) {
-      value.set(data, 0)
-      value.set(old.value, data.length)
-    } else {
-      value.set(old.value, 0)
-      value.set(data, old.value.length)
-    }
-    return this.#link(key, value, old.flags, old.expiresAt, old, now)
+    if (bytes.length + data.length + ITEM_OVERHEAD_BYTES > this.maxItemBytes) return Status.E2BIG
+    const hash = hashOf(bytes)
+    const old = this.#findHashed(bytes, hash, now, false)
+    if (old === NONE) return Status.NOT_STORED
+    if (cas !== 0 && this.#times[old * 2 + CAS] !== cas) return Status.KEY_EEXISTS
+    const oldValue = this.#valueView(old)
+    if (bytes.length + oldValue.length + data.length + ITEM_OVERHEAD_BYTES > this.maxItemBytes) return Status.NOT_STORED
+    // Joined before the old item goes: its chunk may be the new one's.
+    const joined = prepend ? Buffer.concat([data, oldValue]) : Buffer.concat([oldValue, data])
+    const flags = this.#flags[old]!
+    const expiry = this.#times[old * 2 + EXPIRES]!
+    this.#unlink(old)
+    return this.#link(bytes, hash, joined, flags, expiry, now)
   }
 
   /**
@@ -256,20 +385,23 @@ export class MemcachedStore {
    * is not a number is DELTA_BADVAL; a non-zero `cas` that is not the
    * item's is KEY_EEXISTS. Returns the item, whose value is the new number.
    */
-  arithmetic (key: string, increment: boolean, delta: bigint, initial: bigint, exptime: number, create: boolean, cas: number): Item | Status {
+  arithmetic (key: Key, increment: boolean, delta: bigint, initial: bigint, exptime: number, create: boolean, cas: number): Item | Status {
     const now = this.#tick()
+    const bytes = keyBytes(key)
     const stats = this.stats
-    const old = this.#find(key, now, false)
-    if (old === null) {
+    const hash = hashOf(bytes)
+    const old = this.#findHashed(bytes, hash, now, false)
+    if (old === NONE) {
       if (increment) stats.incr_misses++
       else stats.decr_misses++
       if (!create) return Status.KEY_ENOENT
-      return this.#link(key, digitsOf(initial & U64_MASK), 0, expiresAt(exptime, now), null, now)
+      return this.#link(bytes, hash, digitsOf(initial & U64_MASK), 0, expiresAt(exptime, now), now)
     }
     // memcached's order: an empty value, then the CAS, then the number.
-    if (old.value.length === 0) return Status.DELTA_BADVAL
-    if (cas !== 0 && old.cas !== cas) return Status.KEY_EEXISTS
-    const current = parseU64(old.value)
+    const value = this.#valueView(old)
+    if (value.length === 0) return Status.DELTA_BADVAL
+    if (cas !== 0 && this.#times[old * 2 + CAS] !== cas) return Status.KEY_EEXISTS
+    const current = parseU64(value)
     if (current === null) return Status.DELTA_BADVAL
     let next: bigint
     if (increment) {
@@ -282,21 +414,24 @@ export class MemcachedStore {
     // memcached rewrites the digits in place, padding with spaces when the
     // number got shorter ("10" - 1 reads "9 "); here the value is exactly
     // the number's digits.
-    return this.#link(key, digitsOf(next), old.flags, old.expiresAt, old, now)
+    const flags = this.#flags[old]!
+    const expiry = this.#times[old * 2 + EXPIRES]!
+    this.#unlink(old)
+    return this.#link(bytes, hash, digitsOf(next), flags, expiry, now)
   }
 
   /** DELETE: SUCCESS, KEY_ENOENT, or KEY_EEXISTS when `cas` is non-zero and not the item's. */
-  delete (key: string, cas: number): Status {
+  delete (key: Key, cas: number): Status {
     const now = this.#tick()
     const stats = this.stats
-    const item = this.#find(key, now, false)
-    if (item === null) {
+    const id = this.#find(keyBytes(key), now, false)
+    if (id === NONE) {
       stats.delete_misses++
       return Status.KEY_ENOENT
     }
-    if (cas !== 0 && item.cas !== cas) return Status.KEY_EEXISTS
+    if (cas !== 0 && this.#times[id * 2 + CAS] !== cas) return Status.KEY_EEXISTS
     stats.delete_hits++
-    this.#unlink(item)
+    this.#unlink(id)
     return Status.SUCCESS
   }
 
@@ -335,85 +470,260 @@ export class MemcachedStore {
     return now
   }
 
-  // The live item under `key`, or null; an expired one found is unlinked.
-  #find (key: string, now: number, countExpired: boolean): Item | null {
-    const item = this.#items.get(key)
-    if (item === undefined) return null
-    if (item.expiresAt !== 0 && item.expiresAt <= now) {
-      if (countExpired) this.stats.get_expired++
-      this.stats.reclaimed++
-      this.#unlink(item)
-      return null
-    }
-    return item
+  #find (key: Uint8Array, now: number, countExpired: boolean): number {
+    return this.#findHashed(key, hashOf(key), now, countExpired)
   }
 
-  // Puts a new item in place of `old` (or as a new key), with a new CAS,
-  // at the hot end, then evicts from the cold end until the memory fits.
-  #link (key: string, value: Buffer, flags: number, expiry: number, old: Item | null, now: number): Item {
-    if (old !== null) this.#unlink(old)
-    const item = new Item(key, value, flags, expiry, ++this.#cas)
-    this.#items.set(key, item)
-    this.#pushHead(item)
-    this.#usedBytes += item.size
+  // The live item under `key`, or NONE; an expired one found is unlinked.
+  #findHashed (key: Uint8Array, hash: number, now: number, countExpired: boolean): number {
+    const id = this.#lookup(key, hash)
+    if (id === NONE) return NONE
+    const expires = this.#times[id * 2 + EXPIRES]!
+    if (expires !== 0 && expires <= now) {
+      if (countExpired) this.stats.get_expired++
+      this.stats.reclaimed++
+      this.#unlink(id)
+      return NONE
+    }
+    return id
+  }
+
+  #lookup (key: Uint8Array, hash: number): number {
+    const length = key.length
+    const meta = this.#meta
+    for (let id = this.#buckets[hash & (this.#buckets.length - 1)]!; id !== NONE; id = meta[id * STRIDE + CHAIN]!) {
+      const m = id * STRIDE
+      if (meta[m + HASH] !== hash || meta[m + KEY_BYTES] !== length) continue
+      const page = meta[m + PAGE]!
+      const memory = page >= 0 ? this.#pages[page]! : this.#own[-1 - page]!
+      const at = meta[m + OFFSET]!
+      let i = 0
+      while (i < length && memory[at + i] === key[i]) i++
+      if (i === length) return id
+    }
+    return NONE
+  }
+
+  // The buffer an item's bytes are in (its page, or its own), key first at OFFSET.
+  #memoryOf (id: number): Buffer {
+    const page = this.#meta[id * STRIDE + PAGE]!
+    return page >= 0 ? this.#pages[page]! : this.#own[-1 - page]!
+  }
+
+  #valueView (id: number): Buffer {
+    const m = id * STRIDE
+    const at = this.#meta[m + OFFSET]! + this.#meta[m + KEY_BYTES]!
+    return this.#memoryOf(id).subarray(at, at + this.#meta[m + VALUE_BYTES]!)
+  }
+
+  #item (id: number): Item {
+    const m = id * STRIDE
+    const meta = this.#meta
+    return new Item(this.#times[id * 2 + CAS]!, this.#flags[id]!, this.#times[id * 2 + EXPIRES]!, this.#memoryOf(id),
+      meta[m + OFFSET]!, meta[m + KEY_BYTES]!, meta[m + VALUE_BYTES]!)
+  }
+
+  // Makes a new item (no item has its key now) with a new CAS at the hot
+  // end, then evicts from the cold end until the memory fits.
+  #link (key: Uint8Array, hash: number, value: Uint8Array, flags: number, expiry: number, now: number): Item {
+    const id = this.#newId()
+    const keyLength = key.length
+    const valueLength = value.length
+    const meta = this.#meta
+    const m = id * STRIDE
+    meta[m + KEY_BYTES] = keyLength
+    meta[m + VALUE_BYTES] = valueLength
+    this.#place(id, keyLength + valueLength, valueLength, now)
+    const memory = this.#memoryOf(id)
+    const at = meta[m + OFFSET]!
+    memory.set(key, at)
+    if (valueLength !== 0) memory.set(value, at + keyLength)
+    this.#times[id * 2 + CAS] = ++this.#lastCas
+    this.#times[id * 2 + EXPIRES] = expiry
+    this.#flags[id] = flags
+    meta[m + HASH] = hash
+    const bucket = hash & (this.#buckets.length - 1)
+    meta[m + CHAIN] = this.#buckets[bucket]!
+    this.#buckets[bucket] = id
+    this.#count++
+    this.#pushHead(id)
+    this.#usedBytes += keyLength + valueLength + ITEM_OVERHEAD_BYTES
     this.stats.total_items++
-    this.#evictFor(item, now)
-    return item
+    this.#evictFor(id, now)
+    if (this.#count > this.#buckets.length) this.#rehash()
+    return this.#item(id)
+  }
+
+  // Finds the item's memory: a free chunk of its class, a new page, or an
+  // evicted item's chunk; a buffer of its own when it is too large for a
+  // chunk or no chunk of its class is to be had.
+  #place (id: number, bytes: number, valueBytes: number, now: number): void {
+    const m = id * STRIDE
+    if (valueBytes <= SLAB_VALUE_BYTES) {
+      const cls = CLASS_OF[(bytes + 7) >> 3]!
+      const free = this.#freeChunks[cls]!
+      if (free.length === 0) this.#growClass(cls, now)
+      const chunk = free.pop()
+      if (chunk !== undefined) {
+        this.#meta[m + PAGE] = Math.floor(chunk / PAGE_BYTES)
+        this.#meta[m + OFFSET] = chunk % PAGE_BYTES
+        return
+      }
+    }
+    const index = this.#freeOwn.pop() ?? this.#own.length
+    this.#own[index] = Buffer.allocUnsafeSlow(bytes)
+    this.#meta[m + PAGE] = -1 - index
+    this.#meta[m + OFFSET] = 0
+  }
+
+  // Gives a class free chunks: a new page while the pages are within the
+  // limit (a class's first page always), else the chunk of the item of
+  // that class nearest the cold end (within EVICTION_SEARCH of it).
+  #growClass (cls: number, now: number): void {
+    if (this.#classPages[cls] === 0 || (this.#pages.length + 1) * PAGE_BYTES <= this.memoryBytes) {
+      const page = this.#pages.length
+      this.#pages.push(Buffer.allocUnsafeSlow(PAGE_BYTES))
+      this.#pageClass.push(cls)
+      this.#classPages[cls]!++
+      const size = CHUNK_BYTES[cls]!
+      const free = this.#freeChunks[cls]!
+      // Pushed last to first, so that chunks are handed out in address order.
+      for (let at = Math.floor(PAGE_BYTES / size) * size - size; at >= 0; at -= size) free.push(page * PAGE_BYTES + at)
+      return
+    }
+    let victim = this.#tail
+    for (let i = 0; i < EVICTION_SEARCH && victim !== NONE; i++, victim = this.#meta[victim * STRIDE + PREV]!) {
+      const page = this.#meta[victim * STRIDE + PAGE]!
+      if (page < 0 || this.#pageClass[page] !== cls) continue
+      this.#countEviction(victim, now)
+      this.#unlink(victim)
+      return
+    }
+  }
+
+  #countEviction (id: number, now: number): void {
+    const expires = this.#times[id * 2 + EXPIRES]!
+    if (expires !== 0 && expires <= now) this.stats.reclaimed++
+    else this.stats.evictions++
   }
 
   // Evicts least recently used items (never `keep`, which is at the head)
   // until the used bytes are within the limit. Expired ones at the tail
   // count as reclaimed, not evicted.
-  #evictFor (keep: Item, now: number): void {
+  #evictFor (keep: number, now: number): void {
     while (this.#usedBytes > this.memoryBytes) {
       const victim = this.#tail
-      if (victim === null || victim === keep) return
-      if (victim.expiresAt !== 0 && victim.expiresAt <= now) this.stats.reclaimed++
-      else this.stats.evictions++
+      if (victim === NONE || victim === keep) return
+      this.#countEviction(victim, now)
       this.#unlink(victim)
     }
   }
 
-  #drop (key: string): void {
-    const item = this.#items.get(key)
-    if (item !== undefined) this.#unlink(item)
+  // Takes the item out of the table and the LRU list and frees its memory.
+  #unlink (id: number): void {
+    const meta = this.#meta
+    const m = id * STRIDE
+    const bucket = meta[m + HASH]! & (this.#buckets.length - 1)
+    let at = this.#buckets[bucket]!
+    if (at === id) {
+      this.#buckets[bucket] = meta[m + CHAIN]!
+    } else {
+      while (meta[at * STRIDE + CHAIN] !== id) at = meta[at * STRIDE + CHAIN]!
+      meta[at * STRIDE + CHAIN] = meta[m + CHAIN]!
+    }
+    const prev = meta[m + PREV]!
+    const next = meta[m + NEXT]!
+    if (prev === NONE) this.#head = next
+    else meta[prev * STRIDE + NEXT] = next
+    if (next === NONE) this.#tail = prev
+    else meta[next * STRIDE + PREV] = prev
+    this.#count--
+    this.#usedBytes -= meta[m + KEY_BYTES]! + meta[m + VALUE_BYTES]! + ITEM_OVERHEAD_BYTES
+    const page = meta[m + PAGE]!
+    if (page < 0) {
+      this.#own[-1 - page] = undefined
+      this.#freeOwn.push(-1 - page)
+    } else {
+      this.#freeChunks[this.#pageClass[page]!]!.push(page * PAGE_BYTES + meta[m + OFFSET]!)
+    }
+    this.#freeIds.push(id)
   }
 
-  #unlink (item: Item): void {
-    this.#items.delete(item.key)
-    const { prev, next } = item
-    if (prev === null) this.#head = next
-    else prev.next = next
-    if (next === null) this.#tail = prev
-    else next.prev = prev
-    item.prev = item.next = null
-    this.#usedBytes -= item.size
-  }
-
-  #pushHead (item: Item): void {
+  #pushHead (id: number): void {
+    const meta = this.#meta
     const head = this.#head
-    item.prev = null
-    item.next = head
-    if (head === null) this.#tail = item
-    else head.prev = item
-    this.#head = item
+    meta[id * STRIDE + PREV] = NONE
+    meta[id * STRIDE + NEXT] = head
+    if (head === NONE) this.#tail = id
+    else meta[head * STRIDE + PREV] = id
+    this.#head = id
   }
 
   // Moves an item to the hot end.
-  #bump (item: Item): void {
-    if (item === this.#head) return
-    const { prev, next } = item
+  #bump (id: number): void {
+    if (id === this.#head) return
+    const meta = this.#meta
     // Not the head, so prev is set.
-    prev!.next = next
-    if (next === null) this.#tail = prev
-    else next.prev = prev
-    this.#pushHead(item)
+    const prev = meta[id * STRIDE + PREV]!
+    const next = meta[id * STRIDE + NEXT]!
+    meta[prev * STRIDE + NEXT] = next
+    if (next === NONE) this.#tail = prev
+    else meta[next * STRIDE + PREV] = prev
+    this.#pushHead(id)
   }
 
+  #newId (): number {
+    if (this.#freeIds.length === 0) this.#grow()
+    return this.#freeIds.pop()!
+  }
+
+  // Doubles the fields' arrays; the new ids go on the free list.
+  #grow (): void {
+    const old = this.#capacity
+    const capacity = Math.max(1024, old * 2)
+    const meta = new Int32Array(capacity * STRIDE)
+    meta.set(this.#meta)
+    this.#meta = meta
+    const times = new Float64Array(capacity * 2)
+    times.set(this.#times)
+    this.#times = times
+    const flags = new Uint32Array(capacity)
+    flags.set(this.#flags)
+    this.#flags = flags
+    this.#capacity = capacity
+    for (let id = capacity - 1; id >= old; id--) this.#freeIds.push(id)
+  }
+
+  // Doubles the buckets (kept at least as many as the items).
+  #rehash (): void {
+    const meta = this.#meta
+    const buckets = new Int32Array(this.#buckets.length * 2).fill(NONE)
+    const mask = buckets.length - 1
+    for (let id = this.#head; id !== NONE; id = meta[id * STRIDE + NEXT]!) {
+      const bucket = meta[id * STRIDE + HASH]! & mask
+      meta[id * STRIDE + CHAIN] = buckets[bucket]!
+      buckets[bucket] = id
+    }
+    this.#buckets = buckets
+  }
+
+  // Everything goes: memory back to the runtime, fields reset.
   #clear (): void {
-    this.#items.clear()
-    this.#head = this.#tail = null
+    this.#capacity = 0
+    this.#meta = new Int32Array(0)
+    this.#times = new Float64Array(0)
+    this.#flags = new Uint32Array(0)
+    this.#freeIds = []
+    this.#buckets = new Int32Array(1024).fill(NONE)
+    this.#count = 0
+    this.#head = this.#tail = NONE
     this.#usedBytes = 0
+    this.#pages = []
+    this.#pageClass = []
+    this.#freeChunks = CHUNK_BYTES.map(() => [])
+    this.#classPages = CHUNK_BYTES.map(() => 0)
+    this.#own = []
+    this.#freeOwn = []
   }
 }
 
@@ -459,20 +769,7 @@ function isSpace (byte: number): boolean {
   return byte === 0x20 || (byte >= 0x09 && byte <= 0x0d)
 }
 
-// A copy of a value that shares memory with nothing: an item must not pin
-// the read chunk it arrived in (a pooled Buffer.allocUnsafe slice would pin
-// an 8 KiB pool slab, so the memory limit would no longer bound the heap).
-function copyOf (value: Uint8Array): Buffer {
-  if (value.length === 0) return EMPTY
-  const copy = Buffer.allocUnsafeSlow(value.length)
-  copy.set(value, 0)
-  return copy
-}
-
-// A number's decimal digits in a buffer of its own (not a pool slice, as copyOf).
+// A number's decimal digits (copied into the item's chunk).
 function digitsOf (number: bigint): Buffer {
-  const text = number.toString()
-  const bytes = Buffer.allocUnsafeSlow(text.length)
-  bytes.write(text, 0, 'latin1')
-  return bytes
+  return Buffer.from(number.toString(), 'latin1')
 }

@@ -5,7 +5,7 @@
  * memcached's statuses (checked against memcached 1.6.18).
  */
 import t from 'tap'
-import { ITEM_OVERHEAD_BYTES, Item, MAX_RELATIVE_EXPTIME_S, MemcachedStore, Status, expiresAt, parseU64, type StoreOptions } from '../../examples/memcached/store.js'
+import { ITEM_OVERHEAD_BYTES, Item, MAX_RELATIVE_EXPTIME_S, MemcachedStore, PAGE_BYTES, SLAB_VALUE_BYTES, Status, expiresAt, parseU64, type StoreOptions } from '../../examples/memcached/store.js'
 
 /** A store on a clock that only moves when told (starting on 2026-01-01, in ms). */
 function storeAt (options: StoreOptions = {}): { store: MemcachedStore, clock: { now: number } } {
@@ -306,14 +306,32 @@ t.test('APPEND/PREPEND with a CAS, and the size limit', async t => {
   t.equal(item(store.concat('k', Buffer.alloc(largest - 2), false, 0)).value.length, largest)
 })
 
-t.test('an earlier answer keeps its value when the item changes', async t => {
+t.test('an earlier answer keeps a large value when the item changes (sent without a copy)', async t => {
   const { store } = storeAt()
-  item(store.store('set', 'k', bytes('one'), 0, 0, 0))
+  const one = Buffer.alloc(SLAB_VALUE_BYTES + 1, 'a')
+  item(store.store('set', 'k', one, 0, 0, 0))
   const before = store.get('k')!.value
+  t.not(before.buffer, one.buffer)
   item(store.concat('k', bytes('+'), false, 0))
-  item(store.store('set', 'k', bytes('two'), 0, 0, 0))
+  item(store.store('set', 'k', Buffer.alloc(SLAB_VALUE_BYTES + 1, 'b'), 0, 0, 0))
   store.delete('k', 0)
-  t.equal(before.toString(), 'one')
+  t.ok(before.equals(one), 'its own buffer is never written over')
+})
+
+t.test('slab chunks: a freed chunk is reused; pages stay within the memory limit', async t => {
+  const { store } = storeAt({ memoryBytes: 4 * PAGE_BYTES })
+  item(store.store('set', 'a', bytes('one'), 0, 0, 0))
+  const first = store.get('a')!.value
+  store.delete('a', 0)
+  item(store.store('set', 'b', bytes('two'), 0, 0, 0))
+  t.equal(first.toString(), 'two', 'the same chunk (hence: small values are copied when answered)')
+  const value = Buffer.alloc(1000, 'x')
+  for (let i = 0; i < 20_000; i++) item(store.store('set', `key${i}`, value, 0, 0, 0))
+  t.ok(store.heldBytes <= 4 * PAGE_BYTES + PAGE_BYTES, `held ${store.heldBytes} bytes`)
+  t.ok(store.usedBytes <= store.memoryBytes)
+  t.ok(store.stats.evictions > 0)
+  t.equal(store.get('key19999')!.value.toString(), value.toString(), 'the latest is there')
+  t.equal(store.get('key0'), null, 'the oldest went')
 })
 
 t.test('FLUSH: now, or after a delay; a later flush replaces a pending one', async t => {

@@ -1,0 +1,243 @@
+/**
+ * The memcached example against a real memcached, under memcaslap's default
+ * binary workload (64-byte keys, 1 KiB values, 1:9 set:get, 16 connections
+ * from one client thread):
+ *
+ *   npx tsc -p tsconfig.json && node dist/bench/memcached.js [--rounds 3] [--seconds 5] [--reactors 1,2]
+ *
+ * It starts `memcached -t 1 -U 0 -l 127.0.0.1 -p <free port>` (with `-u
+ * root` when run as root, which memcached requires) and, per reactors
+ * value, `node dist/examples/memcached/main.js --port 0 --reactors N`. Each
+ * round runs `memcaslap -s 127.0.0.1:P -T 1 -c 16 -t <seconds>s -B` once
+ * against each server, one after the other, the order flipped every round:
+ * the VM's speed drifts over tens of seconds, so only runs close in time
+ * compare. It reads memcaslap's last line (`Ops: N TPS: T`) and prints, per
+ * round, both TPS and their ratio (example / memcached), then the median
+ * ratio per reactors value and how many rounds reached 0.8.
+ *
+ * It also reports each server's CPU time per operation (µs/op): utime +
+ * stime from /proc/PID/stat of the server process and of its live children
+ * (the reactor processes `--reactors 2` forks), sampled just before and
+ * after each memcaslap run.
+ *
+ * Client and servers share the machine's cores: do not run it beside
+ * another benchmark (or a test suite), whose load would skew both sides.
+ * Every process it starts is killed by PID at the end, also on error.
+ */
+import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
+import { readFileSync, readdirSync } from 'node:fs'
+import { createServer } from 'node:net'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+
+const HOST = '127.0.0.1'
+const TARGET_RATIO = 0.8
+const CLOCK_TICKS = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100
+const EXAMPLE = fileURLToPath(new URL('../examples/memcached/main.js', import.meta.url))
+
+const started: ChildProcess[] = []
+
+function freePort (): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer()
+    server.once('error', reject)
+    server.listen(0, HOST, () => {
+      const address = server.address()
+      server.close(() => typeof address === 'object' && address !== null ? resolve(address.port) : reject(new Error('no port')))
+    })
+  })
+}
+
+// Starts a process and resolves once a line of its stdout or stderr matches
+// (memcached prints nothing: it is given a probe instead), rejecting if it exits or times out.
+function startProcess (command: string, args: string[], ready: (text: string) => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<ChildProcess> {
+  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'] })
+  started.push(child)
+  let text = ''
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${command} not ready after ${timeoutMs} ms: ${text}`)), timeoutMs)
+    const check = async (): Promise<void> => {
+      if (await ready(text)) {
+        clearTimeout(timer)
+        resolve(child)
+      }
+    }
+    const onData = (d: Buffer): void => {
+      text += d.toString()
+      void check()
+    }
+    child.stdout!.on('data', onData)
+    child.stderr!.on('data', onData)
+    child.once('error', (err) => { clearTimeout(timer); reject(err) })
+    child.once('exit', (code, signal) => { clearTimeout(timer); reject(new Error(`${command} exited (${code ?? signal}): ${text}`)) })
+    void check()
+  })
+}
+
+async function portOpen (port: number): Promise<boolean> {
+  const { connect } = await import('node:net')
+  return new Promise((resolve) => {
+    const socket = connect(port, HOST)
+    socket.once('connect', () => { socket.destroy(); resolve(true) })
+    socket.once('error', () => resolve(false))
+  })
+}
+
+async function startMemcached (): Promise<{ child: ChildProcess, port: number }> {
+  const port = await freePort()
+  const user = process.getuid?.() === 0 ? ['-u', 'root'] : []
+  const child = await startProcess('memcached', [...user, '-t', '1', '-U', '0', '-l', HOST, '-p', String(port)], async () => {
+    for (let i = 0; i < 100; i++) {
+      if (await portOpen(port)) return true
+      await new Promise((resolve) => setTimeout(resolve, 50))
+    }
+    return false
+  })
+  return { child, port }
+}
+
+async function startExample (reactors: number): Promise<{ child: ChildProcess, port: number }> {
+  let port = 0
+  const child = await startProcess(process.execPath, [EXAMPLE, '--port', '0', '--reactors', String(reactors)], (text) => {
+    const m = /listening on [\d.]+:(\d+)/.exec(text)
+    if (m !== null) port = Number(m[1])
+    return m !== null
+  }, 30_000)
+  return { child, port }
+}
+
+// CPU ticks (utime + stime) of a process and of its live children.
+function cpuTicks (pid: number): number {
+  let ticks = 0
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue
+    let stat: string
+    try {
+      stat = readFileSync(`/proc/${entry}/stat`, 'latin1')
+    } catch {
+      continue // gone meanwhile
+    }
+    // The command name is in parentheses and may hold spaces: split after it.
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    // Fields from the state on: state(3) ppid(4) ... utime(14) stime(15), numbered from 1.
+    const ppid = Number(fields[1])
+    if (Number(entry) === pid || ppid === pid) ticks += Number(fields[11]) + Number(fields[12])
+  }
+  return ticks
+}
+
+interface Run { tps: number, ops: number, cpuUsPerOp: number }
+
+// One memcaslap run, bounded in time (its own -t, plus a kill after twice that and 10 s).
+async function memcaslap (port: number, seconds: number, serverPid: number): Promise<Run> {
+  const before = cpuTicks(serverPid)
+  const child = spawn('memcaslap', ['-s', `${HOST}:${port}`, '-T', '1', '-c', '16', '-t', `${seconds}s`, '-B'], { stdio: ['ignore', 'pipe', 'pipe'] })
+  started.push(child)
+  let out = ''
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
+  child.stderr!.on('data', (d: Buffer) => { out += d.toString() })
+  const killer = setTimeout(() => child.kill('SIGKILL'), (2 * seconds + 10) * 1000)
+  await new Promise<void>((resolve, reject) => {
+    child.once('error', reject)
+    child.once('exit', () => resolve())
+  })
+  clearTimeout(killer)
+  started.splice(started.indexOf(child), 1)
+  const after = cpuTicks(serverPid)
+  const m = /Ops:\s*(\d+)\s+TPS:\s*(\d+)/.exec(out.trim().split('\n').at(-1) ?? '')
+  if (m === null) throw new Error(`memcaslap printed no TPS line: ${out.slice(-500)}`)
+  const ops = Number(m[1])
+  return { tps: Number(m[2]), ops, cpuUsPerOp: ops === 0 ? NaN : ((after - before) / CLOCK_TICKS) * 1e6 / ops }
+}
+
+function median (values: number[]): number {
+  const sorted = [...values].sort((a, b) => a - b)
+  const mid = sorted.length >> 1
+  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+// The live children of a process (the reactor processes the example forks).
+function childrenOf (pid: number): number[] {
+  const children: number[] = []
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue
+    try {
+      const stat = readFileSync(`/proc/${entry}/stat`, 'latin1')
+      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) children.push(Number(entry))
+    } catch { /* gone meanwhile */ }
+  }
+  return children
+}
+
+// SIGTERM first (the example drains and exits, taking its reactors along),
+// then SIGKILL to whatever of them (and of their children) is left after 2 s.
+async function stopAll (): Promise<void> {
+  const pids: number[] = []
+  for (const child of started) {
+    if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) continue
+    pids.push(...childrenOf(child.pid), child.pid)
+    try { process.kill(child.pid, 'SIGTERM') } catch { /* already gone */ }
+  }
+  started.length = 0
+  const alive = (pid: number): boolean => {
+    try { process.kill(pid, 0); return true } catch { return false }
+  }
+  for (let i = 0; i < 40 && pids.some(alive); i++) await new Promise((resolve) => setTimeout(resolve, 50))
+  for (const pid of pids) {
+    try { process.kill(pid, 'SIGKILL') } catch { /* already gone */ }
+  }
+}
+
+async function main (): Promise<void> {
+  const { values } = parseArgs({
+    options: {
+      rounds: { type: 'string', default: '3' },
+      seconds: { type: 'string', default: '5' },
+      reactors: { type: 'string', default: '1' }
+    },
+    strict: true
+  })
+  const rounds = Number(values.rounds)
+  const seconds = Number(values.seconds)
+  const reactorsList = values.reactors.split(',').map(Number)
+  if (!Number.isInteger(rounds) || rounds < 1 || !Number.isInteger(seconds) || seconds < 1 || reactorsList.some((n) => !Number.isInteger(n) || n < 1)) {
+    throw new RangeError('--rounds, --seconds and --reactors (a comma-separated list) take positive integers')
+  }
+  try {
+    const memcached = await startMemcached()
+    const examples = new Map<number, { child: ChildProcess, port: number }>()
+    for (const reactors of reactorsList) examples.set(reactors, await startExample(reactors))
+    console.log(`memcaslap -T 1 -c 16 -t ${seconds}s -B; ${rounds} rounds; memcached pid ${memcached.child.pid}; ratio = example / memcached`)
+    console.log('reactors round  memcached TPS  µs/op   example TPS  µs/op   ratio')
+    const summary: string[] = []
+    for (const reactors of reactorsList) {
+      const example = examples.get(reactors)!
+      const ratios: number[] = []
+      for (let round = 0; round < rounds; round++) {
+        const exampleFirst = round % 2 === 1
+        const runs: Record<'memcached' | 'example', Run | undefined> = { memcached: undefined, example: undefined }
+        for (const which of exampleFirst ? ['example', 'memcached'] as const : ['memcached', 'example'] as const) {
+          const server = which === 'memcached' ? memcached : example
+          runs[which] = await memcaslap(server.port, seconds, server.child.pid!)
+        }
+        const m = runs.memcached!
+        const e = runs.example!
+        const ratio = e.tps / m.tps
+        ratios.push(ratio)
+        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${exampleFirst ? '  (example first)' : ''}`)
+      }
+      summary.push(`reactors ${reactors}: median ratio ${median(ratios).toFixed(3)}, ${ratios.filter((r) => r >= TARGET_RATIO).length}/${rounds} rounds at ≥ ${TARGET_RATIO}`)
+    }
+    for (const line of summary) console.log(line)
+  } finally {
+    await stopAll()
+  }
+}
+
+// Interrupted: still take the servers down.
+process.once('SIGINT', () => { void stopAll().then(() => process.exit(130)) })
+
+main().catch((err: unknown) => {
+  console.error(err instanceof Error ? err.message : err)
+  process.exitCode = 1
+})
