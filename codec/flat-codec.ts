@@ -102,15 +102,23 @@ function rv (b: Uint8Array, p: number, end: number): number {
 // its three-byte form), Buffer's at 40 and over (which writes U+FFFD).
 const utf8 = protobuf.util.utf8
 /** Buffer's UTF-8 methods that protobufjs's node writer and reader use (not in @types/node). */
-interface Utf8Buffer { utf8Write: (s: string, at: number, len: number) => number, utf8Slice: (start: number, end: number) => string }
+const bufferMethods = Buffer.prototype as unknown as Utf8Buffer
+interface Utf8Buffer { utf8Write: (s: string, at: number, len: number) => number, latin1Write: (s: string, at: number, len: number) => number, utf8Slice: (start: number, end: number) => string }
 
+// An ASCII string (Buffer's byte length equals its UTF-16 length only
+// then) is the same bytes whichever encoder writes it: measured and written
+// natively (26 + 40 ns for 32 characters here, against 59 + 67 ns for
+// protobufjs's JS encoder).
 function slen (v: string): number {
-  return v.length < 40 ? utf8.length(v) : Buffer.byteLength(v)
+  const bytes = Buffer.byteLength(v)
+  return bytes === v.length || v.length >= 40 ? bytes : utf8.length(v)
 }
 
 function wstr (out: Uint8Array, at: number, v: string, len: number): number {
-  if (v.length < 40) utf8.write(v, out, at)
-  else (out as unknown as Utf8Buffer).utf8Write(v, at, len)
+  // Buffer's methods work on any Uint8Array `out` (called on it).
+  if (len === v.length) bufferMethods.latin1Write.call(out, v, at, len)
+  else if (v.length < 40) utf8.write(v, out, at)
+  else bufferMethods.utf8Write.call(out, v, at, len)
   return at + len
 }
 
