@@ -91,7 +91,8 @@ export class ScanDecoder implements Deframer {
       if (size <= 0) {
         const tooLarge = this.#checkBound(Math.max(-size, length - offset))
         if (tooLarge !== null) return tooLarge
-        const first = Math.max(FIRST_PIECE_BYTES, 2 * (length - offset), -size)
+        // Sized by what arrived, never by what the scanner says the frame will need.
+        const first = Math.max(FIRST_PIECE_BYTES, 2 * (length - offset))
         this.#partial = Buffer.allocUnsafe(Math.min(first, this.#maxFrameBytes + 1))
         this.#filled = 0
         this.#append(chunk, offset, length)

@@ -237,11 +237,25 @@ export class CallDispatch {
     // Taken apart into one reused head: no header objects per call.
     const head = this.#head
     head.reset(start, end)
-    const malformed = protocol.decodeHead(buf, start, end, head)
+    let malformed: RpcError | null
+    try {
+      malformed = protocol.decodeHead(buf, start, end, head)
+    } catch (err) {
+      // A protocol that breaks its contract must not take the process down: the frame is bad.
+      malformed = new RpcError(ErrorCode.MALFORMED_FRAME, `the ${protocol.name} protocol could not decode a frame: ${describeFailure(err)}`)
+    }
     if (malformed !== null) return this.#badFrame(sc, malformed)
     const inOrder = this.#inOrder
     const seq = inOrder ? sc.nextSeq++ : -1
-    if (!inOrder && sc.inFlight.has(head.callId)) return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `received duplicate call id ${head.callId}`))
+    // The in-flight table takes 32-bit keys: an in-order seq wraps there
+    // (2^32 requests would have to be in flight to collide), an id must be
+    // an integer of 32 bits, signed or not (a u32 maps one to one).
+    const callId = head.callId
+    if (!inOrder && !(Number.isInteger(callId) && callId >= -0x80000000 && callId <= 0xffffffff)) {
+      return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `call id ${callId} is not a 32-bit integer`))
+    }
+    const key = inOrder ? seq | 0 : callId | 0
+    if (!inOrder && sc.inFlight.has(key)) return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `received duplicate call id ${callId}`))
     const host = this.#host
     host.stats.callsReceived++
 
@@ -249,13 +263,18 @@ export class CallDispatch {
     if (sc.retiredAt >= 0) return this.#refuseHead(sc, seq, 'shutdown', 'connection reached its maximum age; reconnect')
     const route = this.#route(head)
     if (route === undefined) return this.#unrouted(sc, seq)
-    const request = protocol.decodeRequest(route, buf, head)
+    let request: unknown
+    try {
+      request = protocol.decodeRequest(route, buf, head)
+    } catch (err) {
+      request = new InvalidRequest(`the request could not be decoded: ${describeFailure(err)}`, err)
+    }
     if (request instanceof InvalidRequest) return this.#refuseHead(sc, seq, 'invalid', request.message, request.detail)
     const group = route.group
     const call = new group.callType(route, sc.peer, head.callId, receivedAt, head.timeoutMs > 0 ? head.timeoutMs : host.defaults.requestTimeoutMs, head.data, request, this.#clock)
     call.owner = sc
     call.seq = seq
-    sc.inFlight.set(inOrder ? seq : head.callId, call)
+    sc.inFlight.set(key, call)
     this.#submitting = call
     if (group.dispatcher === null) this.#runHandler(call)
     else group.dispatcher.submit(call, this.#lastNow)
@@ -383,7 +402,7 @@ export class CallDispatch {
     // Running in the loop (not queued, not elsewhere), long enough, and within the bound.
     if (pool === undefined || group.abandonAfterMs <= 0 || Number.isNaN(call.handledAt) || call.worker < 0 ||
       now - since < group.abandonAfterMs || group.abandoned >= group.maxAbandoned) return
-    this.#orphans.delete(call)
+    if (this.#orphans.size > 0) this.#orphans.delete(call)
     call.abandoned = true
     group.abandoned++
     this.#host.stats.handlersAbandoned++
@@ -454,9 +473,14 @@ export class CallDispatch {
     this.#host.answered()
   }
 
-  // Sends an answer the server made (or holds it until its turn); null: close the connection.
+  // Sends an answer the server made (or holds it until its turn); null:
+  // close the connection instead, once the answers before it have gone.
   #emit (sc: ServerConnection, seq: number, slices: AnswerSlices): void {
     if (slices === null) {
+      if (this.#inOrder ? seq > sc.sendSeq : sc.inFlight.size > 0) {
+        sc.requestClose(this.#inOrder ? seq - 1 : -1)
+        return
+      }
       sc.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
       return
     }
@@ -492,18 +516,12 @@ export class CallDispatch {
     }
   }
 
-  // A call asked to close its connection after its answer: nothing more is
-  // read, and the connection ends once the requests before it are answered
-  // too (in order: when its turn has passed; by id: when none is in flight).
+  // A call that asked to close its connection (requestClose: nothing more
+  // is read) was answered: the connection ends once the requests before it
+  // are answered too (in order: #advance ends it when its turn has passed;
+  // by id: when no call is in flight).
   #closeAfter (sc: ServerConnection, call: InboundCall): void {
-    sc.closing = true
-    if (this.#inOrder) {
-      if (sc.closeAfterSeq < 0 || call.seq < sc.closeAfterSeq) sc.closeAfterSeq = call.seq
-      // Its answer has left (the connection ends now), or leaves after the earlier ones (#advance ends it).
-      if (sc.sendSeq <= sc.closeAfterSeq) return
-    } else if (sc.inFlight.size > 0) {
-      return
-    }
+    if (this.#inOrder ? sc.sendSeq <= sc.closeAfterSeq : sc.inFlight.size > 0) return
     sc.connection.endAfterFlush()
   }
 
@@ -527,7 +545,8 @@ export class CallDispatch {
     const sc = call.owner as ServerConnection | null
     call.owner = null
     if (sc === null) return undefined
-    sc.inFlight.delete(this.#inOrder ? call.seq : call.callId)
+    if (this.#orphans.size > 0) this.#orphans.delete(call)
+    sc.inFlight.delete(this.#inOrder ? call.seq | 0 : call.callId | 0)
     // By id, a connection asked to close waits for its last call (answered just after this).
     if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => sc.connection.endAfterFlush())
     return sc.connection.isClosed ? undefined : sc

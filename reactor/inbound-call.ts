@@ -117,7 +117,10 @@ export class InboundCall implements CallContext, CallInfo {
   }
 
   closeConnection (): void {
+    if (this.closeAfter) return
     this.closeAfter = true
+    // At once: nothing after this request is read, and (in order) no answer after its own is sent.
+    ;(this.owner as { requestClose?: (seq: number) => void } | null)?.requestClose?.(this.seq)
   }
 
   // The AbortController and its deadline timer are made only for handlers

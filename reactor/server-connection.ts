@@ -62,10 +62,25 @@ export class ServerConnection implements AdmissionCandidate {
     return this.lastActiveAt
   }
 
-  /** Keeps the answer of `seq` until the answers before it have gone. */
+  /**
+   * A call asked to close the connection after its answer (in order: the
+   * answer of `seq`; -1 for protocols matched by id): nothing more is read
+   * from now on, and no answer after it is sent.
+   */
+  requestClose (seq: number): void {
+    this.closing = true
+    if (seq >= 0 && (this.closeAfterSeq < 0 || seq < this.closeAfterSeq)) this.closeAfterSeq = seq
+    this.connection.stopReading()
+  }
+
+  /**
+   * Keeps the answer of `seq` until the answers before it have gone. Each
+   * held answer counts at least HELD_ENTRY_BYTES, so that a peer cannot
+   * park unbounded numbers of empty answers behind a slow one.
+   */
   hold (seq: number, slices: AnswerSlices): void {
     (this.#held ??= new Map()).set(seq, slices)
-    if (slices !== null) for (const slice of slices) this.heldBytes += slice.length
+    this.heldBytes += heldBytesOf(slices)
   }
 
   /** The held answer whose turn it is now, if it is ready; `undefined` when it is not. */
@@ -75,7 +90,16 @@ export class ServerConnection implements AdmissionCandidate {
     const slices = held.get(this.sendSeq)
     if (slices === undefined) return undefined
     held.delete(this.sendSeq)
-    if (slices !== null) for (const slice of slices) this.heldBytes -= slice.length
+    this.heldBytes -= heldBytesOf(slices)
     return slices
   }
+}
+
+/** What one held answer costs at least: its map entry and slot. */
+const HELD_ENTRY_BYTES = 64
+
+function heldBytesOf (slices: AnswerSlices): number {
+  let bytes = HELD_ENTRY_BYTES
+  if (slices !== null) for (const slice of slices) bytes += slice.length
+  return bytes
 }

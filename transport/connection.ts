@@ -307,6 +307,16 @@ export class Connection {
     this.destroy(error)
   }
 
+  /**
+   * Reads no more frames (the rest of the current read and later reads are
+   * dropped), without ending the socket: answers already due still go out.
+   */
+  stopReading (): void {
+    if (this.#closed) return
+    this.#decoder.stop()
+    this.#reportHeld()
+  }
+
   /** Writes the queued frames, then ends the socket (after a fatal error reply, or a server's drained shutdown). */
   endAfterFlush (error?: RpcError): void {
     if (this.#closed || this.#ending) return

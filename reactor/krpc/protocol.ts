@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { KrpcCode, krpcCodeOf } from '../../codec/krpc/codes.js'
+import { KrpcCode, krpcCodeName, krpcCodeOf } from '../../codec/krpc/codes.js'
 import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead } from '../../codec/krpc/frames.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
 import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type Handshake, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
@@ -158,13 +158,15 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
   refusal (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
     if (reason === 'failed') {
       const code = krpcCodeOf(detail)
-      if (code !== undefined) return encodeErrorFrame(call.callId, code, stripCodePrefix(message))
+      if (code !== undefined) return encodeErrorFrame(call.callId, code, stripCodePrefix(message, code))
     }
     const flags = reason === 'invalid' && Array.isArray(detail) ? detail as number[] : undefined
     return encodeErrorFrame(call.callId, REFUSAL_CODES[reason], message, flags)
   }
 }
 
-function stripCodePrefix (message: string): string {
-  return message.replace(/^[A-Z_]+: /, '')
+// A handler's `krpcError(KrpcCode.X, 'X: why')` answers 'why', as Kudu's status text is the message alone.
+function stripCodePrefix (message: string, code: number): string {
+  const prefix = `${krpcCodeName(code)}: `
+  return message.startsWith(prefix) ? message.slice(prefix.length) : message
 }

@@ -38,7 +38,8 @@ class LineScanner implements FrameScanner {
 
 export const scanners: LineScanner[] = []
 
-export function linesProtocol (): ServerProtocol<string, string | undefined> {
+/** `closeOnUnknown`: an unknown route closes the connection (refusal null) instead of an -ERR line. */
+export function linesProtocol (options: { closeOnUnknown?: boolean } = {}): ServerProtocol<string, string | undefined> {
   return {
     name: 'lines',
     framing: { scanner: () => { const s = new LineScanner(); scanners.push(s); return s } },
@@ -60,7 +61,8 @@ export function linesProtocol (): ServerProtocol<string, string | undefined> {
     encodeInto (_call, response, out, at): void {
       out.write(`${response!}\n`, at, 'latin1')
     },
-    refusal: (_call: CallInfo, reason: RefusalReason, message: string): AnswerSlices => [Buffer.from(`-ERR ${reason} ${message.split('\n')[0]}\n`)]
+    refusal: (_call: CallInfo, reason: RefusalReason, message: string): AnswerSlices =>
+      options.closeOnUnknown === true && reason === 'no-method' ? null : [Buffer.from(`-ERR ${reason} ${message.split('\n')[0]}\n`)]
   }
 }
 

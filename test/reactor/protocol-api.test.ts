@@ -262,3 +262,89 @@ t.test('tagged, end to end: two frames sent one byte per read are answered as se
   await peer.until(() => taggedAnswers(peer.received).length === 2, 'both answers')
   t.same(taggedAnswers(peer.received), [['ok', 5, 'first'], ['ok', 6, '']])
 })
+
+// Found by review: each of these failed before its fix.
+
+t.test('ids of 32 bits unsigned are answered (a u32 id of 2^31 or more once crashed the process)', async (t) => {
+  const { server, open } = await start(t, 'tagged', { echo: (req: Buffer) => req })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('echo', 0x80000000, 'a'), taggedRequest('echo', 0xffffffff, 'b'), taggedRequest('echo', 7, 'c')]))
+  await peer.until(() => taggedAnswers(peer.received).length === 3, 'three answers')
+  t.same(taggedAnswers(peer.received), [['ok', 0x80000000, 'a'], ['ok', 0xffffffff, 'b'], ['ok', 7, 'c']])
+  t.equal(server.stats().badFrames, 0)
+})
+
+t.test('a protocol whose decodeHead throws, or gives a call id that is not a 32-bit integer, gets a bad frame, not a crash', async (t) => {
+  const base = taggedProtocol()
+  for (const [name, decodeHead] of [
+    ['throws', () => { throw new Error('bug') }],
+    ['fractional id', (buf: Buffer, start: number, end: number, head: { callId: number }) => { const r = base.decodeHead(buf, start, end, head as never); head.callId = 1.5; return r }]
+  ] as const) {
+    const server = new ProtocolServer({ ...base, decodeHead: decodeHead as never })
+    server.addRoutes('tagged', { echo: (req: Buffer) => req })
+    const { port } = await server.listen(0, '127.0.0.1')
+    const socket = connect(port, '127.0.0.1')
+    const peer = new Peer(socket)
+    await once(socket, 'connect')
+    socket.write(taggedRequest('echo', 1, 'x'))
+    await peer.until(() => peer.closed, `${name}: the close`)
+    t.equal(server.stats().badFrames, 1, `${name}: one bad frame`)
+    await server.close({ graceMs: 100 })
+  }
+})
+
+t.test('closeConnection() from an async handler: requests read after it are not answered', async (t) => {
+  const { server, open } = await start(t, 'lines', {
+    ...lineHandlers,
+    aquit: async (_arg: string, ctx: CallContext) => { ctx.closeConnection(); await new Promise(resolve => setTimeout(resolve, 20)); return 'bye' }
+  })
+  const peer = await open()
+  peer.socket.write('echo before\naquit\necho after1\necho after2\n')
+  await peer.until(() => peer.closed, 'the close')
+  t.equal(peer.text, 'before\nbye\n')
+  t.equal(server.stats().callsReceived, 2, 'nothing after the quit was read')
+})
+
+t.test('by id: frames arriving while a closing connection waits for its calls are dropped, not misread as bad frames', async (t) => {
+  const { server, open } = await start(t, 'tagged', {
+    sleep: async (req: Buffer) => { await new Promise(resolve => setTimeout(resolve, 60)); return req },
+    quit: (_req: Buffer, ctx: CallContext) => { ctx.closeConnection(); return Buffer.from('bye') }
+  })
+  const peer = await open()
+  const late = taggedRequest('sleep', 9, 'late')
+  peer.socket.write(Buffer.concat([taggedRequest('sleep', 1, 'slow'), taggedRequest('quit', 2), late.subarray(0, 4)]))
+  await new Promise(resolve => setTimeout(resolve, 20))
+  peer.socket.write(late.subarray(4))
+  await peer.until(() => peer.closed, 'the close')
+  t.same(taggedAnswers(peer.received), [['ok', 2, 'bye'], ['ok', 1, 'slow']])
+  t.equal(server.stats().badFrames, 0, 'no bad frame')
+})
+
+t.test('in order: empty answers held behind a slow one count against maxOutboundBytes', async (t) => {
+  const release: Array<() => void> = []
+  const { server, open } = await start(t, 'lines', { ...lineHandlers, block: (arg: string) => new Promise<string>(resolve => release.push(() => resolve(arg))) }, { maxOutboundBytes: 4096 })
+  const peer = await open()
+  peer.socket.write('block a\n' + 'quiet x\n'.repeat(200))
+  await peer.until(() => peer.closed, 'the close')
+  t.equal(server.stats().connectionsOpen, 0, 'closed: 200 held entries are over a 4 KiB bound')
+  for (const r of release) r()
+})
+
+t.test('in order: a refusal that closes the connection waits for the answers before it', async (t) => {
+  const server = new ProtocolServer(linesProtocol({ closeOnUnknown: true }))
+  server.addRoutes('lines', lineHandlers as never)
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => server.close({ graceMs: 100 }))
+  const socket = connect(port, '127.0.0.1')
+  const peer = new Peer(socket)
+  await once(socket, 'connect')
+  socket.write('sleep 30 first\necho second\nnope\necho never\n')
+  await peer.until(() => peer.closed, 'the close')
+  t.equal(peer.text, 'first\nsecond\n')
+})
+
+t.test('a scanner\'s lower bound does not make the decoder hold that much', async (t) => {
+  const decoder = new ScanDecoder({ scanner: () => ({ scan: () => -50_000_000, reset: () => {} }) })
+  t.equal(decoder.pushRanges(Buffer.from('$50000000\n'), () => {}), null)
+  t.ok(decoder.heldBytes <= 64 * 1024, `holds ${decoder.heldBytes} bytes for 10 received`)
+})
