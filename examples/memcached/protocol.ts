@@ -1,7 +1,7 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Framing } from '../../codec/frame-decoder.js'
 import { InvalidRequest, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
-import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES, SLAB_VALUE_BYTES } from './store.js'
+import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES, SLAB_VALUE_BYTES, Status } from './store.js'
 
 /**
  * memcached's binary protocol (protocol_binary.h, the BinaryProtocolRevamped
@@ -61,15 +61,9 @@ export type CommandName = keyof typeof Opcode
  * header but in the protocol's (libmemcached's binary.h, the wiki).
  */
 export const ResponseStatus = {
-  SUCCESS: 0x00,
-  KEY_ENOENT: 0x01,
-  KEY_EEXISTS: 0x02,
-  E2BIG: 0x03,
-  EINVAL: 0x04,
-  NOT_STORED: 0x05,
-  DELTA_BADVAL: 0x06,
+  // What the cache's operations answer with, then what only the server says.
+  ...Status,
   UNKNOWN_COMMAND: 0x81,
-  ENOMEM: 0x82,
   NOT_SUPPORTED: 0x83,
   EINTERNAL: 0x84,
   EBUSY: 0x85,
