@@ -35,3 +35,26 @@ t.test('the example is short, imports only the package entry point, and works as
   child.kill('SIGTERM')
   await once(child, 'exit')
 })
+
+t.test('the README\'s custom-protocol example runs too', async (t) => {
+  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8')
+  const section = readme.slice(readme.indexOf('## Custom protocols'))
+  const code = /```ts\n([\s\S]*?)```/.exec(section)![1]!
+  t.match(code, /await server\.listen\(7000\)/, 'it listens on a fixed port, which the test replaces')
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-readme-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'echo-lines.mts')
+  writeFileSync(file, code.replace("from 'nyala'", `from ${JSON.stringify(entry)}`)
+    .replace('await server.listen(7000)', 'const { port } = await server.listen(0)\nconsole.log(`listening on 127.0.0.1:${port}`)'))
+  const { child, port } = await startListening(t, file)
+  const socket = connect(port, '127.0.0.1')
+  await once(socket, 'connect')
+  let answers = ''
+  socket.on('data', (d: Buffer) => { answers += d.toString() })
+  socket.write('hello\nworld\n')
+  for (let i = 0; i < 400 && answers.split('\n').length < 3; i++) await new Promise(resolve => setTimeout(resolve, 5))
+  socket.destroy()
+  t.equal(answers, 'HELLO\nWORLD\n')
+  child.kill('SIGTERM')
+  await once(child, 'exit')
+})
