@@ -1,4 +1,4 @@
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import protobuf from 'protobufjs'
 import { ErrorCode, RpcError } from './errors.js'

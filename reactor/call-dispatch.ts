@@ -459,7 +459,7 @@ export class CallDispatch {
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
     this.#release(call, settledAt)
     if (inTurn && this.#inOrder) this.#advance(sc)
-    if (call.closeAfter) this.#closeAfter(sc, call)
+    if (call.closeAfter) this.#closeAfter(sc)
     this.#host.answered()
   }
 
@@ -469,7 +469,7 @@ export class CallDispatch {
     if (sc === undefined) return
     this.#host.stats.callsFailed++
     this.#emit(sc, call.seq, this.#protocol.refusal(call, reason, message, detail))
-    if (call.closeAfter) this.#closeAfter(sc, call)
+    if (call.closeAfter) this.#closeAfter(sc)
     this.#host.answered()
   }
 
@@ -520,7 +520,7 @@ export class CallDispatch {
   // is read) was answered: the connection ends once the requests before it
   // are answered too (in order: #advance ends it when its turn has passed;
   // by id: when no call is in flight).
-  #closeAfter (sc: ServerConnection, call: InboundCall): void {
+  #closeAfter (sc: ServerConnection): void {
     if (this.#inOrder ? sc.sendSeq <= sc.closeAfterSeq : sc.inFlight.size > 0) return
     sc.connection.endAfterFlush()
   }
@@ -572,8 +572,8 @@ function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unkn
   return out
 }
 
-/** What a handler threw, as a message; never throws itself (a thrown value may refuse String()). */
-export function describeFailure (err: unknown): string {
+// What a handler threw, as a message; never throws itself (a thrown value may refuse String()).
+function describeFailure (err: unknown): string {
   try {
     return err instanceof Error ? String(err.message) : String(err)
   } catch {

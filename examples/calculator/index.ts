@@ -1,4 +1,3 @@
-import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import { ProtoSchema, assetPath } from '../../codec/schema.js'
 import type { ServiceHandlers } from '../../reactor/krpc/server.js'
