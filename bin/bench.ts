@@ -5,6 +5,37 @@ import { SYSTEMS, type System } from '../bench/bench-ipc.js'
 import { chainsPerConnection, runBench, warmupSeconds, type BenchConfig, type BenchHooks, type BenchRow, type BenchRun } from '../bench/rpc-bench.js'
 import { median, welchTest, type WelchResult } from '../bench/welch.js'
 
+export const BENCH_USAGE = `  nyala bench [--mode sync|async] [--client-threads 16]
+              [--async-call-concurrency 60] [--worker-threads W]
+              [--server-reactors 1] [--run-seconds 1] [--warmup-seconds W]
+              [--payload-bytes 0] [--against nyala,nyala-promise,raw,grpc]
+              [--load-processes P] [--busy-poll-us U] [--json]
+              [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
+              [--server-cpu-prof DIR] [--load-cpu-prof DIR]
+      Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
+      grpc-js (a devDependency), one system after the other in one run
+      (default --against nyala,raw; in async mode nyala,nyala-promise,raw).
+      Sync: N client connections with one call outstanding each. Async: C
+      calls outstanding over N connections.
+      nyala calls as rpc-bench does: sync awaits each call's promise, async
+      re-issues each chain from the last call's callback (the stub's
+      callback form, as the raw and grpc loads do); nyala-promise awaits
+      promises in both modes.
+      Server and load run in separate processes (one load process per
+      connection, at most one per core). One row per system: Reqs/sec,
+      server user/sys CPU us and context switches per request (all server
+      processes), client CPU us per request, p50/p99/p99.9 latency us.
+      Each window follows a warm-up (default: half the window, 0.1 to 3
+      s). --payload-bytes B calls Echo with B bytes instead of Add. --json
+      prints the rows as a JSON array. --repeat K runs K times and reports
+      medians; with --compare it runs configurations A and B alternately,
+      K times each, and prints Welch's t-test on Reqs/sec with the 95 %
+      confidence interval of A - B. --server-cpu-prof DIR writes the
+      servers' V8 CPU profiles (.cpuprofile) to DIR, --load-cpu-prof DIR
+      the load processes' (the clients'). --busy-poll-us U turns on
+      nyala's busy polling (U µs) on its server and its clients.
+`
+
 /** Flags that make up a configuration (also the ones `--compare` takes). */
 const CONFIG_OPTIONS = {
   mode: { type: 'string' },

@@ -1,0 +1,206 @@
+import { createServer as createHttpServer, type Server as HttpServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { availableParallelism } from 'node:os'
+import { fileURLToPath } from 'node:url'
+import { parseArgs } from 'node:util'
+import { Registry } from 'prom-client'
+import { RpcError } from '../codec/errors.js'
+import { serveReactors, type Reactors } from '../reactor/cluster.js'
+import { consoleLogger } from '../reactor/logger.js'
+import { Server } from '../reactor/krpc/server.js'
+import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
+import { discipline, intOption } from './options.js'
+
+export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
+              [--negotiation-timeout-ms N] [--idle-timeout-ms N]
+              [--workers 10] [--queue-length 50] [--queue edf|fifo]
+              [--metrics-port P] [--threads N] [--reactors N]
+              [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
+              [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
+              [--max-outbound-bytes N] [--max-outbound-buffered-bytes N]
+              [--max-connections N] [--max-negotiating-connections 1000]
+              [--max-negotiation-bytes N] [--abandon-after-ms 5000]
+              [--shutdown-grace-ms 30000] [--burst-limit 4096]
+      Serves the demo service nyala.demo.CalculatorService. Prints
+      "listening on HOST:PORT" once it accepts connections (the real port
+      with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
+      are answered, then it exits 0. Calls go through an earliest-deadline-
+      first queue (--queue fifo: arrival order, the old behaviour) to
+      --workers concurrent handlers. --metrics-port serves Prometheus text
+      at http://HOST:P/metrics. --threads N runs the handlers in N worker
+      threads (docs/threads.md) instead of on the event loop.
+      --reactors N serves from N processes sharing the port (default: the
+      available parallelism; 1 = this process only), supervised and
+      restarted with backoff; metrics are summed over them. Connections
+      older than --max-connection-age-ms are drained and closed so clients
+      rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
+      loop polling N µs after each read or send instead of sleeping: lower
+      latency for a core spinning while busy (docs/performance.md).
+      Limits per reactor against hostile or broken peers (README, "Limits
+      and hostile peers"): a frame must arrive within --frame-timeout-ms;
+      incomplete frames of all connections hold at most
+      --max-inbound-buffered-bytes (256 MiB); a connection may have
+      --max-outbound-bytes (100 MiB) of unsent answers, all connections
+      --max-outbound-buffered-bytes (512 MiB) before the heaviest stop
+      being read; --max-connections (default: the descriptor limit less a
+      reserve) and --max-negotiating-connections bound connections; a
+      negotiation frame is at most --max-negotiation-bytes (1 MiB); a
+      handler still running --abandon-after-ms past its deadline gives its
+      worker back; SIGTERM waits at most --shutdown-grace-ms for calls and
+      flushes, then closes every connection.
+`
+
+export async function serve (args: string[]): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: {
+      host: { type: 'string', default: '127.0.0.1' },
+      port: { type: 'string', default: '7050' },
+      'max-message-bytes': { type: 'string' },
+      'negotiation-timeout-ms': { type: 'string' },
+      'idle-timeout-ms': { type: 'string' },
+      workers: { type: 'string' },
+      'queue-length': { type: 'string' },
+      queue: { type: 'string' },
+      'metrics-port': { type: 'string' },
+      threads: { type: 'string' },
+      reactors: { type: 'string' },
+      'max-connection-age-ms': { type: 'string' },
+      'busy-poll-us': { type: 'string' },
+      'frame-timeout-ms': { type: 'string' },
+      'max-inbound-buffered-bytes': { type: 'string' },
+      'max-outbound-bytes': { type: 'string' },
+      'max-outbound-buffered-bytes': { type: 'string' },
+      'max-connections': { type: 'string' },
+      'max-negotiating-connections': { type: 'string' },
+      'max-negotiation-bytes': { type: 'string' },
+      'abandon-after-ms': { type: 'string' },
+      'shutdown-grace-ms': { type: 'string' },
+      'burst-limit': { type: 'string' },
+      verbose: { type: 'boolean', default: false }
+    },
+    strict: true
+  })
+  const options: ConstructorParameters<typeof Server>[0] = { logger: consoleLogger(values.verbose) }
+  const limitFlags = {
+    frameTimeoutMs: 'frame-timeout-ms',
+    maxInboundBufferedBytes: 'max-inbound-buffered-bytes',
+    maxOutboundBytes: 'max-outbound-bytes',
+    maxOutboundBufferedBytes: 'max-outbound-buffered-bytes',
+    maxConnections: 'max-connections',
+    maxNegotiatingConnections: 'max-negotiating-connections',
+    maxNegotiationBytes: 'max-negotiation-bytes',
+    abandonAfterMs: 'abandon-after-ms',
+    burstLimit: 'burst-limit'
+  } as const
+  for (const [option, flag] of Object.entries(limitFlags) as Array<[keyof typeof limitFlags, typeof limitFlags[keyof typeof limitFlags]]>) {
+    const value = intOption(values[flag], flag)
+    if (value !== undefined) options[option] = value
+  }
+  const shutdownGraceMs = intOption(values['shutdown-grace-ms'], 'shutdown-grace-ms')
+  const maxMessageBytes = intOption(values['max-message-bytes'], 'max-message-bytes')
+  const negotiationTimeoutMs = intOption(values['negotiation-timeout-ms'], 'negotiation-timeout-ms')
+  const idleTimeoutMs = intOption(values['idle-timeout-ms'], 'idle-timeout-ms')
+  if (maxMessageBytes !== undefined) options.maxMessageBytes = maxMessageBytes
+  if (negotiationTimeoutMs !== undefined) options.negotiationTimeoutMs = negotiationTimeoutMs
+  if (idleTimeoutMs !== undefined) options.idleTimeoutMs = idleTimeoutMs
+  const workers = intOption(values.workers, 'workers')
+  const queueLength = intOption(values['queue-length'], 'queue-length')
+  if (workers !== undefined) options.workers = workers
+  if (queueLength !== undefined) options.queueLength = queueLength
+  if (values.queue !== undefined) options.queue = discipline(values.queue)
+  const busyPollUs = intOption(values['busy-poll-us'], 'busy-poll-us')
+  if (busyPollUs !== undefined) options.busyPollUs = busyPollUs
+  const threads = intOption(values.threads, 'threads')
+  const build = (): Server => threads === undefined
+    ? new Server(options).addService(CalculatorService, calculatorHandlers)
+    : new Server(options).addService(CalculatorService, { module: new URL('../examples/calculator/index.js', import.meta.url), export: 'calculatorHandlers' }, { threads })
+  const reactorCount = intOption(values.reactors, 'reactors', availableParallelism())!
+  if (reactorCount < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactorCount}`)
+  const maxConnectionAgeMs = intOption(values['max-connection-age-ms'], 'max-connection-age-ms')
+  // In a reactor process (a cluster worker running REACTOR_ENTRY) this never resolves.
+  const reactors = await serveReactors({
+    reactors: reactorCount,
+    host: values.host,
+    port: intOption(values.port, 'port', 7050)!,
+    build,
+    ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
+    ...(shutdownGraceMs === undefined ? {} : { graceMs: shutdownGraceMs }),
+    exec: REACTOR_ENTRY,
+    args: ['serve', ...args],
+    logger: consoleLogger(values.verbose)
+  })
+  const address = reactors.address
+  const shown = address.host.includes(':') ? `[${address.host}]` : address.host
+  const metricsPort = intOption(values['metrics-port'], 'metrics-port')
+  const metricsServer = metricsPort === undefined ? null : await serveMetrics(reactors, values.host, metricsPort)
+  process.stdout.write(`listening on ${shown}:${address.port}\n`)
+  if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
+  if (process.env.npm_lifecycle_event === 'start') {
+    process.stdout.write(`try: ./bin/nyala call ${shown}:${address.port} nyala.demo.CalculatorService.Add '{"x":1,"y":2}'\n`)
+  }
+  const stopIpc = answerIpc(reactors)
+  return await new Promise<number>((resolve) => {
+    let stopping = false
+    const stop = (signal: string): void => {
+      if (stopping) return
+      stopping = true
+      process.stderr.write(`${signal}: closing; calls in flight are answered first\n`)
+      metricsServer?.close()
+      stopIpc()
+      reactors.close().then(() => resolve(0), () => resolve(1))
+    }
+    process.once('SIGINT', () => stop('SIGINT'))
+    process.once('SIGTERM', () => stop('SIGTERM'))
+  })
+}
+
+/**
+ * The script a reactor process of `nyala serve --reactors N` runs: beside
+ * this file, `.ts` from the sources (the parent's loader flags are passed on)
+ * or `.js` from dist/. It runs `main` with the same arguments.
+ */
+const REACTOR_ENTRY = fileURLToPath(new URL(`./serve-reactor${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url))
+
+/**
+ * With an IPC channel (started by child_process.fork, as `nyala bench`
+ * does): reports `{ type: 'nyala:listening', host, port, pids }` and answers
+ * `{ type: 'nyala:usage', id }` with every serving process's resource usage.
+ * Returns a function that stops answering (and lets the channel go).
+ */
+function answerIpc (reactors: Reactors): () => void {
+  if (process.send === undefined) return () => {}
+  const send = (message: object): void => {
+    if (process.connected) process.send!(message, undefined, {}, () => {})
+  }
+  const onMessage = (message: { type?: unknown, id?: unknown }): void => {
+    if (message?.type !== 'nyala:usage') return
+    reactors.processUsage().then((usages) => {
+      send({ type: 'nyala:usage', id: message.id, usage: usages.map(u => u.usage), pids: usages.map(u => u.pid) })
+    }, () => {})
+  }
+  process.on('message', onMessage)
+  send({ type: 'nyala:listening', host: reactors.address.host, port: reactors.address.port, pids: reactors.pids() })
+  return () => { process.off('message', onMessage) }
+}
+
+/** Serves `GET /metrics` (Prometheus text format), summed over the reactors. */
+async function serveMetrics (reactors: Reactors, host: string, port: number): Promise<HttpServer> {
+  const http = createHttpServer((req, res) => {
+    if (req.method !== 'GET' || (req.url ?? '/').split('?')[0] !== '/metrics') {
+      res.writeHead(404).end('not found: try /metrics\n')
+      return
+    }
+    reactors.metricsText().then((text) => {
+      res.writeHead(200, { 'content-type': Registry.PROMETHEUS_CONTENT_TYPE }).end(text)
+    }, (err: Error) => {
+      res.writeHead(500).end(`${err.message}\n`)
+    })
+  })
+  await new Promise<void>((resolve, reject) => {
+    http.once('error', reject)
+    http.listen(port, host, () => { http.off('error', reject); resolve() })
+  })
+  return http
+}
+
