@@ -3,7 +3,7 @@
  * binary workload (64-byte keys, 1 KiB values, 1:9 set:get, 16 connections
  * from one client thread):
  *
- *   npx tsc -p tsconfig.json && node dist/bench/memcached.js [--rounds 3] [--seconds 5] [--reactors 1,2]
+ *   npx tsc -p tsconfig.json && node dist/bench/memcached.js [--rounds 3] [--seconds 5] [--reactors 1,2] [--raw]
  *
  * It starts `memcached -t 1 -U 0 -l 127.0.0.1 -p <free port>` (with `-u
  * root` when run as root, which memcached requires) and, per reactors
@@ -14,6 +14,11 @@
  * compare. It reads memcaslap's last line (`Ops: N TPS: T`) and prints, per
  * round, both TPS and their ratio (example / memcached), then the median
  * ratio per reactors value and how many rounds reached 0.8.
+ *
+ * With `--raw` each round also runs bench/raw-memcached.ts, a minimal
+ * node:net GET/SET server with no framework (one process), third in the
+ * round's order: the ceiling of a Node server under this load, printed as
+ * its own TPS, µs/op and ratio to memcached.
  *
  * It also reports each server's CPU time per operation (µs/op): utime +
  * stime from /proc/PID/stat of the server process and of its live children
@@ -34,6 +39,7 @@ const HOST = '127.0.0.1'
 const TARGET_RATIO = 0.8
 const CLOCK_TICKS = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100
 const EXAMPLE = fileURLToPath(new URL('../examples/memcached/main.js', import.meta.url))
+const RAW = fileURLToPath(new URL('./raw-memcached.js', import.meta.url))
 
 const started: ChildProcess[] = []
 
@@ -97,8 +103,13 @@ async function startMemcached (): Promise<{ child: ChildProcess, port: number }>
 }
 
 async function startExample (reactors: number): Promise<{ child: ChildProcess, port: number }> {
+  return startNode([EXAMPLE, '--port', '0', '--reactors', String(reactors)])
+}
+
+// A Node script that prints `listening on HOST:PORT` once it serves.
+async function startNode (args: string[]): Promise<{ child: ChildProcess, port: number }> {
   let port = 0
-  const child = await startProcess(process.execPath, [EXAMPLE, '--port', '0', '--reactors', String(reactors)], (text) => {
+  const child = await startProcess(process.execPath, args, (text) => {
     const m = /listening on [\d.]+:(\d+)/.exec(text)
     if (m !== null) port = Number(m[1])
     return m !== null
@@ -193,7 +204,8 @@ async function main (): Promise<void> {
     options: {
       rounds: { type: 'string', default: '3' },
       seconds: { type: 'string', default: '5' },
-      reactors: { type: 'string', default: '1' }
+      reactors: { type: 'string', default: '1' },
+      raw: { type: 'boolean', default: false }
     },
     strict: true
   })
@@ -207,8 +219,10 @@ async function main (): Promise<void> {
     const memcached = await startMemcached()
     const examples = new Map<number, { child: ChildProcess, port: number }>()
     for (const reactors of reactorsList) examples.set(reactors, await startExample(reactors))
+    const raw = values.raw ? await startNode([RAW, '--port', '0']) : null
     console.log(`memcaslap -T 1 -c 16 -t ${seconds}s -B; ${rounds} rounds; memcached pid ${memcached.child.pid}; ratio = example / memcached`)
-    console.log('reactors round  memcached TPS  µs/op   example TPS  µs/op   ratio')
+    console.log(`reactors round  memcached TPS  µs/op   example TPS  µs/op   ratio${raw === null ? '' : '       raw TPS  µs/op   raw ratio'}`)
+    const rawRatios: number[] = []
     const summary: string[] = []
     for (const reactors of reactorsList) {
       const example = examples.get(reactors)!
@@ -220,14 +234,18 @@ async function main (): Promise<void> {
           const server = which === 'memcached' ? memcached : example
           runs[which] = await memcaslap(server.port, seconds, server.child.pid!)
         }
+        const r = raw === null ? null : await memcaslap(raw.port, seconds, raw.child.pid!)
         const m = runs.memcached!
         const e = runs.example!
         const ratio = e.tps / m.tps
         ratios.push(ratio)
-        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${exampleFirst ? '  (example first)' : ''}`)
+        if (r !== null) rawRatios.push(r.tps / m.tps)
+        const rawColumns = r === null ? '' : `  ${String(r.tps).padStart(12)}  ${r.cpuUsPerOp.toFixed(2).padStart(5)}   ${(r.tps / m.tps).toFixed(3).padStart(9)}`
+        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${rawColumns}${exampleFirst ? '  (example first)' : ''}`)
       }
       summary.push(`reactors ${reactors}: median ratio ${median(ratios).toFixed(3)}, ${ratios.filter((r) => r >= TARGET_RATIO).length}/${rounds} rounds at ≥ ${TARGET_RATIO}`)
     }
+    if (raw !== null) summary.push(`raw node:net server: median ratio ${median(rawRatios).toFixed(3)} of memcached over ${rawRatios.length} runs`)
     for (const line of summary) console.log(line)
   } finally {
     await stopAll()
