@@ -2,18 +2,26 @@
  * The package's entry point (`import { ProtocolServer, Server, Client } from 'nyala'`):
  * the generic protocol server and its protocol API, KRPC's server and
  * client, multi-process serving, the error type and codes, .proto
- * loading, and the retry policies.
+ * loading, the retry policies, the clock, and every type their options and
+ * results name (test/public-types.test.ts checks that none is missing).
  */
 export { ProtocolServer, type CallExecutor, type Handler, type RouteDefinition, type RouteGroupOptions, type RouteHandlers, type ServerConnectionStats, type ServerOptions, type ServerStats } from './server.js'
 export { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type CallInfo, type Handshake, type HandshakeStep, type RefusalReason, type RouteInfo, type ServerProtocol } from '../codec/protocol.js'
 export type { Framing, FrameScanner, ScanFraming } from '../codec/frame-decoder.js'
-export { InboundCall, type CallContext } from './inbound-call.js'
-export { Server, type AddServiceOptions, type KrpcServerOptions, type ServiceHandlers, type ThreadServiceOptions, type HandlerModule, type Handler as KrpcHandler } from './krpc/server.js'
+export { InboundCall, type CallConstructor, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
+export type { HistogramSnapshot, LimitCounters, MethodMetrics, MethodSnapshot, ServerMetrics, ServiceSnapshot } from './metrics.js'
+export type { ConnectionStats } from '../transport/connection.js'
+export type { TransferQueueStats } from '../transport/transfer-queue.js'
+export { Server, type AddServiceOptions, type KrpcServerOptions, type ServiceHandlers, type ThreadServiceOptions, type HandlerModule, type ThreadPoolStats, type Handler as KrpcHandler } from './krpc/server.js'
+export type { Authenticator } from '../codec/krpc/negotiation.js'
 export type { KrpcCallContext } from './krpc/call.js'
 export { Client, type CallOptions, type CallResult, type Callback, type StubMethod, type ClientConnectionStats, type ClientOptions, type Endpoint, type RetryOptions, type RetryStats, type Stub, type Target } from './krpc/client.js'
-export { serveReactors, reusePortSupported, type Reactors, type ReactorsOptions } from './cluster.js'
-export { consoleLogger, silentLogger, type Logger } from './logger.js'
-export { ErrorCode, RpcError, type RemoteStatus } from '../codec/errors.js'
+export type { BalancePolicy } from './balancer.js'
+export { serveReactors, reusePortSupported, type ProcessUsage, type Reactors, type ReactorsOptions } from './cluster.js'
+export { consoleLogger, silentLogger, type LogFields, type Logger } from './logger.js'
+export { ErrorCode, RpcError, type RemoteStatus, type RpcErrorOptions } from '../codec/errors.js'
 export { KrpcCode, krpcCodeName, krpcError, krpcCodeOf, unsupportedFeatureFlagsOf } from '../codec/krpc/codes.js'
-export { ProtoSchema, type Message, type MessageType, type MethodDef, type MethodMap, type ServiceDef } from '../codec/schema.js'
-export { ExponentialBackoff, LinearBackoff, RetryBudget, type Backoff } from '../scheduling/retry.js'
+export { ProtoSchema, type Message, type MessageType, type MethodDef, type MethodMap, type ScratchBytes, type ServiceDef } from '../codec/schema.js'
+export { ExponentialBackoff, LinearBackoff, RetryBudget, type Backoff, type ExponentialBackoffOptions, type Jitter, type LinearBackoffOptions, type RetryBudgetOptions, type RetryBudgetStats } from '../scheduling/retry.js'
+export { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+export type { QueueDiscipline } from '../scheduling/service-queue.js'

@@ -15,7 +15,7 @@
  * Which errors are retryable is the caller's business (`RetryPolicy.retryable`);
  * nothing here knows about wire error codes.
  */
-import type { Clock } from './clock.js'
+import { realClock, type Clock } from './clock.js'
 
 /** The delay before a retry. */
 export interface Backoff {
@@ -171,6 +171,10 @@ export interface RetryBudgetStats {
  * from `clock.now()` on every use: memory is constant and no timer runs. A
  * count made at time t stops counting at the start of the bucket `buckets`
  * slots later, i.e. after between windowMs − windowMs/buckets and windowMs.
+ *
+ * The clock defaults to the real one: `new RetryBudget()`,
+ * `new RetryBudget({ ratio: 0.1 })`, or `new RetryBudget(clock, options)`
+ * with a `FakeClock` (nyala/testing) in tests.
  */
 export class RetryBudget {
   readonly ratio: number
@@ -188,7 +192,12 @@ export class RetryBudget {
   #totalRetries = 0
   #totalRefused = 0
 
-  constructor (clock: Clock, options: RetryBudgetOptions = {}) {
+  constructor (options?: RetryBudgetOptions)
+  constructor (clock: Clock, options?: RetryBudgetOptions)
+  constructor (clockOrOptions: Clock | RetryBudgetOptions = realClock, budgetOptions: RetryBudgetOptions = {}) {
+    const isClock = typeof (clockOrOptions as Partial<Clock>).now === 'function'
+    const clock = isClock ? clockOrOptions as Clock : realClock
+    const options = isClock ? budgetOptions : clockOrOptions as RetryBudgetOptions
     const { ratio = 0.2, minRetriesPerSecond = 10, windowMs = 10_000, buckets = 10 } = options
     checkNonNegative('ratio', ratio, false)
     checkNonNegative('minRetriesPerSecond', minRetriesPerSecond, false)

@@ -3,7 +3,7 @@
  * reactor/index, which exists in the sources and exports the public API.
  */
 import t from 'tap'
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 
 const root = fileURLToPath(new URL('..', import.meta.url))
@@ -42,10 +42,49 @@ t.test('the exports map: nyala, nyala/demo and nyala/testing, each with a source
   t.type(testing.FakeClock, 'function', 'nyala/testing: FakeClock')
   const api = await import('../reactor/index.js')
   for (const name of ['ProtocolServer', 'CallHead', 'InvalidRequest', 'krpcError', 'krpcCodeOf']) t.ok(name in api, `nyala exports ${name}`)
-  const { readdirSync } = await import('node:fs')
-  const docs = ['README.md', ...readdirSync(`${root}/docs`).map((f) => `docs/${f}`)]
+})
+
+/** Every Markdown file of the repository, outside node_modules and dist. */
+function markdownFiles (dir = root, prefix = ''): string[] {
+  const found: string[] = []
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    if (entry.name === 'node_modules' || entry.name === 'dist' || entry.name.startsWith('.')) continue
+    if (entry.isDirectory()) found.push(...markdownFiles(`${dir}/${entry.name}`, `${prefix}${entry.name}/`))
+    else if (entry.name.endsWith('.md')) found.push(`${prefix}${entry.name}`)
+  }
+  return found
+}
+
+t.test('the README and every doc import only the public entry points: nyala, nyala/demo, nyala/testing', async (t) => {
+  const docs = markdownFiles()
+  t.ok(docs.includes('README.md') && docs.includes('docs/cluster.md') && docs.includes('docs/threads.md'), `${docs.length} Markdown files`)
+  for (const doc of readdirSync(`${root}/docs`)) if (doc.endsWith('.md')) t.ok(docs.includes(`docs/${doc}`), `docs/${doc} is checked`)
+  const publicEntries = ['nyala', 'nyala/demo', 'nyala/testing']
   for (const doc of docs) {
     const text = readFileSync(`${root}/${doc}`, 'utf8')
-    for (const m of text.matchAll(/from '(nyala[^']*)'/g)) t.ok(['nyala', 'nyala/demo', 'nyala/testing'].includes(m[1]!), `${doc} imports ${m[1]}`)
+    // import ... from 'X', import('X'), require('X'), with either quote
+    for (const m of text.matchAll(/(?:from\s+|import\s*\(\s*|require\s*\(\s*|import\s+)['"](nyala(?:\/[^'"]*)?)['"]/g)) {
+      t.ok(publicEntries.includes(m[1]!), `${doc} imports ${m[1]}`)
+    }
+    // and no deep path into the package in prose either (nyala/dist/..., nyala/reactor/...)
+    const deep = [...text.matchAll(/\bnyala\/(?!demo\b|testing\b)[\w.-]+/g)].map((m) => m[0])
+    t.same(deep, [], `${doc} names no path inside the package`)
   }
+})
+
+t.test('new RetryBudget() needs no clock: it runs on the real one (no deep import of realClock)', async (t) => {
+  const { RetryBudget, realClock, Client } = await import('../reactor/index.js')
+  const budget = new RetryBudget()
+  budget.recordCall()
+  t.equal(budget.balance, 100, 'the default floor: 10 retries per second over a 10 s window')
+  t.equal(budget.tryWithdraw(), true)
+  t.same(budget.stats, { calls: 1, retries: 1, refused: 0 })
+  const strict = new RetryBudget({ ratio: 0, minRetriesPerSecond: 0 })
+  t.equal(strict.ratio, 0, 'options alone, as the first argument')
+  t.equal(strict.tryWithdraw(), false, 'no budget, no retry')
+  const explicit = new RetryBudget(realClock, { windowMs: 1000 })
+  t.equal(explicit.windowMs, 1000, 'a clock and options')
+  const client = new Client({ retry: { budget: new RetryBudget({ ratio: 0.5 }) } })
+  t.equal(client.retryStats?.budget?.calls, 0, 'a client takes it as its retry budget')
+  client.close()
 })
