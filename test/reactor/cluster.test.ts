@@ -38,8 +38,13 @@ interface Run {
 }
 
 /** Starts `node ARGS` with piped output (and an IPC channel with `ipc`); SIGKILLs it and every pid in `pids` at teardown. */
-function start (t: Test, args: string[], options: { ipc?: boolean, pids?: Set<number> } = {}): Run {
-  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', 'pipe', 'pipe', ...(options.ipc === true ? ['ipc' as const] : [])] })
+function start (t: Test, args: string[], options: { ipc?: boolean, pids?: Set<number>, bare?: boolean } = {}): Run {
+  const stdio = ['ignore', 'pipe', 'pipe', ...(options.ipc === true ? ['ipc' as const] : [])] as const
+  // bare: as a user runs it, without tap's coverage hooks. tap's spawn wrapper puts them in
+  // NODE_OPTIONS; env(1) takes them out again just before it execs node (same pid).
+  const child = options.bare === true
+    ? spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, ...args], { cwd: ROOT, stdio: [...stdio] })
+    : spawn(process.execPath, args, { cwd: ROOT, stdio: [...stdio] })
   let out = ''
   let err = ''
   child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
@@ -334,7 +339,9 @@ const distFresh = existsSync(DIST_ENTRY) &&
 
 t.test('bin/nyala serve --reactors 2 from dist/', { skip: distFresh ? false : 'dist/ is missing or older than the sources: npm run build' }, async t => {
   const pids = new Set<number>()
-  const run = start(t, [`${ROOT}bin/nyala`, 'serve', '--reactors', '2', '--port', '0'], { ipc: true, pids })
+  // Bare: on Node 26 tap's coverage hooks load the extensionless ES module bin/nyala through
+  // require() and fail with ERR_REQUIRE_CYCLE_MODULE (a plain `node bin/nyala` works).
+  const run = start(t, [`${ROOT}bin/nyala`, 'serve', '--reactors', '2', '--port', '0'], { ipc: true, pids, bare: true })
   const listening = await message(run, 'nyala:listening')
   const listed = listening.pids as number[]
   for (const pid of listed) pids.add(pid)
