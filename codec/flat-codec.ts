@@ -25,8 +25,11 @@
  *   exactly the bytes measured. An int32 negative after `| 0` (ten bytes)
  *   or a message carrying unknown fields it was decoded with is left to
  *   protobufjs.
- * - decoding builds the same message object (`new ctor()`, fields assigned
- *   in wire order) for canonical input only: one-byte tags of the type's
+ * - decoding builds the message protobufjs's decoder builds through the
+ *   schema's plain constructors (codec/plain-messages.ts: a plain object,
+ *   every field an own property, an unset one at its default), as one
+ *   object literal made once the bytes are read, for canonical input
+ *   only: one-byte tags of the type's
  *   own fields with their wire type, varints of at most five bytes (bools
  *   of one), nothing
  *   past the end, every required field present. Anything else (unknown
@@ -169,11 +172,13 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
   const lengthBody: string[] = ["if (typeof m !== 'object' || m === null || m.$unknowns != null) return -1", 'let n = 0']
   const writeBody: string[] = []
   const cases: string[] = []
+  const locals: string[] = []
   let requiredMask = 0
   fields.forEach((f, i) => {
     const key = JSON.stringify(f.name)
     const tag = (f.id << 3) | WIRE_TYPE[f.type]!
     const bit = 1 << i
+    const slot = `f${i}`
     const c = `c${i}`
     const h = `h${i}`
     captured.push(`let ${c} = 0`, `let ${h} = false`)
@@ -203,26 +208,31 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
     let read: string
     if (f.type === 'bool') {
       // One byte, as bools are written; protobufjs reads longer ones its own way.
-      read = `const v = b[p]; if (p >= end || v >= 0x80) return undefined; m[${key}] = v !== 0; p++`
+      read = `const v = b[p]; if (p >= end || v >= 0x80) return undefined; ${slot} = v !== 0; p++`
     } else if (VARINT.has(f.type)) {
       const to = f.type === 'uint32' ? 'v' : f.type === 'int32' ? 'v | 0' : '(v >>> 1 ^ -(v & 1)) | 0'
-      read = `const v = rv(b, p, end); if (rvEnd.p < 0) return undefined; p = rvEnd.p; m[${key}] = ${to}`
+      read = `const v = rv(b, p, end); if (rvEnd.p < 0) return undefined; p = rvEnd.p; ${slot} = ${to}`
     } else if (f.type === 'string') {
-      read = `const n = rv(b, p, end); if (rvEnd.p < 0 || end - rvEnd.p < n) return undefined; p = rvEnd.p; const v = rstr(b, p, p + n); if (v === undefined) return undefined; m[${key}] = v; p += n`
+      read = `const n = rv(b, p, end); if (rvEnd.p < 0 || end - rvEnd.p < n) return undefined; p = rvEnd.p; const v = rstr(b, p, p + n); if (v === undefined) return undefined; ${slot} = v; p += n`
     } else if (FIXED32.has(f.type)) {
       const to = f.type === 'fixed32'
         ? '(b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24) >>> 0'
         : f.type === 'sfixed32' ? 'b[p] | b[p + 1] << 8 | b[p + 2] << 16 | b[p + 3] << 24' : 'rf32(b, p)'
-      read = `if (end - p < 4) return undefined; m[${key}] = ${to}; p += 4`
+      read = `if (end - p < 4) return undefined; ${slot} = ${to}; p += 4`
     } else {
-      read = `if (end - p < 8) return undefined; m[${key}] = rf64(b, p); p += 8`
+      read = `if (end - p < 8) return undefined; ${slot} = rf64(b, p); p += 8`
     }
     cases.push(`case ${tag}: { ${read}; seen |= ${bit}; continue }`)
+    // Each field's value in a local until the end, then one object literal: no message before the bytes proved canonical.
+    const initial: unknown = f.defaultValue
+    locals.push(`let ${slot} = ${typeof initial === 'number' ? (Object.is(initial, -0) ? '-0' : String(initial)) : JSON.stringify(initial ?? 0)}`)
   })
   // NaN: a negative int32.
   lengthBody.push('return Number.isNaN(n) ? -1 : n')
   writeBody.push('return at')
-  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, slen, wstr, rstr, rvEnd: varintEnd, C: type.ctor }
+  // The message: a plain object, its fields in .proto order, each an own property (unset ones at their default).
+  const literal = type.fieldsArray.map((f) => `${JSON.stringify(f.name)}: f${fields.indexOf(f)}`).join(', ')
+  const helpers = { hasOwn: Object.prototype.hasOwnProperty, isInteger: Number.isInteger, vlen, wv, wfixed, wf32, wf64, rv, rf32, rf64, slen, wstr, rstr, rvEnd: varintEnd }
   const source = `${captured.join('\n')}
 return {
   length (m) {
@@ -232,15 +242,15 @@ return {
     ${writeBody.join('\n    ')}
   },
   decode (b, p, end) {
-    const m = new C()
     let seen = 0
+    ${locals.join('\n    ')}
     while (p < end) {
       switch (b[p++]) {
         ${cases.join('\n        ')}
       }
       return undefined
     }
-    return (seen & ${requiredMask}) === ${requiredMask} ? m : undefined
+    return (seen & ${requiredMask}) === ${requiredMask} ? { ${literal} } : undefined
   }
 }`
   // eslint-disable-next-line no-new-func

@@ -3,6 +3,7 @@ import { fileURLToPath } from 'node:url'
 import protobuf from 'protobufjs'
 import { ErrorCode, RpcError } from './errors.js'
 import { flatCodec } from './flat-codec.js'
+import { DEFAULT_INT64_MODE, INT64_MODES, int64Reader, usePlainMessages, wireForm, withoutDefaults, type Int64Mode } from './plain-messages.js'
 
 /** A decoded message: a plain object keyed by the .proto field names. */
 export type Message = Record<string, unknown>
@@ -86,7 +87,8 @@ const scratch: ScratchBytes = { bytes: EMPTY_BYTES, length: 0 }
 
 // The reader `decodeRange` reuses for Buffers (decoding never calls out of
 // the codec, so one is enough); a BufferReader, as protobufjs picks for them.
-const rangeReader = protobuf.Reader.create(Buffer.alloc(0))
+// One per int64 mode: its 64-bit reads answer bigints, strings or numbers (codec/plain-messages.ts).
+const rangeReaders: Record<Int64Mode, protobuf.Reader> = { bigint: int64Reader('bigint'), string: int64Reader('string'), number: int64Reader('number') }
 
 const NONE_MISSING: string[] = []
 
@@ -107,7 +109,10 @@ function requiredFieldsMissing (required: readonly protobuf.Field[], instance: u
 const SCRATCH_KEEP_BYTES = 64 * 1024
 let scratchWriter: protobuf.Writer | null = null
 
-function wrapType<T> (type: PbType): MessageType<T> {
+function wrapType<T> (type: PbType, int64: Int64Mode): MessageType<T> {
+  const rangeReader = rangeReaders[int64]
+  // Bigints and decimal strings in 64-bit fields, as protobufjs encodes and verifies them (null: no such fields).
+  const wire = wireForm(type)
   const fullName = type.fullName.replace(/^\./, '')
   const required = type.fieldsArray.filter((field) => field.required)
   // Checks what protobufjs would encode silently wrong (or not at all).
@@ -131,7 +136,8 @@ function wrapType<T> (type: PbType): MessageType<T> {
     const detail = missing.length > 0 ? `missing fields: ${missing.join(', ')}` : (err as Error).message
     return new RpcError(ErrorCode.INVALID_ARGUMENT, detail, { cause: err })
   }
-  const encodeToScratch = (message: T): ScratchBytes => {
+  const encodeToScratch = (given: T): ScratchBytes => {
+    const message = wire === null ? given : wire(given) as T
     check(message)
     const writer = scratchWriter ?? protobuf.Writer.create()
     scratchWriter = null
@@ -150,11 +156,39 @@ function wrapType<T> (type: PbType): MessageType<T> {
     ? () => { throw new Error(`${fullName} is not a flat message type`) }
     : flat.write
   const flatDecode = flat === null ? null : flat.decode
+  const decodeRange = (bytes: Uint8Array, start: number, end: number): T | RpcError => {
+    if (flatDecode !== null) {
+      const message = flatDecode(bytes, start, end)
+      if (message !== undefined) return message
+    }
+    try {
+      // A plain Uint8Array is read through a Buffer view of it, so that bytes fields decode as Buffers.
+      const buf = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+      const reader = rangeReader as protobuf.Reader & { view: DataView | null }
+      reader.buf = buf
+      reader.pos = start
+      reader.len = end
+      // protobufjs caches a DataView of its buffer for packed fixed-width
+      // reads: it must never outlive the buffer it was made for.
+      reader.view = null
+      try {
+        return type.decode(reader, end - start) as unknown as T
+      } finally {
+        // Not keeping the frame alive.
+        reader.buf = EMPTY_BUFFER
+        reader.len = 0
+        reader.view = null
+      }
+    } catch (err) {
+      return decodeFailure(err)
+    }
+  }
   return {
     fullName,
     flatLength,
     writeFlat,
-    encode (message: T): Uint8Array {
+    encode (given: T): Uint8Array {
+      const message = wire === null ? given : wire(given) as T
       check(message)
       return type.encode(message as Record<string, unknown>).finish()
     },
@@ -164,95 +198,99 @@ function wrapType<T> (type: PbType): MessageType<T> {
     },
     encodeToScratch,
     decode (bytes: Uint8Array): T | RpcError {
-      if (flatDecode !== null) {
-        const message = flatDecode(bytes, 0, bytes.length)
-        if (message !== undefined) return message
-      }
-      try {
-        return type.decode(bytes) as unknown as T
-      } catch (err) {
-        return decodeFailure(err)
-      }
+      return decodeRange(bytes, 0, bytes.length)
     },
-    decodeRange (bytes: Uint8Array, start: number, end: number): T | RpcError {
-      if (flatDecode !== null) {
-        const message = flatDecode(bytes, start, end)
-        if (message !== undefined) return message
-      }
-      try {
-        if (!Buffer.isBuffer(bytes)) {
-          const reader = protobuf.Reader.create(bytes)
-          reader.pos = start
-          return type.decode(reader, end - start) as unknown as T
-        }
-        const reader = rangeReader as protobuf.Reader & { view: DataView | null }
-        reader.buf = bytes
-        reader.pos = start
-        reader.len = end
-        // protobufjs caches a DataView of its buffer for packed fixed-width
-        // reads: it must never outlive the buffer it was made for.
-        reader.view = null
-        try {
-          return type.decode(reader, end - start) as unknown as T
-        } finally {
-          // Not keeping the frame alive.
-          reader.buf = EMPTY_BUFFER
-          reader.len = 0
-          reader.view = null
-        }
-      } catch (err) {
-        return decodeFailure(err)
-      }
-    },
+    decodeRange,
     fromJSON (json: unknown): T {
       if (json === null || typeof json !== 'object') {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${fullName} must be a JSON object`)
       }
       try {
-        return type.fromObject(json as Record<string, unknown>) as unknown as T
+        // Only the fields given: a proto2 peer tells an absent field from one set to its default.
+        return withoutDefaults(() => type.fromObject(json as Record<string, unknown>)) as unknown as T
       } catch (err) {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${fullName}: ${(err as Error).message}`, { cause: err })
       }
     },
     toJSON (message: T): Record<string, unknown> {
-      return type.toObject(message as unknown as protobuf.Message, { longs: String, enums: String, bytes: String, defaults: false, arrays: false })
+      return type.toObject((wire === null ? message : wire(message)) as protobuf.Message, { longs: String, enums: String, bytes: String, defaults: false, arrays: false })
     },
     verify (message: T): string | null {
-      return type.verify(message as Record<string, unknown>)
+      return type.verify((wire === null ? message : wire(message)) as Record<string, unknown>)
     }
   }
 }
 
+export type { Int64Mode }
+
+/** Options of `ProtoSchema.parse`, `load` and `fromDescriptor`. */
+export interface SchemaOptions {
+  /**
+   * How 64-bit integer fields (int64, uint64, sint64, fixed64, sfixed64)
+   * decode: `'bigint'` (default: exact over the whole range, and a type of
+   * its own, so that TypeScript refuses mixing it with numbers), `'string'`
+   * (exact, decimal, JSON-friendly) or `'number'` (exact only up to 2^53).
+   * Encoding takes any of the three whatever the mode.
+   */
+  int64?: Int64Mode
+}
+
 /**
  * A parsed set of .proto definitions. Field names keep the .proto's case
- * (`sleep_micros`), as on the wire and in KRPC's text formats.
+ * (`sleep_micros`), as on the wire and in KRPC's text formats. Decoded
+ * messages are plain objects holding every field (an unset one at its
+ * default; codec/plain-messages.ts).
  */
 export class ProtoSchema {
   readonly #root: protobuf.Root
   readonly #types = new Map<string, MessageType<unknown>>()
+  /** How this schema's 64-bit integer fields decode. */
+  readonly int64: Int64Mode
 
-  private constructor (root: protobuf.Root) {
+  private constructor (root: protobuf.Root, options: SchemaOptions = {}) {
+    const int64 = options.int64 ?? DEFAULT_INT64_MODE
+    if (!INT64_MODES.includes(int64)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `int64 must be one of ${INT64_MODES.join(', ')}, not ${String(int64)}`)
     this.#root = root
+    this.int64 = int64
     root.resolveAll()
+    usePlainMessages(root, int64)
   }
 
   /** Parses .proto source text. Throws RPC_ERR_INVALID_ARGUMENT on a syntax error. */
-  static parse (source: string): ProtoSchema {
+  static parse (source: string, options?: SchemaOptions): ProtoSchema {
     try {
-      return new ProtoSchema(protobuf.parse(source, { keepCase: true }).root)
+      return new ProtoSchema(protobuf.parse(source, { keepCase: true }).root, options)
     } catch (err) {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot parse .proto: ${(err as Error).message}`, { cause: err })
     }
   }
 
   /** Reads and parses a .proto file (its imports are resolved relative to it). */
-  static load (path: string | URL): ProtoSchema {
+  static load (path: string | URL, options?: SchemaOptions): ProtoSchema {
     const file = typeof path === 'string' ? path : fileURLToPath(path)
     try {
-      return new ProtoSchema(new protobuf.Root().loadSync(file, { keepCase: true }))
+      return new ProtoSchema(new protobuf.Root().loadSync(file, { keepCase: true }), options)
     } catch (err) {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot load ${file}: ${(err as Error).message}`, { cause: err })
     }
+  }
+
+  /**
+   * A schema from the JSON descriptor `descriptor()` gives (protobufjs's
+   * reflection JSON): what the files `nyala gen` writes embed, so that they
+   * need no .proto file at run time.
+   */
+  static fromDescriptor (descriptor: object, options?: SchemaOptions): ProtoSchema {
+    try {
+      return new ProtoSchema(protobuf.Root.fromJSON(descriptor as protobuf.INamespace), options)
+    } catch (err) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `cannot read the descriptor: ${(err as Error).message}`, { cause: err })
+    }
+  }
+
+  /** Every definition of this schema (imports included) as a JSON descriptor, for `fromDescriptor`. */
+  descriptor (): object {
+    return JSON.parse(JSON.stringify(this.#root.toJSON())) as object
   }
 
   /** A message type by full name; throws when there is none. */
@@ -263,7 +301,7 @@ export class ProtoSchema {
       if (!(found instanceof protobuf.Type)) {
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no message type ${fullName}`)
       }
-      wrapped = wrapType<unknown>(found)
+      wrapped = wrapType<unknown>(found, this.int64)
       this.#types.set(fullName, wrapped)
     }
     return wrapped as MessageType<T>

@@ -1,8 +1,10 @@
 /**
  * The flat-message fast path (codec/flat-codec.ts) against protobufjs: which
  * types qualify; encoding writes protobufjs's bytes exactly, where asked and
- * nowhere else; decoding gives protobufjs's message (same prototype, fields
- * and key order) or leaves the bytes to protobufjs, on valid messages,
+ * nowhere else; decoding gives the message protobufjs's decoder gives with
+ * the schema's plain constructors (codec/plain-messages.ts: a plain object,
+ * the same fields and values, defaults as own properties) or leaves the
+ * bytes to protobufjs, on valid messages,
  * every prefix of them, random bytes and bytes with unknown fields. Then
  * through MessageType: the fallbacks keep protobufjs's answers and errors.
  */
@@ -11,6 +13,7 @@ import fc from 'fast-check'
 import protobuf from 'protobufjs'
 import { flatCodec } from '../../codec/flat-codec.js'
 import { ProtoSchema } from '../../codec/schema.js'
+import { usePlainMessages } from '../../codec/plain-messages.js'
 import { RpcError } from '../../codec/errors.js'
 
 const source = `syntax = "proto2";
@@ -40,6 +43,9 @@ const root = protobuf.parse(source, { keepCase: true }).root
 const root3 = protobuf.parse(proto3, { keepCase: true }).root
 root.resolveAll()
 root3.resolveAll()
+// protobufjs's decoders, the reference, build messages as ProtoSchema's do: plain objects with their defaults.
+usePlainMessages(root, 'bigint')
+usePlainMessages(root3, 'bigint')
 const All = root.lookupType('t.All')
 const flat = flatCodec(All)!
 
@@ -112,11 +118,13 @@ t.test('measuring reads each field once, as protobufjs encodes; writing reads no
   t.same(out, Buffer.from(All.encode(target).finish()))
 })
 
-// Same message as protobufjs decodes it: prototype, own keys in order, values (NaN and -0 included).
+// Same message as protobufjs decodes it: a plain object, the same own keys (protobufjs's
+// decoder adds required fields after the defaults, the fast path keeps .proto order), values
+// (NaN and -0 included).
 function sameMessage (a: object, b: object): boolean {
-  if (Object.getPrototypeOf(a) !== Object.getPrototypeOf(b)) return false
-  const ka = Object.keys(a)
-  const kb = Object.keys(b)
+  if (Object.getPrototypeOf(a) !== Object.prototype || Object.getPrototypeOf(b) !== Object.prototype) return false
+  const ka = Object.keys(a).sort()
+  const kb = Object.keys(b).sort()
   return ka.length === kb.length && ka.every((k, i) => k === kb[i] && Object.is((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k]))
 }
 
@@ -159,14 +167,14 @@ t.test('decoding: protobufjs\'s message, or protobufjs decides', async t => {
   const shuffled = Buffer.from([0x41, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f, 0x08, 0x05, 0x20, 0x01, 0x08, 0x06, 0x78, 0xff, 0xff, 0xff, 0xff, 0x7f])
   t.ok(flat.decode(shuffled, 0, shuffled.length), 'decoded on the fast path')
   agrees(shuffled, 0, shuffled.length)
-  t.same({ ...flat.decode(shuffled, 0, shuffled.length) }, { d: 1, u: 6, b: true, last: 0xffffffff })
+  t.same({ ...flat.decode(shuffled, 0, shuffled.length) }, { d: 1, u: 6, b: true, last: 0xffffffff, i: 0, s: 0, f: 0, sf: 0, fl: 0 })
   // A bool longer than a byte is protobufjs's: it reads every bit of all ten bytes (the fifth's top bits too).
   for (const hex of ['2080808080100801410000000000000000', '2080011001410000000000000000', '20020801410000000000000000']) {
     const bytes = Buffer.from(hex, 'hex')
     agrees(bytes, 0, bytes.length)
   }
   t.equal(flat.decode(Buffer.from('2080808080100801410000000000000000', 'hex'), 0, 17), undefined, 'a 5-byte bool: protobufjs decides')
-  t.same({ ...flat.decode(Buffer.from('20020801410000000000000000', 'hex'), 0, 13) }, { b: true, u: 1, d: 0 }, 'bool 2 is true')
+  t.same({ ...flat.decode(Buffer.from('20020801410000000000000000', 'hex'), 0, 13) }, { b: true, u: 1, d: 0, i: 0, s: 0, f: 0, sf: 0, fl: 0, last: 0 }, 'bool 2 is true')
   // Unknown fields and wrong wire types are protobufjs's (it keeps unknowns).
   for (const hex of ['41000000000000f03f0805a80101', '41000000000000f03f0a0105', '41000000000000f03f', '0805']) {
     t.equal(flat.decode(Buffer.from(hex, 'hex'), 0, hex.length / 2), undefined, `${hex}: protobufjs decides`)
@@ -209,6 +217,8 @@ t.test('through MessageType: the fast path and the fallbacks give protobufjs\'s 
 // own UTF-8 encoder (a lone surrogate as three bytes of its own) and from 40
 // on with Buffer's (U+FFFD); its reader decodes with Buffer's utf8Slice.
 const Strs = root.lookupType('t.Strs')
+// A message as JSON with its keys sorted: the same fields and values, whatever their order.
+const sorted = (m: object): string => JSON.stringify(Object.fromEntries(Object.entries(m).sort(([a], [b]) => a < b ? -1 : 1)))
 const strs = flatCodec(Strs)!
 const text = fc.oneof(
   fc.string({ maxLength: 60 }), fc.string({ unit: 'grapheme', maxLength: 50 }), fc.string({ unit: 'binary', maxLength: 50 }),
@@ -228,7 +238,7 @@ t.test('string fields: encoding writes protobufjs\'s bytes exactly, and decoding
     const framed = Buffer.concat([Buffer.from([1, 2]), want, Buffer.from([3])])
     const got = strs.decode(framed, 2, 2 + want.length) as Record<string, unknown>
     const expected = Strs.decode(want) as unknown as Record<string, unknown>
-    if (got === undefined || JSON.stringify({ ...got }) !== JSON.stringify({ ...expected }) || Object.getPrototypeOf(got) !== Object.getPrototypeOf(expected)) {
+    if (got === undefined || sorted(got) !== sorted(expected) || Object.getPrototypeOf(got) !== Object.prototype || Object.getPrototypeOf(expected) !== Object.prototype) {
       throw new Error(`decoded ${JSON.stringify(got)}, protobufjs ${JSON.stringify(expected)}`)
     }
   }), { numRuns: 3000 })
@@ -242,7 +252,7 @@ t.test('string fields: random and truncated bytes decode as protobufjs decodes t
     let want: unknown
     try { want = Strs.decode(bytes) } catch { want = undefined }
     if (got === undefined) return
-    if (want === undefined || JSON.stringify({ ...got }) !== JSON.stringify({ ...(want as object) })) throw new Error(`${bytes.toString('hex')}: ${JSON.stringify(got)} != ${JSON.stringify(want)}`)
+    if (want === undefined || sorted(got) !== sorted(want as object)) throw new Error(`${bytes.toString('hex')}: ${JSON.stringify(got)} != ${JSON.stringify(want)}`)
   }
   fc.assert(fc.property(fc.uint8Array({ maxLength: 40 }), (b) => check(Buffer.from(b))), { numRuns: 20000 })
   const whole = Buffer.from(Strs.encode({ a: 'héllo wörld', b: '\ud800x', n: 300 }).finish())
@@ -250,4 +260,5 @@ t.test('string fields: random and truncated bytes decode as protobufjs decodes t
   // Invalid UTF-8 becomes U+FFFD, as protobufjs's reader (utf8Slice) makes it.
   const invalid = Buffer.from('0a03ff6162', 'hex')
   t.same({ ...strs.decode(invalid, 0, invalid.length)! }, { ...(Strs.decode(invalid) as object) })
+  t.same(Object.keys(strs.decode(invalid, 0, invalid.length)!), ['a', 'b', 'n'], 'fields in .proto order, every one an own property')
 })
