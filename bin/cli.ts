@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs'
 import { bench, BENCH_USAGE } from './bench.js'
 import { call, CALL_USAGE } from './call.js'
 import { fairness, FAIRNESS_USAGE } from './fairness-command.js'
+import { gen, GEN_USAGE } from './gen.js'
 import { isUsageError } from './options.js'
 import { serve, SERVE_USAGE } from './serve.js'
 import { trace, TRACE_USAGE } from './trace.js'
@@ -16,6 +17,7 @@ const COMMANDS: Record<string, Command> = {
   call: { run: call, usage: CALL_USAGE },
   fairness: { run: fairness, usage: FAIRNESS_USAGE },
   trace: { run: trace, usage: TRACE_USAGE },
+  gen: { run: gen, usage: GEN_USAGE },
   bench: { run: bench, usage: BENCH_USAGE }
 }
 
