@@ -8,13 +8,14 @@ import { median, welchTest, type WelchResult } from '../bench/welch.js'
 export const BENCH_USAGE = `  nyala bench [--mode sync|async] [--client-threads 16]
               [--async-call-concurrency 60] [--worker-threads W]
               [--server-reactors 1] [--run-seconds 1] [--warmup-seconds W]
-              [--payload-bytes 0] [--against nyala,nyala-promise,raw,grpc]
+              [--payload-bytes 0] [--against SYSTEMS]
               [--load-processes P] [--busy-poll-us U] [--json]
               [--repeat K [--compare 'FLAGS A' 'FLAGS B']]
               [--server-cpu-prof DIR] [--load-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
       grpc-js (a devDependency), one system after the other in one run
-      (default --against nyala,raw; in async mode nyala,nyala-promise,raw).
+      (--against: comma-separated, of nyala, nyala-promise, raw, grpc;
+      default nyala,raw, in async mode nyala,nyala-promise,raw).
       Sync: N client connections with one call outstanding each. Async: C
       calls outstanding over N connections.
       nyala calls as rpc-bench does: sync awaits each call's promise, async

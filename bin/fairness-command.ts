@@ -6,11 +6,11 @@ import { discipline, intOption } from './options.js'
 export const FAIRNESS_USAGE = `  nyala fairness [--queue edf|fifo|edf,fifo] [--clients 18] [--workers 3]
               [--queue-length 10] [--sleep-ms 100] [--deadline-ms 8000]
               [--run-seconds 5] [--backoff exp|linear|exp,linear] [--json]
-      Seed 000's fairness test: an in-process server with few workers and
-      more clients than it can serve, each looping on Sleep with retries
-      that keep the deadline. Prints per-client successes, min/average,
-      Jain's index, TOO_BUSY answers and latency percentiles, one block per
-      queue x backoff combination, all in the same run.
+      A fairness test (docs/scheduling.md): an in-process server with few
+      workers and more clients than it can serve, each looping on Sleep
+      with retries that keep the deadline. Prints per-client successes,
+      min/average, Jain's index, TOO_BUSY answers and latency percentiles,
+      one block per queue x backoff combination, all in the same run.
 `
 
 export async function fairness (args: string[]): Promise<number> {

@@ -25,8 +25,9 @@ import { CalculatorService } from '../examples/calculator/index.js'
 import { RawEchoClient } from '../bench/raw-echo.js'
 
 export const TRACE_USAGE = `  nyala trace [--mode sync|async|transfer] [--calls N] [--depth D]
-              [--payload-bytes B] [--sidecar-bytes B] [--system nyala|raw]
-              [--tracer strace|perf] [--no-timing] [--json]
+              [--payload-bytes B] [--sidecar-bytes B]
+              [--system nyala|nyala-direct|raw] [--tracer strace|perf]
+              [--no-timing] [--json]
       The server's syscalls per RPC: runs one server process under
       strace -f -c, drives N calls at depth D (sync: 1; async: 64) from this
       process, subtracts a run with zero calls, and prints epoll_ctl,
@@ -35,7 +36,9 @@ export const TRACE_USAGE = `  nyala trace [--mode sync|async|transfer] [--calls 
       --mode transfer: synchronous EchoSidecars with one 8 MiB sidecar
       (--sidecar-bytes), reported in MiB/s. An untraced run first times the
       calls (--no-timing skips it). Needs strace (apt-get install strace)
-      or, with --tracer perf, perf trace. See docs/tracing.md.
+      or, with --tracer perf, perf trace. --system nyala-direct: the
+      server runs each handler at once, without its queue and workers;
+      raw: a raw node:net echo. See docs/tracing.md.
 `
 
 export type TraceMode = 'sync' | 'async' | 'transfer'
