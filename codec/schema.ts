@@ -4,6 +4,7 @@ import protobuf from 'protobufjs'
 import { ErrorCode, RpcError } from './errors.js'
 import { flatCodec } from './flat-codec.js'
 import { DEFAULT_INT64_MODE, INT64_MODES, int64Reader, usePlainMessages, wireForm, withoutDefaults, type Int64Mode } from './plain-messages.js'
+import { requestValidator } from './validate.js'
 
 /** A decoded message: a plain object keyed by the .proto field names. */
 export type Message = Record<string, unknown>
@@ -54,6 +55,21 @@ export interface MessageType<T = Message> {
   toJSON: (message: T) => Record<string, unknown>
   /** The problem with `message` that would stop it encoding, or null. */
   verify: (message: T) => string | null
+  /**
+   * The first problem that makes `message` an invalid request of this type
+   * (`field: problem`, a dotted path for nested fields), or null: missing
+   * required fields, unknown fields, wrong types, out-of-range numbers
+   * (codec/validate.ts). `nyala call` checks its JSON with it.
+   */
+  validateRequest: (message: unknown) => string | null
+  /**
+   * What the client encodes for a request: `message` itself, a converted
+   * copy when it holds enums by name or bytes as base64, or for a type of
+   * singular scalars the fields as read (an object reused by the next call:
+   * encode it at once). Throws RPC_ERR_INVALID_ARGUMENT naming the problem
+   * that `validateRequest` finds.
+   */
+  prepareRequest: (message: T) => T
 }
 
 /** Request and response types of each method: what a typed stub is built from. */
@@ -183,8 +199,11 @@ function wrapType<T> (type: PbType, int64: Int64Mode): MessageType<T> {
       return decodeFailure(err)
     }
   }
+  const requests = requestValidator<T>(type)
   return {
     fullName,
+    validateRequest: requests.validate,
+    prepareRequest: requests.prepare,
     flatLength,
     writeFlat,
     encode (given: T): Uint8Array {

@@ -331,10 +331,14 @@ export class Client {
       }
       // A flat request is written straight into its frame below; others are
       // encoded into the codec's scratch buffer: nothing below encodes again
-      // before the frame encoder copies them.
-      bodyBytes = methodDef.requestType.flatLength(request)
+      // before the frame encoder copies them. The request is checked first
+      // (the same check `nyala call` runs; it makes no object for a valid
+      // request that encodes as it is).
+      const requestType = methodDef.requestType
+      const encodable = requestType.prepareRequest(request)
+      bodyBytes = requestType.flatLength(encodable)
       if (bodyBytes < 0) {
-        const scratch = methodDef.requestType.encodeToScratch(request)
+        const scratch = requestType.encodeToScratch(encodable)
         body = scratch.bytes
         bodyBytes = scratch.length
       } else {
