@@ -6,7 +6,7 @@
  * usage and metrics requests, and drains and exits when the primary asks,
  * when it gets SIGTERM or SIGINT, or when the primary is gone.
  */
-import type { ProtocolServer as Server } from './server.js'
+import { ListenError, type ProtocolServer as Server } from './server.js'
 import type { ReactorsOptions } from './cluster.js'
 
 // Environment of a reactor process, set by the primary.
@@ -21,7 +21,7 @@ export type ToReactor =
 
 export type FromReactor =
   | { type: 'nyala:reactor-listening', host: string, port: number }
-  | { type: 'nyala:reactor-failed', message: string }
+  | { type: 'nyala:reactor-failed', message: string, listen?: { code: string, host: string, port: number, message: string } }
   | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
   | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
 
@@ -80,7 +80,10 @@ export function runReactor (options: ReactorsOptions): Promise<never> {
   }
   start().catch((err: unknown) => {
     const message = err instanceof Error ? err.message : String(err)
-    send({ type: 'nyala:reactor-failed', message }, () => process.exit(1))
+    // A listen that could not bind goes back whole, so the primary rejects with the same ListenError.
+    const cause = err instanceof ListenError ? err.cause as Error | undefined : undefined
+    const listen = err instanceof ListenError ? { code: err.code, host: err.host, port: err.port, message: cause?.message ?? err.message } : undefined
+    send({ type: 'nyala:reactor-failed', message, ...(listen === undefined ? {} : { listen }) }, () => process.exit(1))
   })
   return new Promise<never>(() => {})
 }

@@ -17,8 +17,9 @@
  */
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
-import type { ProtocolServer as Server } from './server.js'
-import { consoleLogger, type Logger } from './logger.js'
+import { ErrorCode, RpcError } from '../codec/errors.js'
+import { ListenError, type ProtocolServer as Server } from './server.js'
+import { resolveLogger, type Logger } from './logger.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 
 export interface ReactorsOptions {
@@ -48,8 +49,8 @@ export interface ReactorsOptions {
   execArgv?: string[]
   /** Forces a distribution; default `reusePort` where supported (Node ≥ 22.12 on Linux), else `round-robin`. */
   distribution?: 'round-robin' | 'reusePort'
-  /** Supervision events (a reactor died, restarts); default: warnings and errors on stderr. */
-  logger?: Logger
+  /** Supervision events (a reactor died, restarts), with fields; default: warnings and errors on stderr; `null` silences them. */
+  logger?: Logger | null
 }
 
 /** The serving processes, seen from the primary (or from the one process with `reactors: 1`). */
@@ -92,14 +93,21 @@ export function reusePortSupported (version = process.versions.node, platform: s
 
 /**
  * Serves `build()`'s server on `host:port` in `reactors` processes. In the
- * primary, resolves once every reactor listens (rejects if one fails to
- * start). In a reactor process, builds and listens, and the promise never
- * settles: the process exits when the primary closes it.
+ * primary, resolves once every reactor listens. If one fails to start, it
+ * rejects once every reactor it forked has exited (and, in one process,
+ * the server is closed): with a `ListenError` (`code` EADDRINUSE, ...,
+ * `host`, `port`) when the port could not be bound, RPC_ERR_INVALID_ARGUMENT
+ * for a port outside 0-65535, else an Error naming the reactor and why. In a
+ * reactor process, builds and listens, and the promise never settles: the
+ * process exits when the primary closes it.
  */
 export function serveReactors (options: ReactorsOptions): Promise<Reactors> {
   if (isReactorWorker()) return runReactor(options)
   if (!Number.isInteger(options.reactors) || options.reactors < 1) {
     return Promise.reject(new RangeError(`reactors must be an integer >= 1, got ${options.reactors}`))
+  }
+  if (!Number.isInteger(options.port) || options.port < 0 || options.port > 65535) {
+    return Promise.reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `port must be an integer 0-65535, got ${options.port}`))
   }
   if (options.reactors === 1) return serveInProcess(options)
   if (!cluster.isPrimary) return Promise.reject(new Error('serveReactors with reactors > 1 must run in a cluster primary'))
@@ -109,7 +117,14 @@ export function serveReactors (options: ReactorsOptions): Promise<Reactors> {
 async function serveInProcess (options: ReactorsOptions): Promise<Reactors> {
   const server = await options.build()
   if (options.maxConnectionAgeMs !== undefined) server.setMaxConnectionAgeMs(options.maxConnectionAgeMs)
-  const bound = await server.listen(options.port, options.host)
+  let bound: Awaited<ReturnType<Server['listen']>>
+  try {
+    bound = await server.listen(options.port, options.host)
+  } catch (err) {
+    // Nothing may stay behind (worker threads, timers): the caller gets the error alone.
+    await server.close({ graceMs: 0 }).catch(() => {})
+    throw err
+  }
   const supervisor = supervisorMetrics(() => 1)
   let closing: Promise<void> | null = null
   const usage = (): ProcessUsage[] => [{ pid: process.pid, usage: process.resourceUsage() }]
@@ -142,6 +157,8 @@ interface Slot {
   restartTimer: NodeJS.Timeout | null
   /** Last failure the reactor reported before exiting. */
   failure: string | null
+  /** That failure, when it was a listen that could not bind. */
+  listenFailure: { code: string, host: string, port: number, message: string } | null
   listening: boolean
   /** The port the reactor was told to listen on (0 or the real one). */
   port: number
@@ -167,7 +184,7 @@ class ClusterReactors implements Reactors {
 
   constructor (options: ReactorsOptions) {
     this.#options = options
-    this.#log = options.logger ?? consoleLogger()
+    this.#log = resolveLogger(options.logger)
     this.#backoff = options.restartBackoff ?? DEFAULT_BACKOFF
     this.distribution = options.distribution ?? (reusePortSupported() ? 'reusePort' : 'round-robin')
   }
@@ -191,7 +208,7 @@ class ClusterReactors implements Reactors {
     })
     const started = new Promise<void>((resolve, reject) => { this.#started = { resolve, reject } })
     for (let index = 0; index < this.#options.reactors; index++) {
-      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listening: false, port: this.#options.port, moving: false })
+      this.#slots.push({ index, worker: null, startedAt: 0, deaths: 0, restartTimer: null, failure: null, listenFailure: null, listening: false, port: this.#options.port, moving: false })
     }
     // With reusePort and port 0, the first reactor picks the port the others join.
     const first = this.distribution === 'reusePort' && this.#options.port === 0 ? [this.#slots[0]!] : this.#slots
@@ -240,7 +257,7 @@ class ClusterReactors implements Reactors {
         send(worker, { type: 'nyala:reactor-close' })
         setTimeout(() => {
           if (slot.worker !== worker) return
-          this.#log.error(`reactor ${slot.index} (pid ${worker.process.pid}) still runs ${killAfterMs} ms after close; killing it`)
+          this.#log.error(`reactor ${slot.index} (pid ${worker.process.pid}) still runs ${killAfterMs} ms after close; killing it`, { reactor: slot.index, pid: worker.process.pid, killAfterMs })
           worker.process.kill('SIGKILL')
         }, killAfterMs).unref()
       }
@@ -258,6 +275,7 @@ class ClusterReactors implements Reactors {
   #fork (slot: Slot, port = this.#listenPort()): void {
     slot.restartTimer = null
     slot.failure = null
+    slot.listenFailure = null
     slot.listening = false
     slot.moving = false
     slot.port = port
@@ -266,9 +284,9 @@ class ClusterReactors implements Reactors {
     slot.startedAt = Date.now()
     worker.on('message', (message: FromReactor) => this.#onReactorMessage(slot, worker, message))
     // IPC errors (a channel closed under a send) surface as the exit below.
-    worker.on('error', (err: Error) => this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}): ${err.message}`))
+    worker.on('error', (err: NodeJS.ErrnoException) => this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}): ${err.message}`, { reactor: slot.index, pid: worker.process.pid, code: err.code }))
     worker.once('exit', (code: number | null, signal: string | null) => this.#onReactorExit(slot, worker, code, signal))
-    this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) started, listening on port ${port}`)
+    this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) started, listening on port ${port}`, { reactor: slot.index, pid: worker.process.pid, port })
   }
 
   // The port a new reactor listens on. With reusePort, the real one. With
@@ -291,14 +309,15 @@ class ClusterReactors implements Reactors {
           // Round-robin with port 0: the primary's handle for port 0 closed
           // with the last reactor in it before this one asked, so this one got
           // a port of its own that no client knows. Move it to the real port.
-          this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) got port ${message.port}, not ${this.#address.port}; restarting it on ${this.#address.port}`)
+          this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) got port ${message.port}, not ${this.#address.port}; restarting it on ${this.#address.port}`,
+            { reactor: slot.index, pid: worker.process.pid, port: message.port, wantedPort: this.#address.port })
           slot.moving = true
           send(worker, { type: 'nyala:reactor-close' })
           return
         }
         slot.listening = true
         this.#address ??= { host: message.host, port: message.port }
-        this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) listening on ${message.host}:${message.port}`)
+        this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) listening on ${message.host}:${message.port}`, { reactor: slot.index, pid: worker.process.pid, host: message.host, port: message.port })
         if (this.#closing !== null) {
           send(worker, { type: 'nyala:reactor-close' })
           return
@@ -316,6 +335,7 @@ class ClusterReactors implements Reactors {
       }
       case 'nyala:reactor-failed':
         slot.failure = message.message
+        slot.listenFailure = message.listen ?? null
         return
       case 'nyala:reactor-usage':
       case 'nyala:reactor-metrics': {
@@ -341,7 +361,7 @@ class ClusterReactors implements Reactors {
     const how = signal !== null ? `was killed by ${signal}` : `exited with code ${code}`
     const why = slot.failure === null ? '' : `: ${slot.failure}`
     if (this.#closing !== null) {
-      this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) ${how}`)
+      this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) ${how}`, { reactor: slot.index, pid: worker.process.pid, exitCode: code, signal })
       this.#maybeClosed()
       return
     }
@@ -350,11 +370,17 @@ class ClusterReactors implements Reactors {
       return
     }
     if (this.#started !== null) {
-      // Still starting: a reactor that cannot start (port in use, build threw) fails the start.
+      // Still starting: a reactor that cannot start (port in use, build threw)
+      // fails the start, once every other reactor has exited too.
       const started = this.#started
       this.#started = null
-      started.reject(new Error(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} before listening${why}`))
-      void this.close()
+      const failure = slot.listenFailure
+      const error = failure !== null
+        ? new ListenError(Object.assign(new Error(failure.message), { code: failure.code }), failure.host, failure.port)
+        : new Error(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} before listening${why}`)
+      this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} before listening${why}; closing the others`,
+        { reactor: slot.index, pid: worker.process.pid, exitCode: code, signal, ...(failure === null ? {} : { code: failure.code }) })
+      this.close().then(() => started.reject(error), () => started.reject(error))
       return
     }
     const ranMs = Date.now() - slot.startedAt
@@ -362,7 +388,8 @@ class ClusterReactors implements Reactors {
     slot.deaths++
     const delayMs = restartDelayMs(slot.deaths, this.#backoff)
     this.#supervisor.restarts.inc()
-    this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} after ${ranMs} ms${why}; restarting it in ${delayMs} ms`)
+    this.#log.warn(`reactor ${slot.index} (pid ${worker.process.pid}) ${how} after ${ranMs} ms${why}; restarting it in ${delayMs} ms`,
+      { reactor: slot.index, pid: worker.process.pid, exitCode: code, signal, ranMs, restartInMs: delayMs, deaths: slot.deaths, ...(slot.failure === null ? {} : { failure: slot.failure }) })
     slot.restartTimer = setTimeout(() => this.#fork(slot), delayMs)
   }
 

@@ -1,20 +1,107 @@
-/** Where nyala's servers and clients report what they noticed. */
+/**
+ * Where nyala's servers, clients and reactor supervisors report what they
+ * noticed. Each event is a short message plus structured fields (a plain
+ * object: connection id, remote address, error code, ...), so any logger
+ * that takes a message and an object fits through a few lines of adapter
+ * (docs/logging.md shows pino's).
+ */
+
+/** Structured context of one log event: plain, JSON-serializable values. */
+export type LogFields = Record<string, unknown>
+
+/** A logger: one method per level, each taking a message and optional fields. */
 export interface Logger {
-  info: (message: string) => void
-  warn: (message: string) => void
-  error: (message: string) => void
+  error: (message: string, fields?: LogFields) => void
+  warn: (message: string, fields?: LogFields) => void
+  info: (message: string, fields?: LogFields) => void
+  /** Optional: loggers written before it existed have only the three above. */
+  debug?: (message: string, fields?: LogFields) => void
 }
 
-/** Reports nothing: the default for embedded servers and tests. */
-export const silentLogger: Logger = { info () {}, warn () {}, error () {} }
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
-/** Writes warnings and errors (and info when `verbose`) to stderr, one line each. */
-export function consoleLogger (verbose = false): Logger {
-  const line = (level: string, message: string): void => { process.stderr.write(`${new Date().toISOString()} ${level} ${message}\n`) }
+const LEVELS: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 }
+
+/** Reports nothing. Pass it (or `logger: null`) to silence a server, client or supervisor. */
+export const silentLogger: Required<Logger> = { error () {}, warn () {}, info () {}, debug () {} }
+
+export interface ConsoleLoggerOptions {
+  /** Lowest level written; default `warn` (warnings and errors). */
+  level?: LogLevel
+  /** Where lines go; default `process.stderr`, looked up at each write. */
+  stream?: { write: (line: string) => unknown }
+  /** Append each event's fields as ` key=value` (default false: the message says what a person needs). */
+  fields?: boolean
+}
+
+/**
+ * One line per event, `TIME LEVEL message` (and ` key=value ...` with
+ * `fields: true`), on stderr by default. `consoleLogger(true)` is the
+ * verbose form (info and above).
+ */
+export function consoleLogger (options: boolean | ConsoleLoggerOptions = {}): Required<Logger> {
+  const { level = 'warn', stream, fields: withFields = false }: ConsoleLoggerOptions = typeof options === 'boolean' ? { level: options ? 'info' : 'warn' } : options
+  const threshold = LEVELS[level] ?? LEVELS.warn
+  const write = (at: LogLevel, message: string, fields: LogFields | undefined): void => {
+    if (LEVELS[at] < threshold) return
+    const line = `${new Date().toISOString()} ${at.toUpperCase()} ${oneLine(message)}${withFields ? formatFields(fields) : ''}\n`
+    ;(stream ?? process.stderr).write(line)
+  }
   return {
-    info (message) { if (verbose) line('INFO', message) },
-    warn (message) { line('WARN', message) },
-    error (message) { line('ERROR', message) }
+    error (message, fields) { write('error', message, fields) },
+    warn (message, fields) { write('warn', message, fields) },
+    info (message, fields) { write('info', message, fields) },
+    debug (message, fields) { write('debug', message, fields) }
+  }
+}
+
+/**
+ * The logger of a server, client or supervisor given `option`: undefined is
+ * the default (warnings and errors on stderr; `NYALA_LOG_LEVEL` in the
+ * environment sets another level), null is silence, a logger is used as is
+ * (without `debug`, debug events are dropped). Methods are always called on
+ * the logger object, so class-based loggers keep their `this`.
+ */
+export function resolveLogger (option: Logger | null | undefined): Required<Logger> {
+  if (option === null) return silentLogger
+  if (option === undefined) return consoleLogger({ level: envLevel() })
+  if (typeof option.debug === 'function') return option as Required<Logger>
+  return {
+    error: (message, fields) => option.error(message, fields),
+    warn: (message, fields) => option.warn(message, fields),
+    info: (message, fields) => option.info(message, fields),
+    debug () {}
+  }
+}
+
+function envLevel (): LogLevel {
+  const value = process.env.NYALA_LOG_LEVEL?.toLowerCase()
+  return value !== undefined && Object.hasOwn(LEVELS, value) ? value as LogLevel : 'warn'
+}
+
+function oneLine (text: string): string {
+  return text.includes('\n') ? text.replace(/\r?\n/g, '\\n') : text
+}
+
+/** ` key=value` per field; strings with spaces or quotes are JSON-quoted, errors show their message. */
+export function formatFields (fields: LogFields | undefined): string {
+  if (fields === undefined) return ''
+  let out = ''
+  for (const [key, value] of Object.entries(fields)) {
+    if (value === undefined) continue
+    out += ` ${key}=${formatValue(value)}`
+  }
+  return out
+}
+
+function formatValue (value: unknown): string {
+  if (value instanceof Error) return JSON.stringify(value.message)
+  if (typeof value === 'string') return /^[^\s"=]+$/.test(value) ? value : JSON.stringify(value)
+  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint' || value === null) return String(value)
+  try {
+    return JSON.stringify(value) ?? String(value)
+  } catch {
+    return String(value)
   }
 }
 
@@ -22,7 +109,7 @@ export function consoleLogger (verbose = false): Logger {
  * At most one line per `intervalMs` for one kind of event (a flood of
  * refused connections must not become a flood of log lines): the first
  * event logs at once, the ones after it within the interval are counted and
- * reported with the next line that is written.
+ * reported with the next line that is written (as `suppressed` in its fields).
  */
 export class RateLimitedLog {
   readonly #intervalMs: number
@@ -35,8 +122,8 @@ export class RateLimitedLog {
     this.#now = now
   }
 
-  /** Writes `message()` through `write` unless a line was written less than the interval ago. */
-  log (write: (message: string) => void, message: () => string): void {
+  /** Writes `message()` (and `fields()`) through `write` unless a line was written less than the interval ago. */
+  log (write: (message: string, fields?: LogFields) => void, message: () => string, fields?: () => LogFields): void {
     const now = this.#now()
     if (now < this.#next) {
       this.#suppressed++
@@ -45,6 +132,8 @@ export class RateLimitedLog {
     this.#next = now + this.#intervalMs
     const suppressed = this.#suppressed
     this.#suppressed = 0
-    write(suppressed === 0 ? message() : `${message()} (and ${suppressed} more like it since the last such line)`)
+    const context = fields?.()
+    if (suppressed === 0) write(message(), context)
+    else write(`${message()} (and ${suppressed} more like it since the last such line)`, context === undefined ? undefined : { ...context, suppressed })
   }
 }

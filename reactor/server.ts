@@ -9,7 +9,7 @@ import { Connection, type ConnectionStats, type Handshake } from '../transport/c
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CallDispatch, type DispatchHost, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
 import { ServerMetrics, type LimitCounters } from './metrics.js'
-import { RateLimitedLog, type Logger, silentLogger } from './logger.js'
+import { RateLimitedLog, resolveLogger, type LogFields, type Logger } from './logger.js'
 import { ServerConnection } from './server-connection.js'
 import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
 import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
@@ -115,7 +115,13 @@ export interface ServerOptions {
    */
   busyPollUs?: number
   clock?: Clock
-  logger?: Logger
+  /**
+   * Where the server reports refused, evicted and broken connections and
+   * listener errors, with structured fields. Default: warnings and errors
+   * on stderr (`NYALA_LOG_LEVEL` sets the level); `null` silences it.
+   * See docs/logging.md.
+   */
+  logger?: Logger | null
 }
 
 /** Counters of one open connection of the server (`Server.connectionStats`). */
@@ -174,7 +180,7 @@ export class ProtocolServer {
   readonly #protocol: ServerProtocol
   readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
   readonly #clock: Clock
-  readonly #log: Logger
+  readonly #log: Required<Logger>
   /** Per-group and per-route metrics; `metrics.text()` is the Prometheus exposition. */
   readonly metrics = new ServerMetrics()
   readonly #dispatch: CallDispatch
@@ -191,6 +197,15 @@ export class ProtocolServer {
   readonly #logEvicted: RateLimitedLog
   readonly #logNegotiatingEvicted: RateLimitedLog
   readonly #logAcceptError: RateLimitedLog
+  // Peers choose how often these happen: each kind is rate-limited too.
+  readonly #logNegotiationFailed: RateLimitedLog
+  readonly #logBadData: RateLimitedLog
+  readonly #logFrameTimeout: RateLimitedLog
+  // Called on the logger, so a class-based logger keeps its `this`.
+  readonly #warn = (message: string, fields?: LogFields): void => { this.#log.warn(message, fields) }
+  readonly #error = (message: string, fields?: LogFields): void => { this.#log.error(message, fields) }
+  /** Where #listen was asked to listen, for messages. */
+  #listenAddress: string | null = null
   readonly #net: NetServer
   #ready: boolean
   #idleTimer: TimerHandle | null = null
@@ -217,7 +232,7 @@ export class ProtocolServer {
       idleTimeoutMs: options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS
     }
     this.#clock = options.clock ?? realClock
-    this.#log = options.logger ?? silentLogger
+    this.#log = resolveLogger(options.logger)
     this.#ready = options.ready ?? true
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
     this.#maxConnections = atLeastOne(options.maxConnections ?? defaultMaxConnections(), 'maxConnections')
@@ -228,13 +243,18 @@ export class ProtocolServer {
     this.#logEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logNegotiatingEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logAcceptError = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
     const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#inbound = new InboundBudget(options.maxInboundBufferedBytes ?? DEFAULT_MAX_INBOUND_BUFFERED_BYTES, (_member, held) => {
-      inboundLog.log(this.#log.warn, () => `closing a connection holding ${held} bytes of an incomplete frame: the inbound buffers of all connections passed their budget of ${this.#inbound.maxBytes} bytes`)
+      inboundLog.log(this.#warn, () => `closing a connection holding ${held} bytes of an incomplete frame: the inbound buffers of all connections passed their budget of ${this.#inbound.maxBytes} bytes`,
+        () => ({ protocol: protocol.name, heldBytes: held, budgetBytes: this.#inbound.maxBytes }))
     })
     const outboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#outbound = new OutboundBudget(options.maxOutboundBufferedBytes ?? DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES, this.#clock, (member, total) => {
-      outboundLog.log(this.#log.warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`)
+      outboundLog.log(this.#warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`,
+        () => ({ protocol: protocol.name, unsentBytes: member.outboundBytes, totalUnsentBytes: total, budgetBytes: this.#outbound.maxBytes }))
     })
     this.metrics.limitCounters = () => this.#limitCounters()
     const server = this
@@ -267,10 +287,13 @@ export class ProtocolServer {
       if (err.code === 'EMFILE' || err.code === 'ENFILE') {
         // Out of descriptors: libuv dropped the connection; accepting goes on once some are free.
         this.#stats.acceptErrors++
-        this.#logAcceptError.log(this.#log.error, () => `accept failed: ${err.code} (out of file descriptors; ${this.#connections.size} connections open, limit ${this.#maxConnections})`)
+        this.#logAcceptError.log(this.#error, () => `accept failed: ${err.code} (out of file descriptors; ${this.#connections.size} connections open, limit ${this.#maxConnections})`,
+          () => ({ protocol: protocol.name, code: err.code, connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
         return
       }
-      this.#log.error(`listener error: ${err.message}`)
+      // Before listening, #listen reports the error to its caller instead.
+      if (!this.#net.listening) return
+      this.#log.error(`listener error: ${err.message}`, { protocol: protocol.name, code: err.code, address: this.#addressText() })
     })
   }
 
@@ -307,8 +330,15 @@ export class ProtocolServer {
    * threads) are waited for first; it rejects if one could not start.
    * `reusePort` (Node ≥ 22.12) binds this process's own socket with
    * SO_REUSEPORT, also in a cluster worker (see reactor/cluster.ts).
+   * A port outside 0-65535 rejects with RPC_ERR_INVALID_ARGUMENT; a socket
+   * that cannot be bound rejects with a `ListenError` (`code` EADDRINUSE,
+   * EACCES, EADDRNOTAVAIL, ..., with the address). The server is then not
+   * listening and may listen again; `close()` releases the rest (threads).
    */
   listen (port = 0, host = '127.0.0.1', options: { reusePort?: boolean } = {}): Promise<AddressInfo> {
+    if (!Number.isInteger(port) || port < 0 || port > 65535) {
+      return Promise.reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `port must be an integer 0-65535, got ${port}`))
+    }
     const executors = this.#dispatch.executors.filter(e => e.ready !== undefined)
     if (executors.length > 0) {
       return Promise.all(executors.map(e => e.ready)).then(() => this.#listen(port, host, options.reusePort === true))
@@ -318,16 +348,33 @@ export class ProtocolServer {
 
   #listen (port: number, host: string, reusePort: boolean): Promise<AddressInfo> {
     return new Promise((resolve, reject) => {
-      const onError = (err: Error): void => reject(err)
+      const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
+      this.#listenAddress = where
+      const onError = (err: NodeJS.ErrnoException): void => {
+        // Not logged: the caller gets it, and decides.
+        reject(new ListenError(err, host, port))
+      }
       this.#net.once('error', onError)
       // `reusePort` is not in Node 20's types; `exclusive` keeps a cluster worker from sharing the primary's handle.
       const listenOptions = reusePort ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
-      this.#net.listen(listenOptions, () => {
+      try {
+        this.#net.listen(listenOptions, () => {
+          this.#net.off('error', onError)
+          this.#armIdleScan()
+          resolve(this.#net.address() as AddressInfo)
+        })
+      } catch (err) {
+        // Thrown at once for options node:net refuses (a bad host type, a listen already under way).
         this.#net.off('error', onError)
-        this.#armIdleScan()
-        resolve(this.#net.address() as AddressInfo)
-      })
+        reject(err)
+      }
     })
+  }
+
+  #addressText (): string | null {
+    const bound = this.#net.address()
+    if (bound === null || typeof bound === 'string') return bound ?? this.#listenAddress
+    return bound.family === 'IPv6' ? `[${bound.address}]:${bound.port}` : `${bound.address}:${bound.port}`
   }
 
   /** The bound address, once listening. */
@@ -514,7 +561,10 @@ export class ProtocolServer {
       this.#clock.clearTimer(timer)
     }, (error: RpcError) => {
       this.#clock.clearTimer(timer)
-      this.#log.warn(`negotiation with ${remoteAddress} failed: ${error.message}`)
+      const fields = { protocol: this.#protocol.name, remote: remoteAddress, code: error.code }
+      // A peer that hangs up before set-up (a port probe, a health check) is no fault of anyone's.
+      if (error.code === ErrorCode.CONNECTION_CLOSED) this.#log.info(`negotiation with ${remoteAddress} failed: ${error.message}`, fields)
+      else this.#logNegotiationFailed.log(this.#warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
     })
   }
 
@@ -527,7 +577,8 @@ export class ProtocolServer {
     const victim = longestIdle(this.#connections, now)
     if (victim !== null) {
       this.#stats.connectionsEvicted++
-      this.#logEvicted.log(this.#log.warn, () => `${this.#connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`)
+      this.#logEvicted.log(this.#warn, () => `${this.#connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`,
+        () => ({ protocol: this.#protocol.name, remote: victim.remoteAddress, idleMs: Math.round(now - victim.idleSince), connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
       victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
       return true
     }
@@ -538,7 +589,8 @@ export class ProtocolServer {
       return true
     }
     this.#stats.connectionsRefused++
-    this.#logRefused.log(this.#log.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms`)
+    this.#logRefused.log(this.#warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms`,
+      () => ({ protocol: this.#protocol.name, remote: `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`, connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
     accepted.destroy()
     return false
   }
@@ -546,7 +598,8 @@ export class ProtocolServer {
   #evictNegotiating (why: string): void {
     const oldest = this.#negotiating.values().next().value!
     this.#stats.negotiatingEvicted++
-    this.#logNegotiatingEvicted.log(this.#log.warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`)
+    this.#logNegotiatingEvicted.log(this.#warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`,
+      () => ({ protocol: this.#protocol.name, remote: oldest.remoteAddress, negotiating: this.#negotiating.size, maxNegotiating: this.#maxNegotiating }))
     oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
   }
 
@@ -558,7 +611,7 @@ export class ProtocolServer {
     // A frame the decoder refused at its prefix is a bad frame too.
     if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) {
       this.#stats.badFrames++
-      this.#log.warn(`received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`)
+      this.#logBadData.log(this.#warn, () => `received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`, () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, code: error.code }))
     }
     this.#dispatch.connectionClosed(sc, error)
     this.#maybeDrained()
@@ -603,7 +656,7 @@ export class ProtocolServer {
         } else if (idleMs > 0 && sc.ready && now - sc.lastActiveAt >= idleMs) {
           this.#stats.idleClosed++
           const inFrame = connection.hasPartialFrame ? ', stopped inside a frame' : ''
-          this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms without progress${inFrame}`)
+          this.#log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms without progress${inFrame}`, { protocol: this.#protocol.name, remote: sc.remoteAddress, idleMs, inFrame: connection.hasPartialFrame })
           connection.destroy()
         }
       }
@@ -621,7 +674,8 @@ export class ProtocolServer {
       this.#countingFds = false
       if (open === undefined || open < limit - DESCRIPTOR_SLACK) return
       this.#stats.descriptorsExhausted++
-      this.#logAcceptError.log(this.#log.error, () => `out of file descriptors: ${open === Infinity ? limit : open} of ${limit} open (${this.#connections.size} connections, limit ${this.#maxConnections}); new connections are dropped until some close (lower --max-connections or raise ulimit -n)`)
+      this.#logAcceptError.log(this.#error, () => `out of file descriptors: ${open === Infinity ? limit : open} of ${limit} open (${this.#connections.size} connections, limit ${this.#maxConnections}); new connections are dropped until some close (lower --max-connections or raise ulimit -n)`,
+        () => ({ protocol: this.#protocol.name, code: 'EMFILE', descriptorsOpen: open === Infinity ? limit : open, descriptorLimit: limit, connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
     })
   }
 
@@ -646,15 +700,51 @@ export class ProtocolServer {
     }
     if (now - sc.partialSince < frameMs) return false
     this.#stats.frameTimeouts++
-    this.#log.warn(`closing ${sc.remoteAddress}: a frame has been arriving for ${Math.round(now - sc.partialSince)} ms (frame timeout ${frameMs} ms)`)
+    const arrivingMs = Math.round(now - sc.partialSince)
+    this.#logFrameTimeout.log(this.#warn, () => `closing ${sc.remoteAddress}: a frame has been arriving for ${arrivingMs} ms (frame timeout ${frameMs} ms)`,
+      () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, arrivingMs, frameTimeoutMs: frameMs }))
     connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `frame not complete within ${frameMs} ms`))
     return true
   }
 
   #closeAged (sc: ServerConnection): void {
     this.#stats.agedClosed++
-    this.#log.info(`closing ${sc.remoteAddress}: it reached its maximum age of ${this.#options.maxConnectionAgeMs} ms`)
+    this.#log.info(`closing ${sc.remoteAddress}: it reached its maximum age of ${this.#options.maxConnectionAgeMs} ms`, { protocol: this.#protocol.name, remote: sc.remoteAddress, maxConnectionAgeMs: this.#options.maxConnectionAgeMs })
     sc.connection.destroy()
+  }
+}
+
+/** Node's words for the errors a listen meets most. */
+const LISTEN_ERRORS: Record<string, string> = {
+  EADDRINUSE: 'address already in use',
+  EACCES: 'permission denied',
+  EADDRNOTAVAIL: 'address not available on this host',
+  ENOTFOUND: 'host name not found',
+  EAI_AGAIN: 'host name lookup failed for now',
+  EINVAL: 'invalid address'
+}
+
+/**
+ * `listen` could not bind its socket: `code` is the errno code
+ * (EADDRINUSE, EACCES, ...), `host` and `port` what was asked for, `cause`
+ * node's own error. The message is one line: `cannot listen on
+ * 127.0.0.1:7050: address already in use (EADDRINUSE)`.
+ */
+export class ListenError extends Error {
+  readonly code: string
+  readonly host: string
+  readonly port: number
+  readonly syscall: string | undefined
+
+  constructor (cause: NodeJS.ErrnoException, host: string, port: number) {
+    const code = cause.code ?? 'UNKNOWN'
+    const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
+    super(`cannot listen on ${where}: ${LISTEN_ERRORS[code] ?? cause.message} (${code})`, { cause })
+    this.name = 'ListenError'
+    this.code = code
+    this.host = host
+    this.port = port
+    this.syscall = cause.syscall
   }
 }
 

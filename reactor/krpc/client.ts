@@ -7,6 +7,7 @@ import type { DeadlineLists } from '../../scheduling/deadline-lists.js'
 import { Balancer, type BalancePolicy, type Slot } from '../balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../../scheduling/retry.js'
 import { BusyPoller } from '../../transport/busy-poll.js'
+import { RateLimitedLog, resolveLogger, type Logger } from '../logger.js'
 import type { ClientConnection } from './client-connection.js'
 import { ConnectionPool, type ClientConnectionStats } from './connection-pool.js'
 import { OutboundCalls, failEarly, labelOf, newCall, CallState, type CallResult, type Callback, type OutboundCall } from './outbound-call.js'
@@ -74,6 +75,13 @@ export interface ClientOptions {
   /** Busy polling after each read and send, in microseconds (as `ServerOptions.busyPollUs`); off by default. */
   busyPollUs?: number
   clock?: Clock
+  /**
+   * Where the client reports what its calls' errors do not: a server that
+   * broke the protocol (warn), connections lost and retired (info), retries
+   * (debug), with fields. Default: warnings and errors on stderr; `null`
+   * silences it. See docs/logging.md.
+   */
+  logger?: Logger | null
 }
 
 /** DEADLINE_EXCEEDED for a call whose retries ran out of time, naming the error that made it retry. */
@@ -111,6 +119,8 @@ const REQUEST_WRITER = {
 }
 
 const DEFAULT_CALL_TIMEOUT_MS = 30_000
+/** Warnings of one kind are logged at most this often. */
+const LOG_INTERVAL_MS = 10_000
 
 /**
  * A KRPC client. One connection per endpoint, reused by every call; call
@@ -142,6 +152,9 @@ export class Client {
   #lastEndpoint: Target | null = null
   #lastConnection: ClientConnection | null = null
   readonly #poller: BusyPoller | undefined
+  readonly #log: Required<Logger>
+  readonly #logBroken: RateLimitedLog
+  readonly #logExhausted: RateLimitedLog
   // While a callback-form call starts: its callback (#attempt hands it to
   // the call it creates, or settles it if it fails before; that call is
   // OutboundCalls.startedCall).
@@ -155,7 +168,11 @@ export class Client {
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
     this.#pool = new ConnectionPool(options, this.#clock, this.#poller, this.#calls, (cc) => {
       if (this.#lastConnection === cc) this.#lastConnection = null
+      this.#connectionLeft(cc)
     })
+    this.#log = resolveLogger(options.logger)
+    this.#logBroken = new RateLimitedLog(LOG_INTERVAL_MS, () => this.#clock.now())
+    this.#logExhausted = new RateLimitedLog(LOG_INTERVAL_MS, () => this.#clock.now())
     const retry = options.retry
     this.#retry = retry === undefined || retry === false
       ? null
@@ -223,12 +240,19 @@ export class Client {
         this.#retryCounts.exhausted++
         const outOfAttempts = attempt >= (retry.maxAttempts ?? DEFAULT_MAX_ATTEMPTS)
         const outOfBudget = (retry.budget?.stats.refused ?? 0) > refusedBefore
+        if (outOfBudget) {
+          // The caller sees its own call fail; that retries are being refused client-wide is news.
+          this.#logExhausted.log((m, f) => this.#log.warn(m, f), () => `retry budget spent: ${def.fullName}.${method} fails without retrying (${error.codeName})`,
+            () => ({ service: def.fullName, method, attempt, code: error.codeName, refused: retry.budget?.stats.refused }))
+        }
         if (outOfAttempts || outOfBudget) throw error
         // The next attempt could not start before the deadline.
         throw retriesTimedOut(def, method, timeoutMs, attempt, error)
       }
       previous = error
       this.#retryCounts.retries++
+      this.#log.debug(`retrying ${def.fullName}.${method} in ${Math.round(delay)} ms after attempt ${attempt}: ${error.message}`,
+        { service: def.fullName, method, attempt, delayMs: Math.round(delay), code: error.codeName })
       try {
         await sleep(clock, delay, options.signal)
       } catch {
@@ -236,6 +260,25 @@ export class Client {
       }
       if (this.#closed) throw new RpcError(ErrorCode.CLIENT_CLOSED, 'the client was closed while the call waited to retry')
     }
+  }
+
+  // A connection left the pool: retired after a FATAL answer (still open),
+  // or closed. Its calls' errors tell their callers; the log tells the rest.
+  #connectionLeft (cc: ClientConnection): void {
+    if (this.#closed || cc.retired) return
+    const fields = { endpoint: cc.key, pendingCalls: cc.outstanding.size, negotiated: cc.negotiated !== null }
+    if (!cc.connection.isClosed) {
+      this.#log.info(`connection to ${cc.key} retired after a FATAL answer; new calls open another`, fields)
+      return
+    }
+    const error = cc.connection.closeError
+    const code = error?.code
+    if (code === ErrorCode.MALFORMED_FRAME || code === ErrorCode.FRAME_TOO_LARGE) {
+      // Not a peer going away: something on that port does not speak KRPC as we do.
+      this.#logBroken.log((m, f) => this.#log.warn(m, f), () => `closing the connection to ${cc.key}: ${error!.message}`, () => ({ ...fields, code }))
+      return
+    }
+    this.#log.info(`connection to ${cc.key} closed${error === undefined ? '' : `: ${error.message}`}`, code === undefined ? fields : { ...fields, code })
   }
 
   /** Open connections (for tests and metrics). */

@@ -5,7 +5,7 @@ import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/sche
 import { realClock } from '../../scheduling/clock.js'
 import type { QueueDiscipline } from '../../scheduling/service-queue.js'
 import type { CallExecutor, RouteDefinition } from '../call-dispatch.js'
-import { silentLogger } from '../logger.js'
+import { resolveLogger } from '../logger.js'
 import { ProtocolServer, type ServerOptions } from '../server.js'
 import { KrpcCall, type KrpcCallContext } from './call.js'
 import { EncodedBody, KrpcServerProtocol, type KrpcRouteSpec } from './protocol.js'
@@ -117,7 +117,7 @@ export class Server extends ProtocolServer {
       if (this.#threads.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
       const pool = new ThreadPool({
         threads: options.threads!, callsPerThread: options.callsPerThread, handlers: handlers as HandlerModule,
-        service: def.fullName, methods: Object.keys(methods), clock: this.#defaults.clock ?? realClock, logger: this.#defaults.logger ?? silentLogger
+        service: def.fullName, methods: Object.keys(methods), clock: this.#defaults.clock ?? realClock, logger: resolveLogger(this.#defaults.logger)
       })
       executor = threadExecutor(pool)
       this.#threads.set(def.fullName, pool)

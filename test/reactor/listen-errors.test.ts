@@ -1,0 +1,65 @@
+/**
+ * Start-up errors in the library: `Server.listen` and `serveReactors`
+ * reject with a clear error (a ListenError with the errno code and the
+ * address, or RPC_ERR_INVALID_ARGUMENT for a bad port) and leave nothing
+ * behind. The CLI's side is test/bin/serve-errors.test.ts.
+ */
+import t, { type Test } from 'tap'
+import { createServer, type AddressInfo, type Server as NetServer } from 'node:net'
+import { RpcError } from '../../codec/errors.js'
+import { serveReactors } from '../../reactor/cluster.js'
+import { Server } from '../../reactor/krpc/server.js'
+import { ListenError } from '../../reactor/server.js'
+import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
+
+async function occupied (t: Test): Promise<number> {
+  const taken: NetServer = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => { taken.close() })
+  return (taken.address() as AddressInfo).port
+}
+
+t.test('Server.listen on a busy port rejects with a ListenError; the server can listen elsewhere after', async (t) => {
+  const port = await occupied(t)
+  const server = new Server({ logger: null }).addService(CalculatorService, calculatorHandlers)
+  t.teardown(() => server.close({ graceMs: 0 }))
+  const err = await server.listen(port, '127.0.0.1').then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ListenError, 'a ListenError')
+  t.match(err, { code: 'EADDRINUSE', host: '127.0.0.1', port, message: `cannot listen on 127.0.0.1:${port}: address already in use (EADDRINUSE)` })
+  t.equal(server.address(), null, 'not listening')
+  const bound = await server.listen(0, '127.0.0.1')
+  t.ok(bound.port > 0, 'listens on another port afterwards')
+})
+
+t.test('Server.listen and serveReactors refuse a port outside 0-65535 before binding anything', async (t) => {
+  const server = new Server({ logger: null })
+  t.teardown(() => server.close({ graceMs: 0 }))
+  await t.rejects(server.listen(99999, '127.0.0.1'), { code: 'RPC_ERR_INVALID_ARGUMENT', message: 'port must be an integer 0-65535, got 99999' })
+  let built = 0
+  const reactors = serveReactors({ reactors: 2, host: '127.0.0.1', port: 70000, build: () => { built++; return new Server({ logger: null }) } })
+  const err = await reactors.then(() => null, (e: unknown) => e)
+  t.ok(err instanceof RpcError, 'an RpcError')
+  t.match(err, { code: 'RPC_ERR_INVALID_ARGUMENT', message: /got 70000/ })
+  t.equal(built, 0, 'nothing built, nothing forked')
+})
+
+t.test('serveReactors in one process: a busy port rejects with the ListenError and the built server is closed', async (t) => {
+  const port = await occupied(t)
+  let closed = 0
+  class Counted extends Server {
+    override close (options?: { graceMs?: number }): Promise<void> {
+      closed++
+      return super.close(options)
+    }
+  }
+  const err = await serveReactors({
+    reactors: 1,
+    host: '127.0.0.1',
+    port,
+    logger: null,
+    build: () => new Counted({ logger: null }).addService(CalculatorService, calculatorHandlers)
+  }).then(() => null, (e: unknown) => e)
+  t.ok(err instanceof ListenError)
+  t.match(err, { code: 'EADDRINUSE', port })
+  t.equal(closed, 1, 'the server it built was closed')
+})
