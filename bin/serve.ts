@@ -5,9 +5,10 @@ import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { Registry } from 'prom-client'
 import { RpcError } from '../codec/errors.js'
-import { serveReactors, type Reactors } from '../reactor/cluster.js'
+import { isReactorWorker, serveReactors, type Reactors } from '../reactor/cluster.js'
 import { consoleLogger } from '../reactor/logger.js'
 import { Server } from '../reactor/krpc/server.js'
+import { ListenError } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
 import { discipline, intOption } from './options.js'
 
@@ -118,22 +119,42 @@ export async function serve (args: string[]): Promise<number> {
   const reactorCount = intOption(values.reactors, 'reactors', availableParallelism())!
   if (reactorCount < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactorCount}`)
   const maxConnectionAgeMs = intOption(values['max-connection-age-ms'], 'max-connection-age-ms')
-  // In a reactor process (a cluster worker running REACTOR_ENTRY) this never resolves.
-  const reactors = await serveReactors({
-    reactors: reactorCount,
-    host: values.host,
-    port: intOption(values.port, 'port', 7050)!,
-    build,
-    ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
-    ...(shutdownGraceMs === undefined ? {} : { graceMs: shutdownGraceMs }),
-    exec: REACTOR_ENTRY,
-    args: ['serve', ...args],
-    logger: consoleLogger(values.verbose)
-  })
+  // A port out of range is the user's error, said in one line (no usage hint: the flag exists).
+  const port = intOption(values.port, 'port', 7050)!
+  const metricsPort = intOption(values['metrics-port'], 'metrics-port')
+  for (const [flag, value] of [['port', port], ['metrics-port', metricsPort]] as const) {
+    if (value !== undefined && (value < 0 || value > 65535)) {
+      process.stderr.write(`nyala serve: --${flag} must be 0-65535, got ${value}\n`)
+      return 2
+    }
+  }
+  // Start-up: the metrics listener first (so a busy metrics port fails
+  // before any reactor is forked), then the reactors. A failure closes what
+  // was started and is one line on stderr: no stack, no half-alive server.
+  // Reactor processes run this too: they serve no metrics, and for them
+  // serveReactors never resolves.
+  let reactors: Reactors | null = null
+  let metricsServer: HttpServer | null = null
+  try {
+    if (metricsPort !== undefined && !isReactorWorker()) metricsServer = await serveMetrics(() => reactors, values.host, metricsPort)
+    reactors = await serveReactors({
+      reactors: reactorCount,
+      host: values.host,
+      port,
+      build,
+      ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
+      ...(shutdownGraceMs === undefined ? {} : { graceMs: shutdownGraceMs }),
+      exec: REACTOR_ENTRY,
+      args: ['serve', ...args],
+      logger: consoleLogger(values.verbose)
+    })
+  } catch (err) {
+    if (metricsServer !== null) await new Promise<void>((resolve) => metricsServer!.close(() => resolve()))
+    process.stderr.write(`nyala serve: ${err instanceof Error ? err.message : String(err)}\n`)
+    return 1
+  }
   const address = reactors.address
   const shown = address.host.includes(':') ? `[${address.host}]` : address.host
-  const metricsPort = intOption(values['metrics-port'], 'metrics-port')
-  const metricsServer = metricsPort === undefined ? null : await serveMetrics(reactors, values.host, metricsPort)
   process.stdout.write(`listening on ${shown}:${address.port}\n`)
   if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
   if (process.env.npm_lifecycle_event === 'start') {
@@ -148,7 +169,7 @@ export async function serve (args: string[]): Promise<number> {
       process.stderr.write(`${signal}: closing; calls in flight are answered first\n`)
       metricsServer?.close()
       stopIpc()
-      reactors.close().then(() => resolve(0), () => resolve(1))
+      reactors!.close().then(() => resolve(0), () => resolve(1))
     }
     process.once('SIGINT', () => stop('SIGINT'))
     process.once('SIGTERM', () => stop('SIGTERM'))
@@ -184,11 +205,20 @@ function answerIpc (reactors: Reactors): () => void {
   return () => { process.off('message', onMessage) }
 }
 
-/** Serves `GET /metrics` (Prometheus text format), summed over the reactors. */
-async function serveMetrics (reactors: Reactors, host: string, port: number): Promise<HttpServer> {
+/**
+ * Serves `GET /metrics` (Prometheus text format), summed over the reactors
+ * (503 until they listen). Rejects with a `ListenError` whose message names
+ * the metrics port when it cannot be bound.
+ */
+async function serveMetrics (served: () => Reactors | null, host: string, port: number): Promise<HttpServer> {
   const http = createHttpServer((req, res) => {
     if (req.method !== 'GET' || (req.url ?? '/').split('?')[0] !== '/metrics') {
       res.writeHead(404).end('not found: try /metrics\n')
+      return
+    }
+    const reactors = served()
+    if (reactors === null) {
+      res.writeHead(503).end('starting\n')
       return
     }
     reactors.metricsText().then((text) => {
@@ -198,8 +228,13 @@ async function serveMetrics (reactors: Reactors, host: string, port: number): Pr
     })
   })
   await new Promise<void>((resolve, reject) => {
-    http.once('error', reject)
-    http.listen(port, host, () => { http.off('error', reject); resolve() })
+    const onError = (err: NodeJS.ErrnoException): void => {
+      const error = new ListenError(err, host, port)
+      error.message = error.message.replace(/^cannot listen on /, 'metrics port ')
+      reject(error)
+    }
+    http.once('error', onError)
+    http.listen(port, host, () => { http.off('error', onError); resolve() })
   })
   return http
 }
