@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
-import { ProtoSchema, type ServiceDef } from '../codec/schema.js'
+import { ProtoSchema, type Message, type ServiceDef } from '../codec/schema.js'
 import { Client } from '../reactor/krpc/client.js'
 import { CALCULATOR_PROTO, CalculatorService } from '../examples/calculator/index.js'
 import { intOption } from './options.js'
@@ -9,7 +9,13 @@ export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeo
               [--user NAME] [--password PW]
       Calls one method, like grpcurl: the JSON request is encoded with the
       .proto (default: the demo service's), the response printed as JSON.
-      On failure prints the error code and message and exits 1.
+      JSON (default {}) follows protobuf's JSON mapping with the .proto's
+      field names: bytes fields take base64 strings, int64 fields decimal
+      strings or numbers (up to 2^53), enums names or numbers. A request
+      with a missing required field, an unknown field or a value of the
+      wrong type or range is refused, naming the field, and nothing is sent
+      (exit 2). On a failed call prints the error code and message and
+      exits 1.
       Example: nyala call 127.0.0.1:7050 nyala.demo.CalculatorService.Add '{"x":1,"y":2}'
 `
 
@@ -51,10 +57,15 @@ export async function call (args: string[]): Promise<number> {
     try {
       parsed = JSON.parse(json ?? '{}')
     } catch (err) {
-      throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `request is not valid JSON: ${(err as Error).message}`)
+      return invalidRequest(`not valid JSON: ${(err as Error).message}`)
     }
-    const request = method.requestType.fromJSON(parsed) as Record<string, unknown>
-    const result = await client.call(endpoint, def, methodName, request, { timeoutMs: intOption(values['timeout-ms'], 'timeout-ms', 10000)! })
+    // The client's own check (it runs again when the call encodes the
+    // request): a bad request is a usage error, and nothing is sent. The
+    // JSON's base64 strings, int64 strings and enum names are converted when
+    // the request is encoded.
+    const problem = method.requestType.validateRequest(parsed)
+    if (problem !== null) return invalidRequest(problem)
+    const result = await client.call(endpoint, def, methodName, parsed as Message, { timeoutMs: intOption(values['timeout-ms'], 'timeout-ms', 10000)! })
     process.stdout.write(`${formatJson(method.responseType.toJSON(result.response))}\n`)
     return 0
   } catch (err) {
@@ -64,6 +75,11 @@ export async function call (args: string[]): Promise<number> {
   } finally {
     client.close()
   }
+}
+
+function invalidRequest (problem: string): number {
+  process.stderr.write(`nyala call: invalid request: ${problem.replace(/\s+/g, ' ')}\n`)
+  return 2
 }
 
 /** JSON on one line with a space after each colon and comma: `{"result": 3}`. */
