@@ -18,6 +18,25 @@ import {
  *   ConnectionContext (-3)   ──▶   (no reply)
  */
 
+/** How many of a peer's first bytes `notSpeakingKrpc` quotes. */
+export const QUOTED_FIRST_BYTES = 24
+
+/**
+ * The error for a peer whose first bytes (kept by the connection) are no
+ * KRPC negotiation answer, e.g. an HTTP server's `HTTP/1.1 400 Bad Request`,
+ * whose first four bytes read as a frame length of 1213486164. `cause` is
+ * what the frame decoder or the negotiation said about them.
+ */
+export function notSpeakingKrpc (peer: string, firstBytes: Uint8Array, cause: RpcError): RpcError {
+  const quoted = firstBytes.subarray(0, QUOTED_FIRST_BYTES)
+  let text = ''
+  for (const byte of quoted) {
+    text += byte === 0x22 ? '\\"' : byte === 0x5c ? '\\\\' : byte >= 0x20 && byte < 0x7f ? String.fromCharCode(byte) : `\\x${byte.toString(16).padStart(2, '0')}`
+  }
+  const more = firstBytes.length > QUOTED_FIRST_BYTES ? '...' : ''
+  return new RpcError(ErrorCode.NEGOTIATION_FAILED, `${peer} is not speaking KRPC (its first bytes were "${text}${more}")`, { cause })
+}
+
 /** `RpcFeatureFlag` values. */
 export const RpcFeature = {
   APPLICATION_FEATURE_FLAGS: 1,
@@ -217,6 +236,7 @@ export class ClientNegotiation {
   readonly #password: string
   #state: 'negotiate' | 'sasl' | 'done' = 'negotiate'
   #features: ReadonlySet<number> = new Set()
+  #heardKrpc = false
 
   constructor (options: ClientNegotiationOptions = {}) {
     this.#user = options.user ?? 'nyala'
@@ -232,6 +252,15 @@ export class ClientNegotiation {
     }, false)]
   }
 
+  /**
+   * True once the server sent a frame with a KRPC response header for the
+   * negotiation's call id: until then a peer whose bytes fail to parse may
+   * be no KRPC server at all.
+   */
+  get heardKrpc (): boolean {
+    return this.#heardKrpc
+  }
+
   /** Handles one server frame. */
   onFrame (frame: Buffer): NegotiationStep {
     const parts = splitFrame(frame)
@@ -239,6 +268,7 @@ export class ClientNegotiation {
     const header = ResponseHeaderType.decode(parts.header)
     if (header instanceof RpcError) return { error: negotiationError(`bad response header during negotiation: ${header.message}`) }
     if (header.call_id !== NEGOTIATE_CALL_ID) return { error: negotiationError(`unexpected call id ${header.call_id} during negotiation`) }
+    this.#heardKrpc = true
     if (header.is_error === true) {
       const status = ErrorStatusType.decode(parts.body)
       if (status instanceof RpcError) return { error: negotiationError('negotiation failed, and the error could not be parsed') }

@@ -3,7 +3,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
 import { ErrorStatusType, krpcFraming, parseResponseInto, type ResponseParts } from '../../codec/krpc/frames.js'
-import { ClientNegotiation, type Negotiated } from '../../codec/krpc/negotiation.js'
+import { ClientNegotiation, QUOTED_FIRST_BYTES, notSpeakingKrpc, type Negotiated } from '../../codec/krpc/negotiation.js'
 import type { Clock } from '../../scheduling/clock.js'
 import type { BusyPoller } from '../../transport/busy-poll.js'
 import { Connection } from '../../transport/connection.js'
@@ -42,6 +42,27 @@ export interface ConnectionOwner {
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
 
 /**
+ * A SocketReader that keeps a copy of the connection's first bytes, to name
+ * a peer that is not speaking KRPC. Only the first chunk passes through the
+ * copy: then the connection's own sink is attached again, so later reads
+ * cost nothing more.
+ */
+class FirstBytesReader extends SocketReader {
+  firstBytes: Buffer | null = null
+
+  override attach (sink: (chunk: Buffer) => void): void {
+    super.attach((chunk) => {
+      this.firstBytes = Buffer.from(chunk.subarray(0, QUOTED_FIRST_BYTES + 1))
+      super.attach(sink)
+      sink(chunk)
+    })
+  }
+}
+
+// Errors before negotiation that say the peer's bytes were no KRPC at all.
+const GARBLED: ReadonlySet<string> = new Set([ErrorCode.FRAME_TOO_LARGE, ErrorCode.MALFORMED_FRAME, ErrorCode.NEGOTIATION_FAILED, ErrorCode.CONNECTION_CLOSED])
+
+/**
  * One connection to one endpoint, shared by every call to it: opened and
  * negotiated here, and its responses matched to their calls.
  */
@@ -54,12 +75,15 @@ export class ClientConnection {
   nextCallId = 0
   closed = false
   retired = false
+  /** Why the connection closed, as its calls were told (e.g. a peer not speaking KRPC); undefined while open. */
+  closeReason: RpcError | undefined = undefined
   /** The balancer slot this connection fills, if balanced. */
   slot: Slot | null = null
   balancer: Balancer | null = null
   readonly #owner: ConnectionOwner
   readonly #calls: OutboundCalls
   readonly #parts: ResponseParts
+  readonly #reader: FirstBytesReader
   #connected = false
 
   /** Opens the socket (net.connect throws on some addresses); `negotiate` starts the rest. */
@@ -71,7 +95,8 @@ export class ClientConnection {
     this.#parts = owner.parts
     const options = owner.options
     // Reads come through onread, not 'data' events (see SocketReader).
-    const reader = new SocketReader()
+    const reader = new FirstBytesReader()
+    this.#reader = reader
     const socket = netConnect({ host: target.host, port: target.port, noDelay: true, onread: reader.onread })
     this.connection = new Connection(socket, {
       reader,
@@ -88,22 +113,32 @@ export class ClientConnection {
     const key = this.key
     const connection = this.connection
     const { options, clock } = this.#owner
+    const negotiation = new ClientNegotiation({ user: options.user, password: options.password })
+    let timedOut: RpcError | null = null
     connection.attach({
       onFrame: (buf, start, end) => this.#onFrame(buf, start, end),
       onClose: (error) => {
         // A connection that never negotiated marks its slot as failing, so balanced calls skip it for a while.
         if (this.negotiated === null && this.slot !== null && error !== undefined) this.balancer?.failed(this.slot)
-        const reason = !this.#connected && error !== undefined && error.code === ErrorCode.CONNECTION_CLOSED
+        let reason = !this.#connected && error !== undefined && error.code === ErrorCode.CONNECTION_CLOSED
           ? new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
           : error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${key} closed`)
+        // The peer answered, but not as a KRPC server would (an HTTP server's
+        // "HTTP/1.1 400" reads as a frame of 1.2 GB): say so, with its bytes.
+        const first = this.#reader.firstBytes
+        if (error !== undefined && this.negotiated === null && first !== null && !negotiation.heardKrpc && reason !== timedOut &&
+          reason.remote === undefined && GARBLED.has(reason.code)) {
+          reason = notSpeakingKrpc(key, first, reason)
+        }
+        this.closeReason = reason
         this.#owner.closed(this, reason)
       }
     })
     const negotiationMs = options.negotiationTimeoutMs ?? DEFAULT_NEGOTIATION_TIMEOUT_MS
     const timer = clock.setTimer(() => {
-      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `connection negotiation to ${key} timed out after ${negotiationMs} ms`))
+      timedOut = new RpcError(ErrorCode.NEGOTIATION_FAILED, `connection negotiation to ${key} timed out after ${negotiationMs} ms`)
+      connection.destroy(timedOut)
     }, negotiationMs)
-    const negotiation = new ClientNegotiation({ user: options.user, password: options.password })
     connection.handshake<Negotiated>({
       start: () => negotiation.start(),
       onFrame: (frame) => {
