@@ -150,7 +150,8 @@ export async function serve (args: string[]): Promise<number> {
     })
   } catch (err) {
     if (metricsServer !== null) await new Promise<void>((resolve) => metricsServer!.close(() => resolve()))
-    process.stderr.write(`nyala serve: ${err instanceof Error ? err.message : String(err)}\n`)
+    const message = err instanceof Error ? err.message : String(err)
+    process.stderr.write(`nyala serve: ${message.replace(/\s*\n\s*/g, ' ')}\n`)
     return 1
   }
   const address = reactors.address

@@ -158,6 +158,13 @@ t.test('--reactors 2 on a busy port: one line, and every reactor process is gone
   assertFailedCleanly(t, run, new RegExp(`^nyala serve: cannot listen on 127\\.0\\.0\\.1:${port}: address already in use \\(EADDRINUSE\\)\\n$`))
 })
 
+t.test('--reactors 2 whose reactors fail before listening (their server cannot be built): one line, all gone', { skip }, async (t) => {
+  const rpcPort = await freePort()
+  const run = await nyala(t, ['serve', '--reactors', '2', '--port', String(rpcPort), '--max-connections', '0'])
+  assertFailedCleanly(t, run, /^nyala serve: reactor \d \(pid \d+\) exited with code 1 before listening: maxConnections must be an integer of at least 1, got 0\n$/)
+  t.ok(await isFree(rpcPort), 'no RPC listener left')
+})
+
 t.test('--reactors 2 with a busy metrics port: no reactor is started', { skip }, async (t) => {
   const metricsPort = await occupy(t)
   const rpcPort = await freePort()
