@@ -1,5 +1,5 @@
 /**
- * A mutation fuzzer for nyala's KRPC server and client (issue 7).
+ * A mutation fuzzer for nyala's KRPC server and client.
  *
  *   node dist/bench/fuzz.js --mutants N [--seed S] [--json] [--concurrency C]
  *       [--client-share F] [--in-process] [--max-seconds T] [--found-bugs LIST]
@@ -122,7 +122,7 @@ export interface FuzzResult {
     /** Calls the model predicted an answer for, and how many got exactly one. */
     callsPredicted: number
     callsAnsweredOnce: number
-    /** Answers never sent because the connection closed for a bad frame of the same read (as the contract allows). */
+    /** Answers never sent because the connection closed for a bad frame of the same read (which the server may do). */
     answersDroppedAtClose: number
     /** Connections the server closed where the model said it must (bad frame, refused negotiation or preamble). */
     closedAsPredicted: number
@@ -1561,7 +1561,7 @@ class ServerSide {
       pieceExpect = []
       // Most of the time the piece that breaks the connection goes in a write of its own, once the
       // answers before it have come back: answers of the read that carries a bad frame are dropped
-      // with the connection (as the contract allows), and would go unchecked.
+      // with the connection (which the server may do), and would go unchecked.
       const splitFatal = rng.chance(0.7)
       const frames = rng.range(1, 24)
       for (let k = 0; k < frames && !model.closed; k++) {

@@ -1,5 +1,5 @@
 /**
- * `nyala bench`: Kudu's rpc-bench (reference §6.1) for nyala, run side by
+ * `nyala bench`: Kudu's rpc-bench (docs/design.md, 'rpc-bench') for nyala, run side by
  * side with a raw node:net echo and grpc-js on the same machine.
  *
  * One run of one system:

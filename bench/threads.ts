@@ -1,5 +1,5 @@
 /**
- * The worker-thread handler mode against the in-loop mode (issue 3), side by
+ * The worker-thread handler mode against the in-loop mode (docs/threads.md), side by
  * side in one run, alternating the modes.
  *
  *   node dist/bench/threads.js [--seconds 2] [--rounds 3] [--depths 16,64]

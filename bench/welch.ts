@@ -5,7 +5,7 @@
  * ran it by hand on rpc-bench's Reqs/sec; `nyala bench --compare` runs it.
  *
  * Student's t distribution is computed through the regularized incomplete
- * beta function (continued fraction, Numerical Recipes §6.4) and its
+ * beta function (continued fraction, Numerical Recipes, section 6.4) and its
  * quantile by bisection, which is exact to the last few digits that matter
  * here and needs no dependency.
  */

@@ -54,7 +54,7 @@ const CONFIG_OPTIONS = {
 
 type ConfigValues = { [K in keyof typeof CONFIG_OPTIONS]?: string | undefined }
 
-/** rpc-bench's defaults where they fit this machine (reference §6.1); worker threads: nyala's default. */
+/** rpc-bench's defaults where they fit this machine (docs/design.md, 'rpc-bench'); worker threads: nyala's default. */
 export const DEFAULT_CONFIG: BenchConfig = {
   mode: 'sync',
   clientThreads: 16,

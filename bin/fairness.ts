@@ -1,5 +1,5 @@
 /**
- * `nyala fairness`: seed 000's functional test. A server with few workers
+ * `nyala fairness`: a functional test of the scheduler (docs/scheduling.md). A server with few workers
  * and a short queue, and more clients than it can serve, each looping on
  * `Sleep` with no think time. Every logical request keeps its deadline
  * across retries. With a FIFO queue that refuses newcomers, some clients

@@ -1,6 +1,7 @@
 /**
  * `nyala trace`: the server's syscalls per RPC, counted by strace (or perf
- * trace), as seed 002 counted Kudu's with `perf trace`.
+ * trace), as Kudu's "avoid an extra epoll cycle" change was measured with
+ * `perf trace` (docs/tracing.md).
  *
  * One server process (bin/trace-server.ts) runs under `strace -f -c` (every
  * thread); this process, untraced, connects, negotiates, makes one warm-up

@@ -1,7 +1,8 @@
 /**
- * Reactors in cluster processes (issue 4): one `Server` per process, N
+ * Reactors in cluster processes: one `Server` per process, N
  * processes sharing one listening port, supervised by the `node:cluster`
- * primary. Kudu runs N reactor threads in one process (reference §4.4); a
+ * primary. Kudu runs N reactor threads in one process (docs/design.md,
+ * 'Reactors'); a
  * Node process has one event loop, so a reactor here is a process that owns
  * its connections, its service queues and its workers.
  *

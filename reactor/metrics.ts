@@ -3,7 +3,7 @@ import { Registry } from 'prom-client'
 /**
  * Per-service and per-method metrics of the server, after Kudu's
  * `rpc_incoming_queue_time`, handler latency histograms and the service
- * pool's overflow and timeout counters (reference §2.4).
+ * pool's overflow and timeout counters (docs/design.md, 'Metrics').
  *
  * The hot path touches only plain numbers here: a histogram is a fixed array
  * of bucket counts, a counter a field. prom-client reads them when scraped,

@@ -1,6 +1,6 @@
 /**
  * The bounded service queue between the reactor and the workers, after
- * Kudu's `LifoServiceQueue` (reference §2.1) in its queue half; the worker
+ * Kudu's `LifoServiceQueue` (docs/design.md, 'The service queue') in its queue half; the worker
  * half lives in `worker-pool.ts`.
  *
  * With the 'edf' discipline, calls leave in earliest-deadline-first order, so

@@ -1,6 +1,6 @@
 /**
  * The worker half of Kudu's `LifoServiceQueue` plus `ServicePool`
- * (reference §2.1–2.2), for one event loop: a worker is a concurrency slot
+ * (docs/design.md, 'Workers'), for one event loop: a worker is a concurrency slot
  * that runs one (possibly async) handler at a time.
  *
  * Idle workers park on a stack and a new item goes straight to the most

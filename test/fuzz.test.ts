@@ -1,4 +1,4 @@
-// The mutation fuzzer of bench/fuzz.ts as part of the suite (issue 7): a
+// The mutation fuzzer of bench/fuzz.ts as part of the suite: a
 // short seeded run against a live server (mutated handshakes and request
 // frames, checked against the codec's model of what must come back) and,
 // through its fake server, against real clients (mutated answers, each call

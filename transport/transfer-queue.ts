@@ -138,7 +138,8 @@ function newSlab (): Buffer {
 
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
- * with the 2020 "avoid an extra epoll cycle" change, seed 002).
+ * with the 2020 "avoid an extra epoll cycle" change; docs/design.md,
+ * 'The outbound transfer queue').
  *
  * - A lone frame, with nothing queued and the socket not backed up, is
  *   written at once, in the caller's stack: no deferral. With

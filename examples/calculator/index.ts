@@ -47,7 +47,7 @@ export function crc32 (data: Uint8Array): number {
   return (crc ^ 0xffffffff) >>> 0
 }
 
-/** The demo handlers, exactly as wire-contract §7 describes them. */
+/** The demo handlers of nyala.demo.CalculatorService, modelled on the calculator service of Kudu's RPC tests. */
 export const calculatorHandlers: ServiceHandlers<CalculatorMethods> = {
   Add: (request) => ({ result: (request.x + request.y) >>> 0 }),
 

@@ -1,5 +1,5 @@
 /**
- * The main side of the worker-thread handler mode (issue 3): N
+ * The main side of the worker-thread handler mode (docs/threads.md): N
  * `worker_threads` threads, each with the service's handler module loaded
  * (`thread-worker.ts`), serving as the N workers of the service's
  * `WorkerPool`. The pool's EDF queue, LIFO parking, direct hand-off and the

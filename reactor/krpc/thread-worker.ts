@@ -1,5 +1,5 @@
 /**
- * The thread side of the worker-thread handler mode (issue 3; the main side
+ * The thread side of the worker-thread handler mode (docs/threads.md; the main side
  * is `thread-pool.ts`). Each `worker_threads` thread imports the handler
  * module once, then handles the calls posted to it (one at a time, unless
  * `callsPerThread` > 1 and the handlers are async): it decodes the request bytes

@@ -46,7 +46,7 @@ t.test('Student t quantiles match R qt() / scipy t.ppf', async t => {
 })
 
 t.test('Welch\'s t-test matches scipy.stats.ttest_ind(equal_var=False) and R t.test', async t => {
-  // Two rpc-bench-like samples of 10 runs (seed 004's shape: before and after).
+  // Two rpc-bench-like samples of 10 runs (a change's before and after).
   const before = [25100.2, 25410.7, 24987.1, 25600.3, 25322.9, 25190.4, 25455.0, 25071.8, 25530.6, 25268.2]
   const after = [27010.5, 27450.2, 26890.7, 27600.1, 27220.4, 27105.9, 27380.3, 26950.0, 27490.8, 27250.1]
   let r = welchTest(before, after)

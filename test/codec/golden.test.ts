@@ -1,6 +1,6 @@
 /**
- * Golden bytes: the byte-exact transcript of wire-contract §4 (and the Add
- * request of kudu-rpc-reference §1.6), produced by the encoders and the
+ * Golden bytes: the byte-exact transcript of test/helpers/golden.ts (the
+ * frames docs/wire-format.md annotates), produced by the encoders and the
  * negotiation state machines, and read back by the decoders.
  */
 import t from 'tap'

@@ -4,7 +4,7 @@
 
 /**
  * Bytes from a transcript line: hex pairs separated by spaces or `|`, and
- * `"quoted"` ASCII strings, as wire-contract §4 and kudu-rpc-reference §1.6 write them.
+ * `"quoted"` ASCII strings, as docs/wire-format.md's annotated example writes them.
  */
 export function hex (text: string): Buffer {
   const out: number[] = []

@@ -1,6 +1,7 @@
 /**
- * The byte-exact transcript of wire-contract §4 (the Add request from
- * kudu-rpc-reference §1.6, whose contract line gives only the fields).
+ * A byte-exact KRPC transcript: negotiation, then `Add` on Kudu's sample
+ * service kudu.rpc.GenericCalculatorService, its answer, a TOO_BUSY error
+ * and a response with two sidecars (docs/wire-format.md annotates them).
  */
 import { hex } from './bytes.js'
 

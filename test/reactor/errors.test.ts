@@ -313,7 +313,7 @@ t.test('a server without the APPLICATION_FEATURE_FLAGS RPC feature: flagged call
 
 t.test('the first, flagged call on a connection to a server without APPLICATION_FEATURE_FLAGS fails with NOT_SUPPORTED', async (t) => {
   // Kudu checks the peer's RPC features when the call is about to be sent
-  // (ProcessOutboundTransfers, reference §4.1), so a call made while the
+  // (its reactor's ProcessOutboundTransfers), so a call made while the
   // connection negotiates is checked too (regression: it once was not).
   const fake = await FakeServer.start({ features: [] })
   t.teardown(() => fake.close())

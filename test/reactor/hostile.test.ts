@@ -1,7 +1,7 @@
-// Hostile or broken input on the server port (wire-contract §1 and §6,
-// Kudu's rpc-test list item 27): bad preambles, HTTP clients, oversize
+// Hostile or broken input on the server port (docs/wire-format.md, and
+// README.md, 'Limits and hostile peers'): bad preambles, HTTP clients, oversize
 // and malformed frames, stalled negotiation, and SASL PLAIN refusal. Each
-// bad connection is closed (without a reply where the contract says so) and
+// bad connection is closed (without a reply where those docs say so) and
 // the server goes on serving a normal client.
 import t, { type Test } from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'

@@ -1,5 +1,5 @@
-// Per-service and per-method server metrics end to end (Kudu's rpc tests
-// §2.2 and §3: queue time, handler latency, overflow / eviction / timeout /
+// Per-service and per-method server metrics end to end (what Kudu's RPC
+// tests check, docs/design.md, 'Metrics': queue time, handler latency, overflow / eviction / timeout /
 // shutdown counters; service gauges): `server.metrics.snapshot()` and the
 // Prometheus text of `server.metrics.text()`. Servers run on a FakeClock, so
 // queue times and latencies are exact numbers of milliseconds the test

@@ -1,5 +1,5 @@
-// The server's scheduling end to end (Kudu's rpc tests §2 and §7.9 items
-// 16–18 and 20): each service's calls go through a bounded EDF (or FIFO)
+// The server's scheduling end to end (what Kudu's RPC tests check, see
+// docs/design.md, 'Kudu's RPC tests'): each service's calls go through a bounded EDF (or FIFO)
 // service queue to LIFO-parked workers, behind burst absorption. A burst is
 // not an overload; a saturated service refuses exactly the overflow with
 // ERROR_SERVER_TOO_BUSY, evicting the latest deadline first; calls that
@@ -155,7 +155,7 @@ t.test('burst: 1,000 pipelined calls with async handlers fill workers and queue,
 })
 
 // ---------------------------------------------------------------------------
-// 2. Exact overflow counts (reference §7.9 item 17)
+// 2. Exact overflow counts
 // ---------------------------------------------------------------------------
 
 t.test('overflow: queueLength 2, 0 workers, 3 calls → exactly 1 TOO_BUSY, judged one turn later', async (t) => {
@@ -276,7 +276,7 @@ t.test('burst absorption: a held call is served when a worker made progress befo
 })
 
 // ---------------------------------------------------------------------------
-// 3. EDF order and latest-deadline eviction (reference §2.1, §7.9 item 18)
+// 3. EDF order and latest-deadline eviction (docs/design.md, 'The service queue')
 // ---------------------------------------------------------------------------
 
 /**
@@ -377,7 +377,7 @@ for (const perService of [false, true]) {
 }
 
 // ---------------------------------------------------------------------------
-// 4. Calls that expire in the queue are never run (reference §7.9 item 16)
+// 4. Calls that expire in the queue are never run
 // ---------------------------------------------------------------------------
 
 t.test('expired in queue: never run, answered TOO_BUSY "waited in the queue past client deadline" (raw peer)', async (t) => {
@@ -517,7 +517,7 @@ t.test('a handler that gives up when its signal aborts answers ERROR_APPLICATION
 })
 
 // ---------------------------------------------------------------------------
-// 6. Shutdown while serving (reference §7.9 item 20)
+// 6. Shutdown while serving
 // ---------------------------------------------------------------------------
 
 // BUG (reactor/server.ts, close(): `finish` → `sc.connection.destroy()`):

@@ -1,5 +1,5 @@
 /**
- * The worker-thread handler mode (issue 3): handlers loaded in N
+ * The worker-thread handler mode (docs/threads.md): handlers loaded in N
  * worker_threads answer exactly as in-loop handlers do, errors and crashed
  * threads become ERROR_APPLICATION, calls go through the same queue and
  * LIFO-parked workers (one per thread), and close() drains and terminates
