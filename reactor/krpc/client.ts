@@ -271,10 +271,11 @@ export class Client {
       this.#log.info(`connection to ${cc.key} retired after a FATAL answer; new calls open another`, fields)
       return
     }
-    const error = cc.connection.closeError
+    const error = cc.closeReason ?? cc.connection.closeError
     const code = error?.code
-    if (code === ErrorCode.MALFORMED_FRAME || code === ErrorCode.FRAME_TOO_LARGE) {
-      // Not a peer going away: something on that port does not speak KRPC as we do.
+    if (cc.negotiated !== null && (code === ErrorCode.MALFORMED_FRAME || code === ErrorCode.FRAME_TOO_LARGE)) {
+      // Not a peer going away: a KRPC server that then broke the protocol.
+      // (Before negotiation the calls' own error names such a peer.)
       this.#logBroken.log((m, f) => this.#log.warn(m, f), () => `closing the connection to ${cc.key}: ${error!.message}`, () => ({ ...fields, code }))
       return
     }

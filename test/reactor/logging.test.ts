@@ -13,6 +13,7 @@ import { Server } from '../../reactor/krpc/server.js'
 import { Client } from '../../reactor/krpc/client.js'
 import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 import * as nyala from '../../reactor/index.js'
+import { FakeServer } from '../helpers/krpc-peers.js'
 
 t.setTimeout(120_000)
 
@@ -170,6 +171,22 @@ t.test('a Client logs to its logger: retries at debug, closed connections at inf
   const quiet = new Client({ endpoint: `127.0.0.1:${port}`, logger: null })
   t.teardown(() => quiet.close())
   await t.rejects(quiet.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 5000 }))
+})
+
+t.test('a Client warns when a KRPC server it negotiated with then breaks the protocol', async (t) => {
+  const fake = await FakeServer.start()
+  t.teardown(() => fake.close())
+  const log = new Recorder()
+  const client = new Client({ endpoint: fake.endpoint, logger: log })
+  t.teardown(() => client.close())
+  const call = client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 5000 })
+  const peer = await fake.peer()
+  await peer.nextCall()
+  // A response frame whose header is garbage: four bytes of length, then nonsense.
+  peer.write(Buffer.from([0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff]))
+  await t.rejects(call, { code: 'RPC_ERR_MALFORMED_FRAME' })
+  await until(() => log.count('warn') === 1, 'the warning')
+  t.match(log.events.find(e => e.level === 'warn')!.fields, { endpoint: fake.endpoint, negotiated: true, code: 'RPC_ERR_MALFORMED_FRAME' })
 })
 
 t.test('the pino adapter of docs/logging.md fits a pino-like logger (fields first, message second)', async (t) => {
