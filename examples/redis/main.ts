@@ -1,0 +1,111 @@
+/**
+ * A Redis server speaking RESP2, on nyala's generic protocol server:
+ *
+ *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
+ *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
+ *     [--proto-max-bulk-len BYTES] [--max-message-mb 50]
+ *
+ * Prints `listening on HOST:PORT` once it serves. Every reactor process
+ * has its own keyspace: with `--reactors` above 1 a key set through one
+ * connection is not seen through a connection that landed on another
+ * reactor, so more than one reactor suits only clients that shard by
+ * connection (or benchmarks that do not read back).
+ */
+import { pathToFileURL } from 'node:url'
+import { parseArgs } from 'node:util'
+import { ProtocolServer, serveReactors } from '../../reactor/index.js'
+import { redisHandlers } from './handlers.js'
+import { DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
+import { RedisStore } from './store.js'
+
+export interface RedisServerOptions {
+  /** The keyspace's memory limit in estimated bytes (see store.ts); default 64 MiB. */
+  maxMemoryBytes?: number
+  /** Time budget of a request from its arrival (RESP carries none): it orders the queue and expires requests that waited too long. Default 1000 ms. */
+  requestTimeoutMs?: number
+  /** The largest bulk string; default 512 MiB, never above `maxMessageBytes` (less 4 KiB). */
+  protoMaxBulkLen?: number
+  /** The largest request frame; default 50 MiB. */
+  maxMessageBytes?: number
+  /** The keyspace's clock in ms (tests); default Date.now. */
+  now?: () => number
+  /** The expiry sweep's period; 0: none. Default 100 ms. */
+  sweepIntervalMs?: number
+}
+
+/** One server and its keyspace, the commands registered as the routes of the group `redis`. */
+export function redisServer (options: RedisServerOptions = {}): ProtocolServer & { readonly store: RedisStore } {
+  const store = new RedisStore({ maxMemoryBytes: options.maxMemoryBytes, now: options.now, sweepIntervalMs: options.sweepIntervalMs })
+  const maxFrameBytes = options.maxMessageBytes ?? DEFAULT_MAX_FRAME_BYTES
+  const limits = respLimits({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes })
+  const server = new ProtocolServer(respProtocol({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes }), {
+    requestTimeoutMs: options.requestTimeoutMs ?? 1000,
+    maxMessageBytes: limits.maxFrameBytes,
+    // Redis keeps idle connections open (its timeout is 0): client pools hold them between bursts.
+    idleTimeoutMs: 0
+  })
+  let port = 0
+  server.addRoutes('redis', redisHandlers(store, {
+    port: () => port,
+    connectedClients: () => server.stats().connectionsOpen,
+    protoMaxBulkLen: limits.maxBulk
+  }))
+  const listen = server.listen.bind(server)
+  server.listen = async (...args: Parameters<typeof server.listen>) => {
+    const address = await listen(...args)
+    port = address.port
+    return address
+  }
+  const close = server.close.bind(server)
+  server.close = async (...args: Parameters<typeof server.close>) => {
+    store.close()
+    return close(...args)
+  }
+  return Object.assign(server, { store })
+}
+
+function nonNegativeInteger (name: string, text: string | undefined, fallback: number): number {
+  if (text === undefined) return fallback
+  const value = Number(text)
+  if (!Number.isInteger(value) || value < 0) throw new RangeError(`--${name} must be a non-negative integer, got ${text}`)
+  return value
+}
+
+async function main (argv: string[]): Promise<void> {
+  const { values } = parseArgs({
+    args: argv,
+    options: {
+      port: { type: 'string' },
+      host: { type: 'string' },
+      reactors: { type: 'string' },
+      'maxmemory-mb': { type: 'string' },
+      'request-timeout-ms': { type: 'string' },
+      'proto-max-bulk-len': { type: 'string' },
+      'max-message-mb': { type: 'string' }
+    },
+    strict: true
+  })
+  const port = nonNegativeInteger('port', values.port, 6379)
+  const host = values.host ?? '127.0.0.1'
+  const reactors = nonNegativeInteger('reactors', values.reactors, 1)
+  const maxMemoryBytes = nonNegativeInteger('maxmemory-mb', values['maxmemory-mb'], 64) * 1024 * 1024
+  const requestTimeoutMs = nonNegativeInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
+  const protoMaxBulkLen = nonNegativeInteger('proto-max-bulk-len', values['proto-max-bulk-len'], DEFAULT_PROTO_MAX_BULK_LEN)
+  const maxMessageBytes = nonNegativeInteger('max-message-mb', values['max-message-mb'], DEFAULT_MAX_FRAME_BYTES / 1024 / 1024) * 1024 * 1024
+  const served = await serveReactors({
+    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes })
+  })
+  if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
+  console.log(`listening on ${served.address.host}:${served.address.port}`)
+  const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }
+  process.once('SIGINT', close)
+  process.once('SIGTERM', close)
+}
+
+// Run as a script (also in each reactor process serveReactors forks), not when imported.
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  main(process.argv.slice(2)).catch((err: unknown) => {
+    console.error(err instanceof Error ? err.message : err)
+    process.exit(1)
+  })
+}
