@@ -901,7 +901,8 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     PTTL: ttl(true),
     PERSIST: persist,
     KEYS: keys,
-    DBSIZE: () => store.keys().length,
+    // Like Redis, the keys in the table: expired ones not yet deleted count.
+    DBSIZE: () => store.size,
     FLUSHDB: flush,
     FLUSHALL: flush,
     TYPE: typeOf,
