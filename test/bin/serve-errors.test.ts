@@ -71,7 +71,10 @@ async function nyala (t: Test, args: string[]): Promise<Outcome> {
   const env = { ...process.env }
   delete env.NODE_OPTIONS
   delete env.NYALA_DEBUG
-  const child = spawn(process.execPath, [LAUNCHER, ...args], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
+  // env(1) drops NODE_OPTIONS again just before it execs node (same pid): tap's spawn wrapper
+  // puts its coverage hooks back in, and on Node 26 they load the extensionless ES module
+  // bin/nyala through require() (ERR_REQUIRE_CYCLE_MODULE). Users run it without them.
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, LAUNCHER, ...args], { cwd: ROOT, env, stdio: ['ignore', 'pipe', 'pipe'] })
   const pid = child.pid!
   const children = new Set<number>()
   let stdout = ''
@@ -185,7 +188,7 @@ t.test('the launcher: a thrown error with a code is one line, anything else show
       mkdirSync(join(dir, 'dist', 'bin'), { recursive: true })
       writeFileSync(join(dir, 'dist', 'bin', 'cli.js'), `export async function main () { ${body} }\n`)
     }
-    const child = spawn(process.execPath, [join(dir, 'bin', 'nyala'), 'serve'], { stdio: ['ignore', 'pipe', 'pipe'] })
+    const child = spawn('env', ['-u', 'NODE_OPTIONS', process.execPath, join(dir, 'bin', 'nyala'), 'serve'], { stdio: ['ignore', 'pipe', 'pipe'] })
     t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
     let stdout = ''
     let stderr = ''

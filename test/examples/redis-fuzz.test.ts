@@ -64,7 +64,8 @@ t.test('random streams: the server survives, answers whole replies, closes only 
   const { port } = await server.listen(0, '127.0.0.1')
   t.teardown(() => server.close({ graceMs: 100 }))
   const bytes = (max: number): fc.Arbitrary<Buffer> => fc.uint8Array({ maxLength: max }).map(a => Buffer.from(a))
-  const word = fc.oneof(fc.constantFrom(...COMMANDS.map(c => c.name), 'EX', 'PX', 'NX', 'XX', 'GET', 'WITHSCORES', '0', '-1', '1', '10', '1.5', 'inf', 'k', 'l', 'h', 'z'),
+  // Without quit, which closes the connection by design (an inline "quit" did, failing the property).
+  const word = fc.oneof(fc.constantFrom(...COMMANDS.filter(c => c.name !== 'quit').map(c => c.name), 'EX', 'PX', 'NX', 'XX', 'GET', 'WITHSCORES', '0', '-1', '1', '10', '1.5', 'inf', 'k', 'l', 'h', 'z'),
     fc.string({ maxLength: 8 }))
   const command = fc.tuple(fc.constantFrom(...COMMANDS.filter(c => c.name !== 'quit').map(c => c.name)), fc.array(fc.oneof(word.map(w => Buffer.from(w, 'latin1')), bytes(40)), { maxLength: 6 }))
     .map(([name, args]) => encode([Buffer.from(name), ...args]))
