@@ -43,7 +43,9 @@ import { ErrorCode, RpcError } from './errors.js'
 /**
  * 0: valid and encodable as it is; 1: valid, convert (copy) before
  * encoding; 2: valid, encode the type's snapshot (scalar-only types, see
- * `compile`); -1: invalid (the problem is in `failPath` and `failText`).
+ * `compile`); 3: the same, a value in it converted (a parent holding the
+ * message must copy it: bit 0 is "convert"); -1: invalid (the problem is in
+ * `failPath` and `failText`).
  */
 type Scan = (message: unknown) => number
 
@@ -260,7 +262,10 @@ function compile (type: protobuf.Type): Scan {
   // encodes (snapshot types), rather than flag the message for a copy.
   const value = (field: protobuf.Field, v: string, p: string, convert: boolean): void => {
     const rt = field.resolvedType
-    const flagged = (conversion: string): string => convert ? `if (r > 0) ${v} = ${conversion}` : 'c |= r'
+    // A snapshot type converting into its local still sets c: a parent that
+    // is no snapshot type (or a message kept as it is, see $unknowns below)
+    // must copy, or the unconverted value would reach the encoder.
+    const flagged = (conversion: string): string => convert ? `if (r > 0) { ${v} = ${conversion}; c = 1 }` : 'c |= r'
     if (rt instanceof protobuf.Type) {
       out(`r = ${ref(scanOf(rt))}(${v}); if (r < 0) return H.nested(${p}); c |= r & 1`)
     } else if (rt instanceof protobuf.Enum) {
@@ -332,9 +337,11 @@ function compile (type: protobuf.Type): Scan {
     for (const field of fields) snap[field.name] = undefined
     const S = ref(snap)
     // A message decoded with unknown fields keeps them only as it is.
+    // (1 when a value needs converting: the copy keeps them too.)
     out('if (m.$unknowns != null) return c')
     fields.forEach((field, j) => out(`${S}[${q(field.name)}] = f${j}`))
-    out('return 2')
+    // 3: the snapshot, holding converted values (its parent copies).
+    out('return 2 | c')
   } else {
     out('return c')
   }
@@ -373,6 +380,8 @@ function convert (type: protobuf.Type, m: Record<string, unknown>): Record<strin
       copy[field.name] = convertValue(field, v)
     }
   }
+  // Unknown fields a decode kept: written back by the encoder, as from the message.
+  if (m.$unknowns != null && hasOwn.call(m, '$unknowns')) Object.defineProperty(copy, '$unknowns', { value: m.$unknowns, writable: true, enumerable: false, configurable: true })
   return copy
 }
 
@@ -403,7 +412,7 @@ export function requestValidator<T> (type: protobuf.Type): RequestValidator<T> {
       const check = (scan ??= scanOf(type))
       const r = check(message)
       if (r === 0) return message
-      if (r === 2) return snapshots.get(check) as T
+      if (r >= 2) return snapshots.get(check) as T
       if (r < 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${typeName}: ${problemOfLastFailure()}`)
       return convert(type, message as Record<string, unknown>) as T
     }

@@ -171,3 +171,30 @@ t.test('the library reports a port that is not speaking KRPC the same way', asyn
   t.equal(error.message, `${endpoint} is not speaking KRPC (its first bytes were "HTTP/1.1 400 Bad Request...")`)
   t.equal((error.cause as { code?: string } | undefined)?.code, 'RPC_ERR_FRAME_TOO_LARGE', 'the frame decoder\'s own error is the cause')
 })
+
+t.test('nyala call: enums by name in nested messages of scalars and enums (a field, a repeated field, a map value)', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-call-enum-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const protoFile = join(dir, 'kinds.proto')
+  writeFileSync(protoFile, `syntax = "proto2";
+package k;
+enum Kind { RED = 0; GREEN = 1; }
+message Leaf { optional Kind kind = 1; optional uint32 n = 2; }
+message Outer { optional Leaf inner = 1; repeated Leaf items = 2; map<string, Leaf> byName = 3; }
+service Kinds { rpc Echo(Outer) returns (Outer); }
+`)
+  const def = ProtoSchema.load(protoFile).service('k.Kinds')
+  const server = new Server().addService(def, { Echo: (req: unknown) => req })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => closeServer(server))
+  const endpoint = `127.0.0.1:${port}`
+  const [field, repeated, map] = await nyalaCalls([
+    ['call', endpoint, 'k.Kinds.Echo', '{"inner":{"kind":"GREEN"}}', '--proto', protoFile],
+    ['call', endpoint, 'k.Kinds.Echo', '{"items":[{"kind":"GREEN","n":2},{"kind":"RED"}]}', '--proto', protoFile],
+    ['call', endpoint, 'k.Kinds.Echo', '{"byName":{"a":{"kind":"GREEN"}}}', '--proto', protoFile]
+  ])
+  // (The server echoes decoded messages, whose unset fields hold their defaults.)
+  t.same(field, { code: 0, stdout: '{"inner": {"kind": "GREEN", "n": 0}}\n', stderr: '' })
+  t.same(repeated, { code: 0, stdout: '{"items": [{"kind": "GREEN", "n": 2}, {"kind": "RED", "n": 0}]}\n', stderr: '' })
+  t.same(map, { code: 0, stdout: '{"byName": {"a": {"kind": "GREEN", "n": 0}}}\n', stderr: '' })
+})

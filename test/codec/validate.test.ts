@@ -252,3 +252,41 @@ t.test('scalar-only types: each field is read once, and what was read is what is
   // Out of range is refused even where the fast encoder would wrap it.
   t.throws(() => Req.prepareRequest({ x: -1, y: 2 }), { message: 'invalid t.Req: x: -1 is out of range for uint32 (0 to 4294967295)' })
 })
+
+// Scalar-only nested types (their check fills a snapshot) holding an enum by name.
+const NESTED_ENUM_PROTO = `syntax = "proto2";
+package ne;
+enum Kind { RED = 0; GREEN = 1; }
+message Leaf { optional Kind kind = 1; optional uint32 n = 2; }
+message Outer { optional Leaf inner = 1; repeated Leaf items = 2; map<string, Leaf> byName = 3; }
+service N { rpc Echo(Outer) returns (Outer); rpc Leaf(Leaf) returns (Leaf); }
+`
+
+t.test('an enum by name in a nested scalar-only message (a field, a repeated field, a map value) is converted', async (t) => {
+  const nested = ProtoSchema.parse(NESTED_ENUM_PROTO)
+  const Outer = nested.type('ne.Outer')
+  const Leaf = nested.type('ne.Leaf')
+  const def = nested.service('ne.N')
+  const request = { inner: { kind: 'GREEN' }, items: [{ kind: 'GREEN', n: 1 }, { kind: 1 }], byName: { a: { kind: 'GREEN' } } }
+  t.equal(Outer.validateRequest(request), null)
+  const prepared = Outer.prepareRequest(request as Message)
+  t.equal(Outer.verify(prepared), null, 'what prepare answers encodes')
+  t.same(Buffer.from(Outer.encode(prepared)), Buffer.from(Outer.encode({ inner: { kind: 1 }, items: [{ kind: 1, n: 1 }, { kind: 1 }], byName: { a: { kind: 1 } } })))
+  t.equal(request.inner.kind, 'GREEN', 'the caller\'s message is not changed')
+  // A message decoded with unknown fields, given an enum by name: converted too, the unknown fields kept.
+  // (As protobufjs's decoder keeps them: a non-enumerable own property.)
+  const withUnknown: Message = { kind: 'GREEN' }
+  Object.defineProperty(withUnknown, '$unknowns', { value: [new Uint8Array([0x78, 0x05])], writable: true, enumerable: false, configurable: true })
+  const preparedLeaf = Leaf.prepareRequest(withUnknown)
+  t.equal(Leaf.verify(preparedLeaf), null)
+  t.same(Buffer.from(Leaf.encode(preparedLeaf)), Buffer.from([0x08, 0x01, 0x78, 0x05]), 'the enum converted, the unknown field written back')
+
+  const server = new Server().addService(def, { Echo: (req: unknown) => req, Leaf: (req: unknown) => req })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => closeServer(server))
+  const endpoint = `127.0.0.1:${port}`
+  const client = newClient(t, { endpoint })
+  const { response } = await client.call(endpoint, def, 'Echo', request as Message, { timeoutMs: 5000 })
+  t.same(response, { inner: { kind: 1, n: 0 }, items: [{ kind: 1, n: 1 }, { kind: 1, n: 0 }], byName: { a: { kind: 1, n: 0 } } })
+  t.same((await client.call(endpoint, def, 'Leaf', withUnknown, { timeoutMs: 5000 })).response.kind, 1)
+})
