@@ -45,15 +45,18 @@ const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
  * A SocketReader that keeps a copy of the connection's first bytes, to name
  * a peer that is not speaking KRPC. Only the first chunk passes through the
  * copy: then the connection's own sink is attached again, so later reads
- * cost nothing more.
+ * cost nothing more. (Exported for its test.)
  */
-class FirstBytesReader extends SocketReader {
+export class FirstBytesReader extends SocketReader {
   firstBytes: Buffer | null = null
 
   override attach (sink: (chunk: Buffer) => void): void {
     super.attach((chunk) => {
-      this.firstBytes = Buffer.from(chunk.subarray(0, QUOTED_FIRST_BYTES + 1))
-      super.attach(sink)
+      // Chunks read before attach all come through here: only the first is kept.
+      if (this.firstBytes === null) {
+        this.firstBytes = Buffer.from(chunk.subarray(0, QUOTED_FIRST_BYTES + 1))
+        super.attach(sink)
+      }
       sink(chunk)
     })
   }

@@ -190,3 +190,23 @@ t.test('readThrough keeps allowHalfOpen, and leaves a socket that is already rea
   t.teardown(() => { second.destroy(); original.destroy(); reading.close() })
   t.equal(readThrough(original, new SocketReader()), original, 'kept: it was reading already')
 })
+
+t.test('the client\'s FirstBytesReader keeps the first chunk when several were read before attach', async t => {
+  const { FirstBytesReader } = await import('../../reactor/krpc/client-connection.js')
+  const reader = new FirstBytesReader()
+  const read = (text: string): void => {
+    const buf = reader.onread.buffer()
+    const n = buf.write(text)
+    reader.onread.callback(n, buf)
+  }
+  read('HTTP/1.1 400')
+  read(' Bad Request')
+  read('\r\n\r\n')
+  const seen: string[] = []
+  reader.attach((chunk) => seen.push(chunk.toString()))
+  t.equal(reader.firstBytes?.toString(), 'HTTP/1.1 400', 'the first chunk, not the last')
+  t.same(seen, ['HTTP/1.1 400', ' Bad Request', '\r\n\r\n'], 'every chunk handed on, in order')
+  read('later')
+  t.equal(reader.firstBytes?.toString(), 'HTTP/1.1 400')
+  t.same(seen.at(-1), 'later')
+})
