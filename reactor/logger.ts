@@ -79,8 +79,28 @@ function envLevel (): LogLevel {
   return value !== undefined && Object.hasOwn(LEVELS, value) ? value as LogLevel : 'warn'
 }
 
-function oneLine (text: string): string {
-  return text.includes('\n') ? text.replace(/\r?\n/g, '\\n') : text
+// Control characters (C0, DEL, C1): text from peers must not move the
+// cursor, recolour the terminal or forge a line of its own.
+// eslint-disable-next-line no-control-regex
+const CONTROL = /[\x00-\x1f\x7f-\x9f]/
+// eslint-disable-next-line no-control-regex
+const CONTROLS = /[\x00-\x1f\x7f-\x9f]/g
+// Left by JSON.stringify, which escapes only U+0000 to U+001F.
+const DEL_AND_C1 = /[\x7f-\x9f]/g
+const NAMED: Record<string, string> = { '\n': '\\n', '\r': '\\r', '\t': '\\t' }
+
+function escapeControl (c: string): string {
+  return NAMED[c] ?? `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`
+}
+
+/** `text` with every control character escaped (`\n`, `\r`, `\t`, else `\xHH`): one line, nothing for a terminal to obey. */
+export function oneLine (text: string): string {
+  return CONTROL.test(text) ? text.replace(CONTROLS, escapeControl) : text
+}
+
+function json (value: unknown): string | undefined {
+  const text = JSON.stringify(value)
+  return text === undefined ? undefined : text.replace(DEL_AND_C1, (c) => `\\u00${c.charCodeAt(0).toString(16)}`)
 }
 
 /** ` key=value` per field; strings with spaces or quotes are JSON-quoted, errors show their message. */
@@ -94,14 +114,18 @@ export function formatFields (fields: LogFields | undefined): string {
   return out
 }
 
+// A string written bare: no space, quote, '=' or control character.
+// eslint-disable-next-line no-control-regex
+const BARE = /^[^\s"=\x00-\x1f\x7f-\x9f]+$/
+
 function formatValue (value: unknown): string {
-  if (value instanceof Error) return JSON.stringify(value.message)
-  if (typeof value === 'string') return /^[^\s"=]+$/.test(value) ? value : JSON.stringify(value)
+  if (value instanceof Error) return json(value.message)!
+  if (typeof value === 'string') return BARE.test(value) ? value : json(value)!
   if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint' || value === null) return String(value)
   try {
-    return JSON.stringify(value) ?? String(value)
+    return json(value) ?? oneLine(String(value))
   } catch {
-    return String(value)
+    return oneLine(String(value))
   }
 }
 

@@ -111,6 +111,15 @@ t.test('consoleLogger: warnings and errors by default, levels, fields on request
   all.info('i')
   t.same(lines.map(l => l.split(' ').slice(1).join(' ')), ['DEBUG d remote=127.0.0.1:5 note="two words" n=3 err="bad"\n', 'INFO i\n'])
 
+  // Text from peers: no control character reaches the terminal or the log file as it is.
+  lines.length = 0
+  all.warn('a\rb\r\nc\x1b[31md\x00e\x07f\tg\x7fh\u009bi', { peer: 'x\x1b[2Jy', line: 'one\rtwo', bell: '\x07' })
+  t.equal(lines.length, 1)
+  const [, rest] = /^\S+ (.*)\n$/s.exec(lines[0]!)!
+  t.equal(rest, 'WARN a\\rb\\r\\nc\\x1b[31md\\x00e\\x07f\\tg\\x7fh\\x9bi peer="x\\u001b[2Jy" line="one\\rtwo" bell="\\u0007"')
+  // eslint-disable-next-line no-control-regex
+  t.notMatch(lines[0]!.slice(0, -1), /[\x00-\x1f\x7f-\x9f]/, 'no control character left but the final newline')
+
   lines.length = 0
   const silent = consoleLogger({ stream, level: 'silent' })
   silent.error('x')
