@@ -350,7 +350,14 @@ export class ProtocolServer {
     return new Promise((resolve, reject) => {
       const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
       this.#listenAddress = where
+      const onListening = (): void => {
+        this.#net.off('error', onError)
+        this.#armIdleScan()
+        resolve(this.#net.address() as AddressInfo)
+      }
       const onError = (err: NodeJS.ErrnoException): void => {
+        // The failed listen's callback goes too (a later listen would run it).
+        this.#net.off('listening', onListening)
         // Not logged: the caller gets it, and decides.
         reject(new ListenError(err, host, port))
       }
@@ -358,14 +365,11 @@ export class ProtocolServer {
       // `reusePort` is not in Node 20's types; `exclusive` keeps a cluster worker from sharing the primary's handle.
       const listenOptions = reusePort ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
       try {
-        this.#net.listen(listenOptions, () => {
-          this.#net.off('error', onError)
-          this.#armIdleScan()
-          resolve(this.#net.address() as AddressInfo)
-        })
+        this.#net.listen(listenOptions, onListening)
       } catch (err) {
         // Thrown at once for options node:net refuses (a bad host type, a listen already under way).
         this.#net.off('error', onError)
+        this.#net.off('listening', onListening)
         reject(err)
       }
     })

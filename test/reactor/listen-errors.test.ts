@@ -5,7 +5,7 @@
  * behind. The CLI's side is test/bin/serve-errors.test.ts.
  */
 import t, { type Test } from 'tap'
-import { createServer, type AddressInfo, type Server as NetServer } from 'node:net'
+import { Server as NetServerClass, createServer, type AddressInfo, type Server as NetServer } from 'node:net'
 import { RpcError } from '../../codec/errors.js'
 import { serveReactors } from '../../reactor/cluster.js'
 import { Server } from '../../reactor/krpc/server.js'
@@ -29,6 +29,32 @@ t.test('Server.listen on a busy port rejects with a ListenError; the server can 
   t.equal(server.address(), null, 'not listening')
   const bound = await server.listen(0, '127.0.0.1')
   t.ok(bound.port > 0, 'listens on another port afterwards')
+})
+
+t.test('a failed listen leaves no listener behind: neither its \'error\' nor its \'listening\' callback', async (t) => {
+  const port = await occupied(t)
+  // The server's node:net server, caught as it listens.
+  const nets: NetServer[] = []
+  const listen = NetServerClass.prototype.listen
+  NetServerClass.prototype.listen = function (this: NetServer, ...args: unknown[]) {
+    nets.push(this)
+    return (listen as (...a: unknown[]) => NetServer).apply(this, args)
+  } as typeof listen
+  t.teardown(() => { NetServerClass.prototype.listen = listen })
+  const server = new Server({ logger: null }).addService(CalculatorService, calculatorHandlers)
+  t.teardown(() => server.close({ graceMs: 0 }))
+  for (let i = 0; i < 3; i++) {
+    const err = await server.listen(port, '127.0.0.1').then(() => null, (e: unknown) => e)
+    t.ok(err instanceof ListenError, `attempt ${i + 1} fails`)
+  }
+  NetServerClass.prototype.listen = listen
+  const net = nets[0]!
+  t.ok(nets.length === 3 && nets.every((n) => n === net), 'one node:net server, three listens')
+  t.equal(net.listenerCount('listening'), 0, 'no \'listening\' callback left by the failed listens')
+  const errorListeners = net.listenerCount('error')
+  await server.listen(0, '127.0.0.1')
+  t.equal(net.listenerCount('listening'), 0)
+  t.equal(net.listenerCount('error'), errorListeners, 'the server\'s own \'error\' listener only')
 })
 
 t.test('Server.listen and serveReactors refuse a port outside 0-65535 before binding anything', async (t) => {
