@@ -1,0 +1,98 @@
+import type { RpcError } from './errors.js'
+import type { Framing, ScanFraming } from './frame-decoder.js'
+import type { Handshake } from './protocol.js'
+
+/**
+ * The client side of the protocol API: what a protocol tells nyala's
+ * generic client (`ProtocolClient`, reactor/protocol-client.ts) so that it
+ * gets endpoints and balancing, deadlines, retries with backoff and a
+ * budget, coalesced writes, cancellation and bounded queues. The twin of
+ * `ServerProtocol` (codec/protocol.ts): the same framing types, read here
+ * for answers instead of requests.
+ *
+ * `Req` is what callers pass to `ProtocolClient.call`, `Res` what a
+ * successful call resolves with.
+ */
+
+/**
+ * How answers are matched to requests:
+ * - `id`: the client gives each request an id (a per-connection counter,
+ *   from 0 up to `maxId` and round again), the protocol writes it into the
+ *   request (memcached's opaque) and reads it back from the answer's head
+ *   (`answerId`); answers may come in any order.
+ * - `in-order`: the n-th answer on a connection is the n-th request's
+ *   (RESP, line protocols); the id passed to the encoders is still the
+ *   counter, which such protocols ignore.
+ */
+export type ClientMatching = 'id' | 'in-order'
+
+/**
+ * Whether a request gets an answer:
+ * - `yes`: exactly one answer.
+ * - `maybe` (`id` matching only): an answer only in some outcomes
+ *   (memcached's quiet commands answer their errors, and GETQ its hits).
+ *   The call settles with its own answer when one comes; otherwise, with
+ *   `silentResult`, once an answer to a request written after it on the
+ *   same connection arrives (the server handles a connection's requests
+ *   in order, so that answer proves this request was processed). The
+ *   client sends `flushRequest` itself when nothing else follows a quiet
+ *   request in the same turn.
+ * - `no`: never an answer: the call settles with `silentResult` at once,
+ *   as soon as its frame is handed to the connection (not when the peer
+ *   has processed it).
+ */
+export type AnswerKind = 'yes' | 'maybe' | 'no'
+
+export interface ClientProtocol<Req = unknown, Res = unknown> {
+  /** A short name for errors (`memcached`, `redis`). */
+  readonly name: string
+  /** Where answer frames end: a length field or a scan. */
+  readonly framing: Framing | ScanFraming
+  readonly matching: ClientMatching
+  /** The largest answer frame accepted; the client's `maxMessageBytes` overrides it. Default 50 MiB. */
+  readonly maxFrameBytes?: number
+  /** Ids run from 0 to this and wrap (`id` matching); default 0xffffffff. */
+  readonly maxId?: number
+  /** The connection's set-up, run before any request is sent (requests wait for it). */
+  handshake?: (endpoint: string) => Handshake<unknown>
+  /**
+   * The size of `request`'s frame, written in place by `encodeInto`
+   * (straight into the connection's coalesced outbound buffer when it
+   * fits); -1: use `encodeSlices` (large values, sent without a copy).
+   * May throw (an RpcError or another error): the call then fails with
+   * RPC_ERR_INVALID_ARGUMENT, unsent.
+   */
+  encodedLength: (request: Req, id: number) => number
+  /** Writes exactly `encodedLength` bytes at `out[at]`; called right after `encodedLength` for the same request and id. */
+  encodeInto: (request: Req, id: number, out: Buffer, at: number) => void
+  /** The frame as slices, when `encodedLength` said -1. The caller's buffers must not change until the call settles. */
+  encodeSlices?: (request: Req, id: number) => Uint8Array[]
+  /**
+   * `id` matching: the id the answer `buf[start, end)` carries, or an error
+   * when its head is malformed (the connection then fails: the stream can
+   * no longer be trusted). Must not throw.
+   */
+  answerId?: (buf: Buffer, start: number, end: number) => number | RpcError
+  /** Whether `request` gets an answer (see `AnswerKind`); default `yes` for every request. */
+  answerOf?: (request: Req) => AnswerKind
+  /** What a call that got no answer (`maybe`, `no`) resolves with. */
+  silentResult?: (request: Req) => Res
+  /** A request with an answer, sent by the client after quiet requests (memcached's NOOP); its result is dropped. */
+  flushRequest?: () => Req
+  /**
+   * The answer `buf[start, end)` to `request`: the response, or an error.
+   * A remote error is an `RpcError` with code RPC_ERR_REMOTE and `remote`
+   * in the protocol's words; the connection stays up. An error with a
+   * connection-fatal code (RPC_ERR_MALFORMED_FRAME: the answer is garbage)
+   * fails the connection and every call on it. Views of `buf` stay valid
+   * as long as they are referenced. Must not throw.
+   */
+  decodeAnswer: (request: Req, buf: Buffer, start: number, end: number) => Res | RpcError
+  /**
+   * Whether a call that failed with `error` may be tried again (on another
+   * connection, after a backoff): remote errors that say the request did
+   * not run (busy, try again), or requests safe to repeat after a lost
+   * connection. Calls that were never sent are retried without asking.
+   */
+  retryable?: (error: RpcError, request: Req) => boolean
+}
