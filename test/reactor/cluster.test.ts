@@ -337,6 +337,11 @@ const DIST_ENTRY = `${ROOT}dist/bin/serve-reactor.js`
 const distFresh = existsSync(DIST_ENTRY) &&
   ['bin/cli.ts', 'bin/serve-reactor.ts', 'reactor/cluster.ts'].every((f) => statSync(`${ROOT}dist/${f.replace(/\.ts$/, '.js')}`).mtimeMs >= statSync(`${ROOT}${f}`).mtimeMs)
 
+// npm test builds dist/ first; under CI a stale dist/ is a failure, not a skip (nothing would be tested).
+if (!distFresh && process.env.CI !== undefined && process.env.CI !== '') {
+  t.fail('dist/ is missing or older than the sources while CI is set: bin/nyala serve --reactors 2 from dist/ cannot run (npm test builds it)')
+}
+
 t.test('bin/nyala serve --reactors 2 from dist/', { skip: distFresh ? false : 'dist/ is missing or older than the sources: npm run build' }, async t => {
   const pids = new Set<number>()
   // Bare: on Node 26 tap's coverage hooks load the extensionless ES module bin/nyala through
