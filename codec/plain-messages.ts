@@ -10,7 +10,11 @@
  *   the ones missing by checking own properties) and members of a oneof
  *   (proto3 `optional` included) are absent until set, so that their
  *   presence is not lost; a oneof's name is a non-enumerable own property
- *   holding the member set, as protobufjs's virtual property did.
+ *   holding the member set, as protobufjs's virtual property did (a proto3
+ *   `optional` field's synthetic `_field` oneof leaves no property at all).
+ *   A field without explicit presence (proto3's singular scalars and enums)
+ *   stays at its default when the wire carries that default (protobufjs's
+ *   decoder would delete it; see `plainDecoder`).
  * - 64-bit integers as the schema's `int64` mode says: `bigint` (the
  *   default), a decimal `string`, or a `number` (exact up to 2^53 only).
  *   Encoding accepts any of the three (and protobufjs's `Long`), whatever
@@ -104,7 +108,10 @@ function plainConstructor (mode: Int64Mode, type: protobuf.Type): new (propertie
     if (field.required || field.partOf !== null) continue
     props.push(`${JSON.stringify(field.name)}: ${literal(mode, field, consts)}`)
   }
-  const oneofs = type.oneofsArray.map((oneof) => `define(m, ${JSON.stringify(oneof.name)}, HIDDEN)`)
+  // A proto3 \`optional\` field's synthetic oneof gets no property (nothing
+  // needs it: presence is the field's own property; its decoder is patched
+  // not to write it, see \`plainDecoder\`).
+  const oneofs = type.oneofsArray.filter((oneof) => !isSynthetic(oneof)).map((oneof) => `define(m, ${JSON.stringify(oneof.name)}, HIDDEN)`)
   const source = `return function PlainMessage (p) {
   if (bare.on) return p === undefined ? {} : Object.assign({}, p)
   const m = { ${props.join(', ')} }
@@ -117,6 +124,69 @@ function plainConstructor (mode: Int64Mode, type: protobuf.Type): new (propertie
   return new Function('E', 'K', 'bare', 'define', 'HIDDEN', source)(EMPTY_BYTES_FIELD, consts, bare, Object.defineProperty, hidden) as new (properties?: object) => object
 }
 
+/** The oneof protobufjs makes for a proto3 \`optional\` field: \`_name\`, holding that field alone. */
+function isSynthetic (oneof: protobuf.OneOf): boolean {
+  const only = oneof.fieldsArray.length === 1 ? oneof.fieldsArray[0]! : null
+  return only !== null && oneof.name === `_${only.name}`
+}
+
+// Singular scalar and enum fields without explicit presence (proto3's
+// default): protobufjs's decoder \`delete\`s them when the wire carries their
+// default, which would leave them absent.
+function implicitFields (type: protobuf.Type): protobuf.Field[] {
+  return type.fieldsArray.filter((f) => !f.required && !f.repeated && !f.map && f.partOf == null &&
+    !(f.resolvedType instanceof protobuf.Type) && !f.hasPresence)
+}
+
+const hasOwnProp = Object.prototype.hasOwnProperty
+
+/**
+ * The decoder of \`type\` as the plain messages need it, made from
+ * protobufjs's own (same source, same scope): \`delete m.f\` of an
+ * implicit-presence field becomes \`m.f = <default>\`, and a synthetic oneof's
+ * \`m._f = "f"\` is dropped. Nothing is added per decode. Null when the type
+ * needs neither. When protobufjs's source does not read as expected (another
+ * version), its decoder is wrapped instead: defaults put back and synthetic
+ * oneof names hidden after each decode (correct, slower).
+ */
+function plainDecoder (mode: Int64Mode, type: protobuf.Type, decode: (...args: unknown[]) => unknown): ((...args: unknown[]) => unknown) | null {
+  const implicit = implicitFields(type)
+  const synthetic = type.oneofsArray.filter(isSynthetic)
+  if (implicit.length === 0 && synthetic.length === 0) return null
+  const consts: unknown[] = []
+  const safeProp = (protobuf.util as unknown as { safeProp: (name: string) => string }).safeProp
+  const escape = (text: string): string => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
+  let source = (protobuf as unknown as { decoder: (type: protobuf.Type) => { toString: () => string } }).decoder(type).toString()
+  let patched = true
+  const replace = (statement: string, by: string): void => {
+    const pattern = new RegExp(`${escape(statement)}(?=\\n)`, 'g')
+    if (!pattern.test(source)) patched = false
+    source = source.replace(pattern, () => by)
+  }
+  for (const field of implicit) {
+    const ref = `m${safeProp(field.name)}`
+    replace(`delete ${ref}`, `${ref}=${literal(mode, field, consts)}`)
+  }
+  for (const oneof of synthetic) replace(`m${safeProp(oneof.name)}=${JSON.stringify(oneof.fieldsArray[0]!.name)}`, '')
+  if (patched) {
+    const types = type.fieldsArray.map((f) => f.resolve().resolvedType)
+    // eslint-disable-next-line no-new-func
+    return new Function('Reader', 'types', 'util', 'C', 'E', 'K', `return ${source}`)(protobuf.Reader, types, protobuf.util, type.ctor, EMPTY_BYTES_FIELD, consts) as (...args: unknown[]) => unknown
+  }
+  const defaults = implicit.map((field) => {
+    const k: unknown[] = []
+    const value: unknown = new Function('E', 'K', `return ${literal(mode, field, k)}`)(EMPTY_BYTES_FIELD, k) // eslint-disable-line no-new-func
+    return { name: field.name, bytes: field.type === 'bytes' && value !== EMPTY_BYTES_FIELD, value }
+  })
+  const hidden = synthetic.map((oneof) => oneof.name)
+  return function decodeThenFix (this: unknown, ...args: unknown[]): unknown {
+    const m = decode.apply(this, args) as Record<string, unknown>
+    for (const { name, bytes, value } of defaults) if (!hasOwnProp.call(m, name)) m[name] = bytes ? Buffer.from(value as Buffer) : value
+    for (const name of hidden) if (hasOwnProp.call(m, name)) Object.defineProperty(m, name, { enumerable: false })
+    return m
+  }
+}
+
 function * typesOf (ns: protobuf.NamespaceBase): Generator<protobuf.Type> {
   for (const nested of ns.nestedArray) {
     if (nested instanceof protobuf.Type) yield nested
@@ -126,7 +196,17 @@ function * typesOf (ns: protobuf.NamespaceBase): Generator<protobuf.Type> {
 
 /** Makes every message type of `root` decode to plain objects with own defaults, 64-bit fields in `mode`. */
 export function usePlainMessages (root: protobuf.Root, mode: Int64Mode): void {
-  for (const type of typesOf(root)) type.ctor = plainConstructor(mode, type)
+  for (const type of typesOf(root)) {
+    type.ctor = plainConstructor(mode, type)
+    // protobufjs makes its codecs in setup (at first use, again after a
+    // change to the type): the decoder is replaced each time it is made.
+    type.setup = function setup (this: protobuf.Type): protobuf.Type {
+      protobuf.Type.prototype.setup.call(this)
+      const own = this as unknown as { decode: (...args: unknown[]) => unknown }
+      own.decode = plainDecoder(mode, this, own.decode) ?? own.decode
+      return this
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
