@@ -648,20 +648,23 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     if (entry === null) return Errors.wrongType
     if (entry === undefined) return count < 0 ? null : EMPTY_ARRAY
     const members = entry.value as Set<string>
-    const out: string[] = []
-    const want = count < 0 ? 1 : count
-    while (out.length < want && members.size > 0) {
-      // A member at a random place among the first few (a Set has no random access).
-      const skip = Math.floor(Math.random() * Math.min(members.size, 16))
-      let k = 0
-      for (const member of members) {
-        if (k++ === skip) {
-          members.delete(member)
-          store.resize(entry, -(member.length + SET_MEMBER_OVERHEAD_BYTES))
-          out.push(member)
-          break
-        }
-      }
+    const want = count < 0 ? 1 : Math.min(count, members.size)
+    const out: string[] = new Array(want)
+    // One pass of one iterator (a Set has no random access, and restarting
+    // its iteration for every pop walks again over the holes the pops left):
+    // each member taken is a random one of the next few, never skipping so
+    // many that fewer than the members still wanted are left.
+    let taken = 0
+    let left = members.size
+    let skip = 0
+    for (const member of members) {
+      if (taken === want) break
+      if (skip === 0) skip = Math.floor(Math.random() * Math.min(16, left - (want - taken) + 1)) + 1
+      left--
+      if (--skip > 0) continue
+      members.delete(member)
+      store.resize(entry, -(member.length + SET_MEMBER_OVERHEAD_BYTES))
+      out[taken++] = member
     }
     if (members.size === 0) store.remove(entry)
     return count < 0 ? out[0] ?? null : out
@@ -839,12 +842,11 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     const entry = typed(request.str(0), KeyType.ZSET)
     if (entry === null) return Errors.wrongType
     if (entry === undefined) return EMPTY_ARRAY
-    const order = (entry.value as SortedSet).order
-    const range = rangeOf(start, stop, order.length)
+    const zset = entry.value as SortedSet
+    const range = rangeOf(start, stop, zset.size)
     if (range === null) return EMPTY_ARRAY
     const out: Reply[] = []
-    for (let i = range[0]; i <= range[1]; i++) {
-      const item = order[rev ? order.length - 1 - i : i]!
+    for (const item of zset.range(range[0], range[1], rev)) {
       out.push(item.member)
       if (withScores) out.push(formatScore(item.score))
     }

@@ -23,7 +23,7 @@
  * - a set member: its length + SET_MEMBER_OVERHEAD_BYTES;
  * - a hash field: field + value lengths + HASH_FIELD_OVERHEAD_BYTES;
  * - a sorted-set member: its length + ZSET_MEMBER_OVERHEAD_BYTES (the Map
- *   slot, and its node in the sorted array).
+ *   slot, and its skiplist node with its arrays of links and spans).
  *
  * Time is `now()` in milliseconds (default `Date.now`), given to the
  * constructor, so tests can move it by hand.
@@ -34,7 +34,7 @@ export const VALUE_OVERHEAD_BYTES = 32
 export const LIST_ITEM_OVERHEAD_BYTES = 40
 export const SET_MEMBER_OVERHEAD_BYTES = 48
 export const HASH_FIELD_OVERHEAD_BYTES = 80
-export const ZSET_MEMBER_OVERHEAD_BYTES = 96
+export const ZSET_MEMBER_OVERHEAD_BYTES = 160
 export const DEFAULT_MAX_MEMORY_BYTES = 64 * 1024 * 1024
 /** Keys with a time to live looked at per sweep tick, and the ticks' period. */
 export const SWEEP_KEYS = 200
@@ -99,27 +99,53 @@ export class Deque<T> {
   }
 }
 
-/** A sorted set: scores by member, and the members sorted by (score, member). */
+/** A member of a sorted set and its score. */
+export interface ScoredMember {
+  readonly member: string
+  readonly score: number
+}
+
+/** A skiplist node: `next[i]` and `span[i]` (members skipped, itself included) at each of its levels. */
+class ZNode implements ScoredMember {
+  readonly member: string
+  readonly score: number
+  backward: ZNode | null = null
+  readonly next: (ZNode | null)[]
+  readonly span: number[]
+  constructor (member: string, score: number, levels: number) {
+    this.member = member
+    this.score = score
+    this.next = new Array<ZNode | null>(levels).fill(null)
+    this.span = new Array<number>(levels).fill(0)
+  }
+}
+
+const ZSKIPLIST_MAXLEVEL = 32
+const ZSKIPLIST_P = 0.25
+
+/** Whether (score, member) sorts before the node: by score, then member bytes (latin1 strings compare as bytes). */
+function before (node: ZNode, score: number, member: string): boolean {
+  return node.score < score || (node.score === score && node.member < member)
+}
+
+/**
+ * A sorted set: scores by member, and the members in (score, member) order
+ * in a skiplist with spans, as Redis's zset (t_zset.c): insert, remove and
+ * finding the member at a rank are O(log n) expected, whatever the order
+ * members come in (one ZADD of millions of decreasing scores included).
+ * Levels are drawn from Math.random, which a peer cannot steer.
+ */
 export class SortedSet {
   readonly scores = new Map<string, number>()
-  /** Sorted by score, then member (bytes, as latin1 strings compare). */
-  readonly order: { score: number, member: string }[] = []
+  readonly #header = new ZNode('', 0, ZSKIPLIST_MAXLEVEL)
+  #tail: ZNode | null = null
+  #level = 1
+  // Scratch for insert and delete (the nodes before the place at each level, and their ranks).
+  readonly #update: ZNode[] = new Array<ZNode>(ZSKIPLIST_MAXLEVEL)
+  readonly #rank: number[] = new Array<number>(ZSKIPLIST_MAXLEVEL).fill(0)
 
   get size (): number {
     return this.scores.size
-  }
-
-  #index (score: number, member: string): number {
-    const order = this.order
-    let lo = 0
-    let hi = order.length
-    while (lo < hi) {
-      const mid = (lo + hi) >>> 1
-      const item = order[mid]!
-      if (item.score < score || (item.score === score && item.member < member)) lo = mid + 1
-      else hi = mid
-    }
-    return lo
   }
 
   /** Adds or moves a member; true when it is new. */
@@ -127,26 +153,138 @@ export class SortedSet {
     const old = this.scores.get(member)
     if (old !== undefined) {
       if (old === score) return false
-      this.order.splice(this.#index(old, member), 1)
+      this.#delete(old, member)
     }
     this.scores.set(member, score)
-    this.order.splice(this.#index(score, member), 0, { score, member })
+    this.#insert(score, member)
     return old === undefined
   }
 
   delete (member: string): boolean {
     const old = this.scores.get(member)
     if (old === undefined) return false
-    this.order.splice(this.#index(old, member), 1)
+    this.#delete(old, member)
     this.scores.delete(member)
     return true
   }
 
   /** Takes the `count` members with the lowest scores. */
-  popMin (count: number): { score: number, member: string }[] {
-    const taken = this.order.splice(0, count)
-    for (const item of taken) this.scores.delete(item.member)
-    return taken
+  popMin (count: number): ScoredMember[] {
+    const out: ScoredMember[] = []
+    const header = this.#header
+    while (out.length < count) {
+      const first = header.next[0] ?? null
+      if (first === null) break
+      for (let i = 0; i < this.#level; i++) this.#update[i] = header
+      this.#unlink(first)
+      this.scores.delete(first.member)
+      out.push(first)
+    }
+    return out
+  }
+
+  /**
+   * The members at ranks [start, stop] (0 the lowest, both within the set),
+   * lowest first; with `rev`, ranks count from the highest, highest first.
+   */
+  range (start: number, stop: number, rev: boolean): ScoredMember[] {
+    const out: ScoredMember[] = []
+    const length = this.size
+    if (start > stop || start < 0 || stop >= length) return out
+    let node = this.#byRank(rev ? length - start : start + 1)
+    for (let i = start; i <= stop && node !== null; i++) {
+      out.push(node)
+      node = rev ? node.backward : node.next[0]!
+    }
+    return out
+  }
+
+  #randomLevel (): number {
+    let level = 1
+    while (level < ZSKIPLIST_MAXLEVEL && Math.random() < ZSKIPLIST_P) level++
+    return level
+  }
+
+  #insert (score: number, member: string): void {
+    const update = this.#update
+    const rank = this.#rank
+    const header = this.#header
+    let x = header
+    for (let i = this.#level - 1; i >= 0; i--) {
+      rank[i] = i === this.#level - 1 ? 0 : rank[i + 1]!
+      for (let next = x.next[i]!; next !== null && before(next, score, member); next = x.next[i]!) {
+        rank[i]! += x.span[i]!
+        x = next
+      }
+      update[i] = x
+    }
+    const level = this.#randomLevel()
+    // size already counts the new member.
+    const length = this.size - 1
+    if (level > this.#level) {
+      for (let i = this.#level; i < level; i++) {
+        rank[i] = 0
+        update[i] = header
+        header.span[i] = length
+      }
+      this.#level = level
+    }
+    const node = new ZNode(member, score, level)
+    for (let i = 0; i < level; i++) {
+      const prev = update[i]!
+      node.next[i] = prev.next[i]!
+      prev.next[i] = node
+      node.span[i] = prev.span[i]! - (rank[0]! - rank[i]!)
+      prev.span[i] = rank[0]! - rank[i]! + 1
+    }
+    for (let i = level; i < this.#level; i++) update[i]!.span[i]!++
+    node.backward = update[0] === header ? null : update[0]!
+    if (node.next[0] !== null) node.next[0]!.backward = node
+    else this.#tail = node
+  }
+
+  #delete (score: number, member: string): void {
+    const update = this.#update
+    let x = this.#header
+    for (let i = this.#level - 1; i >= 0; i--) {
+      for (let next = x.next[i]!; next !== null && before(next, score, member); next = x.next[i]!) x = next
+      update[i] = x
+    }
+    const node = x.next[0]!
+    // The member is there (its score is the map's): the node after the place is it.
+    this.#unlink(node)
+  }
+
+  // Takes `node` out, `#update` holding the nodes before it at every level.
+  #unlink (node: ZNode): void {
+    const update = this.#update
+    const header = this.#header
+    for (let i = 0; i < this.#level; i++) {
+      const prev = update[i]!
+      if (prev.next[i] === node) {
+        prev.span[i]! += node.span[i]! - 1
+        prev.next[i] = node.next[i]!
+      } else {
+        prev.span[i]!--
+      }
+    }
+    if (node.next[0] !== null) node.next[0]!.backward = node.backward
+    else this.#tail = node.backward
+    while (this.#level > 1 && header.next[this.#level - 1] === null) this.#level--
+  }
+
+  // The node at 1-based `rank`, or null.
+  #byRank (rank: number): ZNode | null {
+    let x = this.#header
+    let traversed = 0
+    for (let i = this.#level - 1; i >= 0; i--) {
+      while (x.next[i] !== null && traversed + x.span[i]! <= rank) {
+        traversed += x.span[i]!
+        x = x.next[i]!
+      }
+      if (traversed === rank) return x
+    }
+    return null
   }
 }
 

@@ -13,7 +13,10 @@ import fc from 'fast-check'
 import { spawn, spawnSync } from 'node:child_process'
 import { connect, createServer, type Socket } from 'node:net'
 import { redisServer, type RedisServerOptions } from '../../examples/redis/main.js'
-import { globMatch } from '../../examples/redis/handlers.js'
+import { globMatch, redisHandlers } from '../../examples/redis/handlers.js'
+import { RedisStore } from '../../examples/redis/store.js'
+import { ConnectionState, RespRequest, type Reply } from '../../examples/redis/resp.js'
+import { COMMANDS } from '../../examples/redis/commands.js'
 
 const which = (tool: string): string => spawnSync('sh', ['-c', `command -v ${tool}`], { encoding: 'utf8' }).stdout.trim()
 const REDIS_SERVER = which('redis-server')
@@ -74,13 +77,27 @@ class Client {
     this.socket = connect(port, '127.0.0.1')
     this.socket.setNoDelay(true)
     this.socket.on('error', () => {})
-    this.socket.on('data', (d: Buffer) => { this.#received = this.#received.length === 0 ? d : Buffer.concat([this.#received, d]); this.#check() })
+    this.socket.on('data', (d: Buffer) => {
+      this.#chunks.push(d)
+      // Once per batch of reads: a large reply is parsed whole, not again at every chunk.
+      if (!this.#scheduled) {
+        this.#scheduled = true
+        setImmediate(() => { this.#scheduled = false; this.#check() })
+      }
+    })
     this.socket.on('close', () => { this.#closed = true; this.#check() })
   }
+
+  #chunks: Buffer[] = []
+  #scheduled = false
 
   #check (): void {
     const w = this.#wanted
     if (w === null) return
+    if (this.#chunks.length > 0) {
+      this.#received = Buffer.concat([this.#received, ...this.#chunks])
+      this.#chunks = []
+    }
     const out: Parsed[] = []
     let p = 0
     while (out.length < w.n) {
@@ -227,4 +244,103 @@ t.test('KEYS answers as redis-server does', { skip: noRedis, timeout: 60_000 }, 
   for (const pattern of ['APPENDONLY', 'appendONLY', 'SAV?', 'da[a-z]abases', 'DA[^x]ABASE?', 'TimeOut', '[t]imeout']) {
     t.same(sorted(await mine.call('CONFIG', 'GET', pattern)), sorted(await theirs.call('CONFIG', 'GET', pattern)), `CONFIG GET ${pattern}`)
   }
+})
+
+// ---------------------------------------------------------------------------
+// 2. Sorted sets and SPOP.
+
+t.test('one ZADD of 200k members with decreasing scores completes, in order', { timeout: 120_000 }, async (t) => {
+  const { client } = await serve(t, { maxMemoryBytes: 1024 * 1024 * 1024 })
+  const c = client()
+  const n = 200_000
+  const args: string[] = ['ZADD', 'z']
+  for (let i = 0; i < n; i++) args.push(String(n - i), `m${i}`)
+  t.equal((await c.send(encode(args), 1))[0], n, 'all added')
+  t.equal(await c.call('ZCARD', 'z'), n)
+  t.same(await c.call('ZRANGE', 'z', '0', '2', 'WITHSCORES'), [`m${n - 1}`, '1', `m${n - 2}`, '2', `m${n - 3}`, '3'], 'lowest first')
+  t.same(await c.call('ZRANGE', 'z', '0', '1', 'REV'), ['m0', 'm1'], 'REV: highest first')
+  t.same(await c.call('ZRANGE', 'z', '100000', '100001'), [`m${n - 100_001}`, `m${n - 100_002}`], 'by rank in the middle')
+  // Moving every member (one more ZADD, increasing scores) and popping half.
+  const again: string[] = ['ZADD', 'z', 'CH']
+  for (let i = 0; i < n; i++) again.push(String(i), `m${i}`)
+  t.equal((await c.send(encode(again), 1))[0], n - 1, 'every score changed but m100000\'s')
+  const popped = await c.call('ZPOPMIN', 'z', String(n / 2)) as string[]
+  t.equal(popped.length, n)
+  t.same(popped.slice(0, 4), ['m0', '0', 'm1', '1'])
+  t.same(await c.call('ZRANGE', 'z', '0', '0', 'WITHSCORES'), [`m${n / 2}`, String(n / 2)])
+  t.equal(await c.call('ZCARD', 'z'), n / 2)
+})
+
+t.test('SPOP of many members takes them in one pass', { timeout: 120_000 }, async (t) => {
+  const { client } = await serve(t, { maxMemoryBytes: 1024 * 1024 * 1024 })
+  const c = client()
+  const n = 200_000
+  const args: string[] = ['SADD', 's']
+  for (let i = 0; i < n; i++) args.push(`m${i}`)
+  t.equal((await c.send(encode(args), 1))[0], n)
+  const popped = await c.call('SPOP', 's', String(n - 10)) as string[]
+  t.equal(popped.length, n - 10, 'as many as asked')
+  t.equal(new Set(popped).size, n - 10, 'all different')
+  const left = await c.call('SMEMBERS', 's') as string[]
+  t.equal(left.length, 10)
+  t.equal(new Set([...popped, ...left]).size, n, 'popped and left make the whole set')
+  t.equal(await c.call('SCARD', 's'), 10)
+  t.equal((await c.call('SPOP', 's', '100') as string[]).length, 10, 'more than there are: all of them')
+  t.equal(await c.call('EXISTS', 's'), 0, 'and the key is gone')
+})
+
+/** Calls a handler directly (no socket): `args` after the command name. */
+function direct (handlers: ReturnType<typeof redisHandlers>, name: string, args: string[]): Reply {
+  const buf = Buffer.from(args.join(''), 'latin1')
+  const ranges: number[] = []
+  let p = 0
+  for (const a of args) { ranges.push(p, p + a.length); p += a.length }
+  const command = COMMANDS.find(c => c.name === name)!
+  return handlers[command.method]!(new RespRequest(buf, ranges, command, new ConnectionState(1)), { closeConnection () {} })
+}
+
+t.test('SPOP of a million members from a million-member set', { timeout: 60_000 }, async (t) => {
+  const store = new RedisStore({ maxMemoryBytes: 4 * 1024 * 1024 * 1024, sweepIntervalMs: 0 })
+  const handlers = redisHandlers(store)
+  const n = 1_000_000
+  const members: string[] = ['s']
+  for (let i = 0; i < n; i++) members.push(`m${i}`)
+  t.equal(direct(handlers, 'sadd', members), n)
+  const popped = direct(handlers, 'spop', ['s', String(n - 1)]) as string[]
+  t.equal(popped.length, n - 1)
+  t.equal(new Set(popped).size, n - 1, 'all different')
+  t.equal(direct(handlers, 'scard', ['s']), 1)
+  t.equal(store.usedBytes > 0, true)
+})
+
+t.test('sorted sets answer as redis-server does (random command sequences)', { skip: noRedis, timeout: 120_000 }, async (t) => {
+  const { client } = await serve(t)
+  const real = await realRedis(t)
+  const mine = client()
+  const theirs = real.client()
+  const member = fc.constantFrom('a', 'b', 'c', 'd', 'e', 'aa', 'ab', 'B', '', '\xff', '\x00', 'zz')
+  const score = fc.oneof(fc.integer({ min: -3, max: 3 }).map(String), fc.constantFrom('1.5', '-0.5', 'inf', '-inf', '+inf', '0', '1e3', '3.0'))
+  const flags = fc.subarray(['NX', 'XX', 'GT', 'LT', 'CH', 'INCR'])
+  const index = fc.integer({ min: -8, max: 8 }).map(String)
+  const key = fc.constantFrom('z1', 'z2')
+  const command = fc.oneof(
+    fc.tuple(key, flags, fc.array(fc.tuple(score, member), { minLength: 1, maxLength: 5 }))
+      .map(([k, f, pairs]) => ['ZADD', k, ...f, ...pairs.flat()]),
+    fc.tuple(key, fc.option(fc.integer({ min: 0, max: 5 }).map(String), { nil: undefined }))
+      .map(([k, n]) => n === undefined ? ['ZPOPMIN', k] : ['ZPOPMIN', k, n]),
+    fc.tuple(key, index, index, fc.subarray(['REV', 'WITHSCORES']))
+      .map(([k, a, b, opts]) => ['ZRANGE', k, a, b, ...opts]),
+    key.map(k => ['ZCARD', k]))
+  await fc.assert(fc.asyncProperty(fc.array(command, { minLength: 1, maxLength: 30 }), async (commands) => {
+    await mine.call('FLUSHDB')
+    await theirs.call('FLUSHDB')
+    for (const args of commands) {
+      const expected = await theirs.call(...args)
+      const got = await mine.call(...args)
+      if (JSON.stringify(got) !== JSON.stringify(expected)) {
+        throw new Error(`${JSON.stringify(args)}: redis-server ${JSON.stringify(expected)}, the example ${JSON.stringify(got)}`)
+      }
+    }
+  }), { numRuns: 150 })
+  t.pass('150 random sequences answered alike')
 })
