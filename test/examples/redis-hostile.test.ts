@@ -344,3 +344,51 @@ t.test('sorted sets answer as redis-server does (random command sequences)', { s
   }), { numRuns: 150 })
   t.pass('150 random sequences answered alike')
 })
+
+// ---------------------------------------------------------------------------
+// 3. Deep pipelines.
+
+// Synchronous handlers run and park their worker in the same loop (scheduling/worker-pool.ts), so the
+// group never saturates and no burst is held: 8 MiB (~600k PINGs) in one write is answered in full too.
+const PIPELINE_BYTES = Number(process.env.PIPELINE_BYTES ?? 256 * 1024)
+
+t.test('a 256 KiB pipeline in one write is answered in full, never -BUSY', { timeout: 60_000 }, async (t) => {
+  const { client } = await serve(t)
+  const c = client()
+  const ping = Buffer.from('*1\r\n$4\r\nPING\r\n', 'latin1')
+  const pings = Math.ceil(PIPELINE_BYTES / ping.length)
+  const replies = await c.send(Buffer.concat(new Array<Buffer>(pings).fill(ping)), pings)
+  t.equal(replies.length, pings)
+  t.equal(replies.filter(r => r !== 'PONG').length, 0, `${pings} PINGs: every answer +PONG (${JSON.stringify(replies.find(r => r !== 'PONG'))})`)
+  const sets: Buffer[] = []
+  let bytes = 0
+  for (let i = 0; bytes < PIPELINE_BYTES; i++) {
+    const frame = encode(['SET', `key:${i}`, `value:${i}`])
+    sets.push(frame)
+    bytes += frame.length
+  }
+  const answers = await c.send(Buffer.concat(sets), sets.length)
+  t.equal(answers.filter(r => r !== 'OK').length, 0, `${sets.length} SETs: every answer +OK`)
+  t.equal(await c.call('DBSIZE'), sets.length)
+  t.equal(await c.call('GET', `key:${sets.length - 1}`), `value:${sets.length - 1}`)
+})
+
+t.test('redis-cli --pipe mass insertion: no errors', { skip: REDIS_CLI === '' ? 'redis-cli is not installed (apt-get install redis-tools)' : false, timeout: 120_000 }, async (t) => {
+  const { client, port } = await serve(t)
+  const n = 100_000
+  const frames: Buffer[] = []
+  for (let i = 0; i < n; i++) frames.push(encode(['SET', `mass:${i}`, `v${i}`]))
+  const child = spawn(REDIS_CLI, ['-p', String(port), '--pipe'], { stdio: ['pipe', 'pipe', 'pipe'] })
+  let out = ''
+  child.stdout.on('data', (d: Buffer) => { out += d.toString('latin1') })
+  child.stderr.on('data', (d: Buffer) => { out += d.toString('latin1') })
+  const killer = setTimeout(() => { if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL') }, 100_000)
+  t.teardown(() => { clearTimeout(killer); if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  const exited = new Promise<number | null>(resolve => child.once('exit', code => resolve(code)))
+  child.stdin.end(Buffer.concat(frames))
+  const code = await exited
+  clearTimeout(killer)
+  t.equal(code, 0, 'redis-cli --pipe exits 0')
+  t.match(out, new RegExp(`errors: 0, replies: ${n}`), 'errors: 0, every reply')
+  t.equal(await client().call('DBSIZE'), n)
+})
