@@ -230,3 +230,38 @@ t.test('bounds and close: maxInFlight refuses with RPC_ERR_QUEUE_FULL; close() s
   await r.close()
   t.equal((await sleeping.catch((e: unknown) => e as RpcError) as RpcError).code, ErrorCode.CLIENT_CLOSED)
 })
+
+t.test('retry: an error the protocol calls retryable (busy) goes again; so does an idempotent call whose connection was lost', async (t) => {
+  // The first request of each phase is refused busy or loses its connection; the next is answered.
+  let mode: 'busy' | 'close' = 'busy'
+  let requests = 0
+  const { port } = await rawServer(t, (socket, chunk) => {
+    const id = chunk.readUInt32BE(3)
+    if (requests++ > 0) {
+      socket.write(answer(id, 'done'))
+    } else if (mode === 'busy') {
+      const out = answer(id, 'too busy')
+      out[2] = 1 // REASONS[0]: busy
+      socket.write(out)
+    } else {
+      socket.destroy()
+    }
+  })
+  const c = client(t, taggedClientProtocol(), port)
+  t.equal(await c.call({ route: 'echo' }), 'done', 'busy, then answered')
+  t.equal(c.stats().retries, 1)
+  mode = 'close'
+  requests = 0
+  const plain = await c.call({ route: 'echo' }).catch((e: unknown) => e as RpcError)
+  t.equal((plain as RpcError).code, ErrorCode.CONNECTION_CLOSED, 'a sent call is not retried after a lost connection')
+  t.equal(c.stats().retries, 1)
+  requests = 0
+  t.equal(await c.call({ route: 'echo' }, { idempotent: true }), 'done', 'an idempotent one is')
+  t.equal(c.stats().retries, 2)
+  // Without retries, the busy refusal is the call's error.
+  mode = 'busy'
+  requests = 0
+  const once = client(t, taggedClientProtocol(), port, { retry: false })
+  const busy = await once.call({ route: 'echo' }).catch((e: unknown) => e as RpcError)
+  t.equal((busy as RpcError).remote?.name, 'busy')
+})
