@@ -65,6 +65,11 @@ export class CallHead {
   /** Where the request's body lies in the frame, for `decodeRequest` (defaults: the whole frame). */
   bodyStart = 0
   bodyEnd = 0
+  /**
+   * The frame is not a request (RESP's empty command, a blank line): no
+   * call, no answer, and in in-order protocols no place in the order.
+   */
+  skip = false
 
   /** Resets the fields for the frame `buf[start, end)`; the server calls it before `decodeHead`. */
   reset (start: number, end: number): void {
@@ -78,6 +83,7 @@ export class CallHead {
     this.end = end
     this.bodyStart = start
     this.bodyEnd = end
+    this.skip = false
   }
 }
 
@@ -159,11 +165,29 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    */
   handshake?: (remoteAddress: string) => Handshake<{ user?: string }>
   /**
+   * State of the protocol's own per connection (RESP: the client's name),
+   * made when the connection is accepted. `decodeHead` and
+   * `protocolError` get it, handlers see it as `ctx.connectionState`.
+   */
+  connectionState?: (remoteAddress: string) => unknown
+  /**
    * Reads the head of the frame `buf[start, end)` into `head`. Return null
    * to go on, or an error to close the connection (the stream can no
-   * longer be trusted: bad magic, a malformed header). Must not throw.
+   * longer be trusted: bad magic, a malformed header; `protocolError` may
+   * answer it first). `state` is the connection's `connectionState`
+   * (undefined without one). Must not throw.
    */
-  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead) => RpcError | null
+  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead, state?: unknown) => RpcError | null
+  /**
+   * The protocol's words for a stream it cannot go on reading: the framing's
+   * scan or `decodeHead` returned `error`. The answer's bytes are sent after
+   * the answers to the requests before it (in order, for in-order
+   * protocols), then the connection closes; nothing after the bad bytes is
+   * read. Without it, or when it returns null, the connection closes
+   * without a reply (the earlier answers still go out). RESP answers
+   * `-ERR Protocol error: ...` this way. Must not throw.
+   */
+  protocolError?: (error: RpcError, state: unknown) => AnswerSlices
   /**
    * Decodes the body the head pointed at, for the route it named. What it
    * returns is the handler's request; `InvalidRequest` is answered with the

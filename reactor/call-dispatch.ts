@@ -97,6 +97,8 @@ interface Route extends CallRoute {
 // (`CallHead.routeKey`), so a request finds its handler and metrics
 // without string lookups.
 const ROUTE_CACHE_SIZE = 8
+/** Route keys remembered past the linear cache. */
+const MAX_ROUTE_KEYS = 4096
 
 /**
  * The call side of the server: from a request frame to its answer. It
@@ -120,7 +122,7 @@ export class CallDispatch {
   readonly #orphans = new Set<InboundCall>()
   readonly #routeKeys: object[] = []
   readonly #routes: Route[] = []
-  #routeNext = 0
+  readonly #routesByKey = new Map<object, Route>()
   /** The call `onFrame` is submitting, so a handler it starts at once takes its start time from #lastNow. */
   #submitting: InboundCall | null = null
   // One clock reading per read, not per frame: the frames of one read were
@@ -195,6 +197,7 @@ export class CallDispatch {
     this.#groups.set(name, group)
     this.#routeKeys.length = 0
     this.#routes.length = 0
+    this.#routesByKey.clear()
   }
 
   /** The executors of the groups that have one (their `ready` and `close`). */
@@ -239,12 +242,13 @@ export class CallDispatch {
     head.reset(start, end)
     let malformed: RpcError | null
     try {
-      malformed = protocol.decodeHead(buf, start, end, head)
+      malformed = protocol.decodeHead(buf, start, end, head, sc.state)
     } catch (err) {
       // A protocol that breaks its contract must not take the process down: the frame is bad.
       malformed = new RpcError(ErrorCode.MALFORMED_FRAME, `the ${protocol.name} protocol could not decode a frame: ${describeFailure(err)}`)
     }
-    if (malformed !== null) return this.#badFrame(sc, malformed)
+    if (malformed !== null) return this.#protocolError(sc, malformed)
+    if (head.skip) return true
     const inOrder = this.#inOrder
     const seq = inOrder ? sc.nextSeq++ : -1
     // The in-flight table takes 32-bit keys: an in-order seq wraps there
@@ -298,12 +302,20 @@ export class CallDispatch {
     if (key !== undefined) {
       const keys = this.#routeKeys
       for (let i = 0; i < keys.length; i++) if (keys[i] === key) return this.#routes[i]
+      // More routes than the linear cache holds (RESP's commands): by identity, one Map lookup.
+      const known = this.#routesByKey.get(key)
+      if (known !== undefined) return known
     }
     const route = this.#groups.get(head.service)?.routes.get(head.method)
     if (route !== undefined && key !== undefined) {
-      this.#routeKeys[this.#routeNext] = key
-      this.#routes[this.#routeNext] = route
-      this.#routeNext = (this.#routeNext + 1) % ROUTE_CACHE_SIZE
+      if (this.#routeKeys.length < ROUTE_CACHE_SIZE) {
+        this.#routeKeys.push(key)
+        this.#routes.push(route)
+      } else {
+        // Bounded: a protocol that made a new key object per frame must not grow it.
+        if (this.#routesByKey.size >= MAX_ROUTE_KEYS) this.#routesByKey.clear()
+        this.#routesByKey.set(key, route)
+      }
     }
     return route
   }
@@ -324,6 +336,51 @@ export class CallDispatch {
     this.#host.stats.callsFailed++
     this.#emit(sc, seq, this.#protocol.refusal(this.#head, reason, message, detail))
     return !sc.connection.isClosed && !sc.closing
+  }
+
+  /**
+   * The connection's framing refused its stream (after set-up): answered
+   * like a head `decodeHead` refused. True: this took the connection over
+   * (it reads nothing more and ends after the answer).
+   */
+  framingError (sc: ServerConnection, error: RpcError): boolean {
+    if (this.#protocol.protocolError === undefined || sc.closing) return false
+    this.#protocolError(sc, error)
+    return true
+  }
+
+  // A stream the protocol cannot go on reading: its protocolError answer
+  // (if any) goes out after the answers before it, then the connection ends.
+  #protocolError (sc: ServerConnection, error: RpcError): false {
+    const answerOf = this.#protocol.protocolError
+    let answer: AnswerSlices = null
+    if (answerOf !== undefined) {
+      try {
+        answer = answerOf(error, sc.state)
+      } catch {
+        answer = null // a protocol that breaks its contract: close without a reply
+      }
+    }
+    if (answer === null) return this.#badFrame(sc, error)
+    this.#host.stats.badFrames++
+    sc.badFrame = true
+    // The peer is told in its protocol's words: a client's mistake, not the server's trouble.
+    this.#host.log.info(`received bad data from ${sc.remoteAddress}: ${error.message}; answered, closing the connection`, { remoteAddress: sc.remoteAddress, protocol: this.#protocol.name, code: error.code })
+    if (this.#inOrder) {
+      const seq = sc.nextSeq++
+      sc.requestClose(seq)
+      this.#emit(sc, seq, answer)
+      return false
+    }
+    // By id: the last words follow the answers of the calls still in flight (#release).
+    sc.requestClose(-1)
+    if (sc.inFlight.size > 0) {
+      sc.lastWords = answer
+      return false
+    }
+    if (answer.length > 0) this.#send(sc, answer)
+    sc.connection.endAfterFlush()
+    return false
   }
 
   #badFrame (sc: ServerConnection, error: RpcError): false {
@@ -548,8 +605,16 @@ export class CallDispatch {
     if (this.#orphans.size > 0) this.#orphans.delete(call)
     sc.inFlight.delete(this.#inOrder ? call.seq | 0 : call.callId | 0)
     // By id, a connection asked to close waits for its last call (answered just after this).
-    if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => sc.connection.endAfterFlush())
+    if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => this.#endWithLastWords(sc))
     return sc.connection.isClosed ? undefined : sc
+  }
+
+  // By id, a closing connection's last call was answered: its protocolError answer (if any), then the end.
+  #endWithLastWords (sc: ServerConnection): void {
+    const words = sc.lastWords
+    sc.lastWords = null
+    if (words !== null && words.length > 0 && !sc.connection.isClosed) this.#send(sc, words)
+    sc.connection.endAfterFlush()
   }
 
   #send (sc: ServerConnection, slices: Uint8Array[]): void {

@@ -27,6 +27,8 @@ export interface CallContext {
   readonly signal: AbortSignal
   /** Closes the connection once this call's answer (or its silence) has been written, and reads no request after it (memcached's QUIT). */
   closeConnection: () => void
+  /** The protocol's own state of the connection (`ServerProtocol.connectionState`; RESP: the client's name); undefined without one. */
+  readonly connectionState: unknown
 }
 
 /** A route as the server resolved it: names, what was registered with it, handler and metrics. Internal. */
@@ -39,6 +41,8 @@ export interface CallRoute extends RouteInfo {
 export interface CallPeer {
   readonly user: string
   readonly remoteAddress: string
+  /** The connection's protocol state (`ServerProtocol.connectionState`). */
+  readonly state?: unknown
 }
 
 /**
@@ -101,6 +105,10 @@ export class InboundCall implements CallContext, CallInfo {
 
   get user (): string {
     return this.#peer.user
+  }
+
+  get connectionState (): unknown {
+    return this.#peer.state
   }
 
   get remoteAddress (): string {

@@ -34,6 +34,8 @@ export class ServerConnection implements AdmissionCandidate {
   retiredAt = -1
   /** Who its calls come from: a small object of its own, so a kept call context does not keep the connection. */
   peer: CallPeer
+  /** The protocol's own state for this connection (`ServerProtocol.connectionState`). */
+  readonly state: unknown
 
   // In-order protocols: every request takes the next `seq`; answers leave
   // in `seq` order. An answer ready before its turn waits in #held (by
@@ -45,12 +47,15 @@ export class ServerConnection implements AdmissionCandidate {
   heldBytes = 0
   /** The seq after which the connection closes (a call asked); -1: none. */
   closeAfterSeq = -1
+  /** Protocols matched by id: the protocolError answer that goes out once the calls in flight are answered. */
+  lastWords: Uint8Array[] | null = null
 
-  constructor (connection: Connection, remoteAddress: string, now: number) {
+  constructor (connection: Connection, remoteAddress: string, now: number, state?: unknown) {
     this.connection = connection
     this.remoteAddress = remoteAddress
     this.lastActiveAt = now
-    this.peer = Object.freeze({ user: '', remoteAddress })
+    this.state = state
+    this.peer = Object.freeze({ user: '', remoteAddress, state })
   }
 
   /** Set up, nothing in flight or unsent, and no activity since the last idle scan. */

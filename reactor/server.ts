@@ -525,7 +525,7 @@ export class ProtocolServer {
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now())
+    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#connectionState(remoteAddress))
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     // Jitter keeps connections opened together from all reconnecting together.
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
@@ -533,6 +533,7 @@ export class ProtocolServer {
     const dispatch = this.#dispatch
     connection.attach({
       onFrame: (buf, start, end) => dispatch.onFrame(sc, buf, start, end),
+      onFramingError: (error) => dispatch.framingError(sc, error),
       onClose: (error) => this.#onClose(sc, error)
     })
     const setUp = this.#protocol.handshake
@@ -550,7 +551,7 @@ export class ProtocolServer {
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
             sc.ready = true
-            sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress })
+            sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress, state: sc.state })
             this.#negotiating.delete(sc)
           }
           return s
@@ -605,6 +606,12 @@ export class ProtocolServer {
     this.#logNegotiatingEvicted.log(this.#warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`,
       () => ({ protocol: this.#protocol.name, remote: oldest.remoteAddress, negotiating: this.#negotiating.size, maxNegotiating: this.#maxNegotiating }))
     oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
+  }
+
+  // The protocol's own state for a new connection (undefined without a connectionState hook).
+  #connectionState (remoteAddress: string): unknown {
+    const make = this.#protocol.connectionState
+    return make === undefined ? undefined : make(remoteAddress)
   }
 
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {

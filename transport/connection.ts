@@ -25,6 +25,12 @@ export interface ConnectionHandler {
    * the range belong to other frames. Return false to stop reading.
    */
   onFrame: (buf: Buffer, start: number, end: number) => boolean | undefined | void
+  /**
+   * The framing refused the stream after set-up. Return true to take it
+   * over: the connection reads nothing more and the handler ends it (after
+   * answering, say); false or absent: the connection is destroyed with `error`.
+   */
+  onFramingError?: (error: RpcError) => boolean
   /** The connection closed; `error` says why (undefined: closed by us without error). Called once. */
   onClose: (error: RpcError | undefined) => void
 }
@@ -347,11 +353,22 @@ export class Connection {
     this.#queue.beginRead()
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
-      if (error !== null) this.destroy(error)
+      if (error !== null) this.#framingError(error)
       else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
       this.#queue.endRead()
     }
+  }
+
+  // The stream's framing broke: the handler may take over (and end the connection itself).
+  #framingError (error: RpcError): void {
+    if (this.#closed) return
+    const handler = this.#setup === null ? this.#handler : null
+    if (handler?.onFramingError !== undefined && !this.#ending && handler.onFramingError(error)) {
+      this.stopReading()
+      return
+    }
+    this.destroy(error)
   }
 
   // Tells the inbound budget what the decoder holds now (it may close this connection, or another).

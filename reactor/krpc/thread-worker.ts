@@ -109,6 +109,8 @@ class ThreadContext implements KrpcCallContext {
   readonly deadline: number
   readonly sidecars: readonly Buffer[]
   responseSidecars: Uint8Array[] | undefined
+  /** KRPC keeps no protocol state per connection (and a thread could not share it). */
+  readonly connectionState: unknown = undefined
   #controller: AbortController | null = null
   #timer: ReturnType<typeof setTimeout> | null = null
   #abortReason: RpcError | null = null
