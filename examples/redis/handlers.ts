@@ -1,5 +1,5 @@
 import { COMMANDS, EMPTY_COMMAND, PROTOCOL_ERROR, UNKNOWN_COMMAND, type Command, type CommandName } from './commands.js'
-import { NIL_ARRAY, NO_REPLY, OK, PONG, error, oneLine, simple, type Reply, type RespRequest } from './resp.js'
+import { NIL_ARRAY, NO_REPLY, OK, PONG, error, oneLine, parseInteger, simple, type Reply, type RespRequest } from './resp.js'
 import {
   Deque, HASH_FIELD_OVERHEAD_BYTES, KeyType, LIST_ITEM_OVERHEAD_BYTES, SET_MEMBER_OVERHEAD_BYTES, SortedSet, TYPE_NAMES,
   VALUE_OVERHEAD_BYTES, ZSET_MEMBER_OVERHEAD_BYTES, type Entry, type RedisStore
@@ -40,8 +40,18 @@ export const Errors = {
   notPositive: error('ERR value is out of range, must be positive'),
   dbIndex: error('ERR DB index is out of range'),
   noProto: error('NOPROTO unsupported protocol version'),
-  protoVersion: error('ERR Protocol version is not an integer or out of range')
+  protoVersion: error('ERR Protocol version is not an integer or out of range'),
+  clientName: error('ERR Client names cannot contain spaces, newlines or special characters.')
 } as const
+
+/** Redis's rule for a client name (CLIENT SETNAME, HELLO SETNAME): printable ASCII, no space. */
+function validClientName (name: string): boolean {
+  for (let k = 0; k < name.length; k++) {
+    const c = name.charCodeAt(k)
+    if (c < 0x21 || c > 0x7e) return false
+  }
+  return true
+}
 
 const ARITY_ERRORS = new Map<string, Reply>()
 
@@ -66,26 +76,7 @@ const MAX_SAFE = Number.MAX_SAFE_INTEGER
 
 /** A string value's integer (Redis's string2ll on its bytes), or null. */
 function intValue (value: Buffer): number | bigint | null {
-  return parseIntegerBytes(value)
-}
-
-function parseIntegerBytes (buf: Buffer): number | bigint | null {
-  const n = buf.length
-  if (n === 0 || n > 20) return null
-  let p = 0
-  const negative = buf[0] === 0x2d
-  if (negative && ++p === n) return null
-  const first = buf[p]!
-  if (first === 0x30) return n === 1 ? 0 : null
-  if (first < 0x31 || first > 0x39) return null
-  for (let k = p; k < n; k++) if (buf[k]! < 0x30 || buf[k]! > 0x39) return null
-  if (n - p <= 15) {
-    const v = Number(buf.toString('latin1', 0, n))
-    return v
-  }
-  const big = BigInt(buf.toString('latin1', 0, n))
-  if (big > LLONG_MAX || big < LLONG_MIN) return null
-  return Number.isSafeInteger(Number(big)) ? Number(big) : big
+  return parseInteger(value, 0, value.length)
 }
 
 /** a + b within a signed 64-bit integer, or null when it overflows. */
@@ -912,7 +903,7 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
       }
       return out
     }
-    return unknownSubcommand(request.str(0), 'COMMAND')
+    return unknownSubcommand(request.prefix(0, 128), 'COMMAND')
   }
 
   const client: RedisHandler = (request) => {
@@ -920,10 +911,7 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     if (request.is(0, 'setname')) {
       if (request.argc !== 2) return arityError('client|setname')
       const name = request.str(1)
-      for (let k = 0; k < name.length; k++) {
-        const c = name.charCodeAt(k)
-        if (c < 0x21 || c > 0x7e) return error('ERR Client names cannot contain spaces, newlines or special characters.')
-      }
+      if (!validClientName(name)) return Errors.clientName
       state.name = name
       return OK
     }
@@ -939,7 +927,7 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
       if (request.argc !== 3) return arityError('client|setinfo')
       return OK
     }
-    return unknownSubcommand(request.str(0), 'CLIENT')
+    return unknownSubcommand(request.prefix(0, 128), 'CLIENT')
   }
 
   const select: RedisHandler = request => {
@@ -970,7 +958,7 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
       }
       return out
     }
-    return unknownSubcommand(request.str(0), 'CONFIG')
+    return unknownSubcommand(request.prefix(0, 128), 'CONFIG')
   }
 
   const hello: RedisHandler = request => {
@@ -980,10 +968,16 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
       if (n === null) return Errors.protoVersion
       if (n !== 2) return Errors.noProto
       proto = n
+      let name: string | null = null
       for (let i = 1; i < request.argc; i++) {
-        if (request.is(i, 'setname') && i + 1 < request.argc) request.connection.name = request.str(++i)
+        if (request.is(i, 'setname') && i + 1 < request.argc) name = request.str(++i)
         else if (request.is(i, 'auth') && i + 2 < request.argc) i += 2
-        else return error(`ERR Syntax error in HELLO option '${request.str(i)}'`)
+        else return error(`ERR Syntax error in HELLO option '${oneLine(request.prefix(i, 128))}'`)
+      }
+      // Checked as CLIENT SETNAME checks it, once every option is known good (as Redis does).
+      if (name !== null) {
+        if (!validClientName(name)) return Errors.clientName
+        request.connection.name = name
       }
     }
     return ['server', 'redis', 'version', version, 'proto', proto, 'id', request.connection.id, 'mode', 'standalone', 'role', 'master', 'modules', EMPTY_ARRAY]
@@ -1068,9 +1062,10 @@ const TYPE_REPLIES = [...TYPE_NAMES, 'none'].map(name => simple(name))
 
 /** Redis's words for a command it does not have: the name and the first arguments, quoted. */
 function unknownCommand (request: RespRequest): Reply {
+  // Only the bytes quoted are read (an argument may be 512 MiB).
   let args = ''
-  for (let i = 1; i < request.argc && args.length < 128; i++) args += `'${request.str(i).slice(0, 128 - args.length)}' `
-  return error(`ERR unknown command '${request.str(0).slice(0, 128)}', with args beginning with: ${args}`)
+  for (let i = 1; i < request.argc && args.length < 128; i++) args += `'${request.prefix(i, 128 - args.length)}' `
+  return error(`ERR unknown command '${request.prefix(0, 128)}', with args beginning with: ${args}`)
 }
 
 function unknownSubcommand (sub: string, command: string): Reply {

@@ -3,7 +3,7 @@
  *
  *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
  *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
- *     [--proto-max-bulk-len BYTES] [--max-message-mb 50]
+ *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
@@ -15,7 +15,7 @@ import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { redisHandlers } from './handlers.js'
-import { DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
+import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
 import { RedisStore } from './store.js'
 
 export interface RedisServerOptions {
@@ -27,6 +27,8 @@ export interface RedisServerOptions {
   protoMaxBulkLen?: number
   /** The largest request frame; default 50 MiB. */
   maxMessageBytes?: number
+  /** The most elements of one command, its name included; default 1M (see resp.ts DEFAULT_MAX_ARGUMENTS). */
+  maxArguments?: number
   /** The keyspace's clock in ms (tests); default Date.now. */
   now?: () => number
   /** The expiry sweep's period; 0: none. Default 100 ms. */
@@ -38,7 +40,7 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
   const store = new RedisStore({ maxMemoryBytes: options.maxMemoryBytes, now: options.now, sweepIntervalMs: options.sweepIntervalMs })
   const maxFrameBytes = options.maxMessageBytes ?? DEFAULT_MAX_FRAME_BYTES
   const limits = respLimits({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes })
-  const server = new ProtocolServer(respProtocol({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes }), {
+  const server = new ProtocolServer(respProtocol({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes, maxArguments: options.maxArguments }), {
     requestTimeoutMs: options.requestTimeoutMs ?? 1000,
     maxMessageBytes: limits.maxFrameBytes,
     // Redis keeps idle connections open (its timeout is 0): client pools hold them between bursts.
@@ -81,7 +83,8 @@ async function main (argv: string[]): Promise<void> {
       'maxmemory-mb': { type: 'string' },
       'request-timeout-ms': { type: 'string' },
       'proto-max-bulk-len': { type: 'string' },
-      'max-message-mb': { type: 'string' }
+      'max-message-mb': { type: 'string' },
+      'max-arguments': { type: 'string' }
     },
     strict: true
   })
@@ -92,8 +95,9 @@ async function main (argv: string[]): Promise<void> {
   const requestTimeoutMs = nonNegativeInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
   const protoMaxBulkLen = nonNegativeInteger('proto-max-bulk-len', values['proto-max-bulk-len'], DEFAULT_PROTO_MAX_BULK_LEN)
   const maxMessageBytes = nonNegativeInteger('max-message-mb', values['max-message-mb'], DEFAULT_MAX_FRAME_BYTES / 1024 / 1024) * 1024 * 1024
+  const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
   const served = await serveReactors({
-    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes })
+    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

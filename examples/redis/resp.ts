@@ -41,8 +41,19 @@ const NINE = 0x39
 export const INLINE_MAX_BYTES = 64 * 1024
 /** Redis's proto-max-bulk-len default: 512 MiB. */
 export const DEFAULT_PROTO_MAX_BULK_LEN = 512 * 1024 * 1024
-/** Redis's limit on an array's length (INT_MAX). */
-const MAX_MULTIBULK = 0x7fffffff
+/**
+ * The default bound on a command's length, its name and arguments (the
+ * array's `*N`): 1M. Redis allows INT_MAX, but here every argument costs
+ * two numbers of the request's ranges (and a handler often a string or a
+ * Buffer) on top of its bytes: a 50 MiB frame of empty bulks (`$0\r\n\r\n`)
+ * would be ~17M arguments and some 200 MB of ranges. Past the bound the
+ * count is answered as Redis answers one out of its range,
+ * `-ERR Protocol error: invalid multibulk length`, at its first digit too
+ * many, and the connection closes; an inline command with more words gets
+ * the same. `RespProtocolOptions.maxArguments` (the example's
+ * `--max-arguments`) changes it.
+ */
+export const DEFAULT_MAX_ARGUMENTS = 1024 * 1024
 /** Digits of a negative array length accepted (any negative length is an empty command, as in Redis); more is refused. */
 const MAX_NEGATIVE_DIGITS = 18
 
@@ -90,6 +101,12 @@ export class RespRequest {
   /** Argument i as a latin1 string: one char per byte, so binary-safe (keys, members, fields). */
   str (i: number): string {
     return latin1Slice.call(this.buf, this.ranges[2 * i]!, this.ranges[2 * i + 1]!)
+  }
+
+  /** At most the first `max` bytes of argument i, as a latin1 string (for error messages: no string of a whole large argument). */
+  prefix (i: number, max: number): string {
+    const start = this.ranges[2 * i]!
+    return latin1Slice.call(this.buf, start, Math.min(this.ranges[2 * i + 1]!, start + Math.max(0, max)))
   }
 
   /** A copy of argument i's bytes, to keep (values). */
@@ -213,6 +230,7 @@ const S_INLINE = 5
 export class RespScanner implements FrameScanner {
   readonly state: ConnectionState
   readonly #maxBulk: number
+  readonly #maxArguments: number
   readonly #shared: { lastScanner: RespScanner | null }
   #phase = S_START
   /** The next byte to look at, relative to the frame's start. */
@@ -227,9 +245,10 @@ export class RespScanner implements FrameScanner {
   #dataEnd = 0
   #poisoned = false
 
-  constructor (state: ConnectionState, maxBulk: number, shared: { lastScanner: RespScanner | null }) {
+  constructor (state: ConnectionState, maxBulk: number, shared: { lastScanner: RespScanner | null }, maxArguments = DEFAULT_MAX_ARGUMENTS) {
     this.state = state
     this.#maxBulk = maxBulk
+    this.#maxArguments = maxArguments
     this.#shared = shared
   }
 
@@ -268,7 +287,7 @@ export class RespScanner implements FrameScanner {
           for (; p < end; p++) {
             const c = buf[p]!
             if (c === CR) break
-            if (!this.#digit(c, MAX_MULTIBULK, true)) return this.#bad(p, start)
+            if (!this.#digit(c, this.#maxArguments, true)) return this.#bad(p, start)
           }
           // The CR and the byte after it.
           if (p + 1 >= end) return this.#more(p, start, 0)
@@ -361,6 +380,8 @@ export interface RespProtocolOptions {
   protoMaxBulkLen?: number
   /** The largest request frame (the server's `maxMessageBytes`); default 50 MiB like the server's, at least 1 MiB. */
   maxFrameBytes?: number
+  /** The most elements of a command, its name included (see DEFAULT_MAX_ARGUMENTS); default 1M, at least 1. */
+  maxArguments?: number
 }
 
 /** The server's default largest frame (its `maxMessageBytes`). */
@@ -381,9 +402,10 @@ const FALLBACK_STATE = new ConnectionState(0)
 /** The RESP2 protocol, for handlers that take `RespRequest` and return `Reply`. */
 export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol<RespRequest, Reply> {
   const { maxBulk, maxFrameBytes } = respLimits(options)
+  const maxArguments = Math.max(1, options.maxArguments ?? DEFAULT_MAX_ARGUMENTS)
   const shared: Shared = { lastScanner: null, nextConnectionId: 1 }
   const framing: ScanFraming = {
-    scanner: () => new RespScanner(new ConnectionState(shared.nextConnectionId++), maxBulk, shared)
+    scanner: () => new RespScanner(new ConnectionState(shared.nextConnectionId++), maxBulk, shared, maxArguments)
   }
   return {
     name: 'redis',
@@ -395,7 +417,7 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
       const scanner = shared.lastScanner
       shared.lastScanner = null
       const state = scanner !== null ? scanner.state : FALLBACK_STATE
-      const request = buf[start] === STAR ? decodeArray(buf, start, end, maxBulk, state) : decodeInline(buf, start, end, state)
+      const request = buf[start] === STAR ? decodeArray(buf, start, end, maxBulk, maxArguments, state) : decodeInline(buf, start, end, maxArguments, state)
       head.service = 'redis'
       head.method = request.command.method
       head.routeKey = request.command
@@ -458,10 +480,10 @@ function lineNumber (buf: Buffer, p: number, cr: number, max: number, signed: bo
  * An array frame: its bulks' ranges and command, or PROTOCOL_ERROR with the
  * fault the scanner stopped at (the frame's last byte), or EMPTY_COMMAND.
  */
-function decodeArray (buf: Buffer, start: number, end: number, maxBulk: number, state: ConnectionState): RespRequest {
+function decodeArray (buf: Buffer, start: number, end: number, maxBulk: number, maxArguments: number, state: ConnectionState): RespRequest {
   let cr = buf.indexOf(CR, start + 1)
   if (cr < 0 || cr + 1 >= end) return protocolError(ProtocolErrors.multibulkLength, state)
-  const count = lineNumber(buf, start + 1, cr, MAX_MULTIBULK, true)
+  const count = lineNumber(buf, start + 1, cr, maxArguments, true)
   if (count < 0) return protocolError(ProtocolErrors.multibulkLength, state)
   if (count === 0) return new RespRequest(buf, NO_RANGES, EMPTY_COMMAND, state)
   let p = cr + 2
@@ -518,7 +540,7 @@ function hexValue (c: number): number {
  * closing quote must be followed by whitespace or the end. Without quotes
  * the arguments are views of the frame; with them, of a buffer of their own.
  */
-function decodeInline (buf: Buffer, start: number, end: number, state: ConnectionState): RespRequest {
+function decodeInline (buf: Buffer, start: number, end: number, maxArguments: number, state: ConnectionState): RespRequest {
   if (buf[end - 1] !== LF) return protocolError(ProtocolErrors.inlineTooBig, state)
   let lineEnd = end - 1
   if (lineEnd > start && buf[lineEnd - 1] === CR) lineEnd--
@@ -546,6 +568,7 @@ function decodeInline (buf: Buffer, start: number, end: number, state: Connectio
     ranges = split.ranges
   }
   if (ranges.length === 0) return new RespRequest(buf, NO_RANGES, EMPTY_COMMAND, state)
+  if (ranges.length > 2 * maxArguments) return protocolError(ProtocolErrors.multibulkLength, state)
   const command = commandOf(source, ranges[0]!, ranges[1]!)
   if (command === null) return new RespRequest(source, ranges, UNKNOWN_COMMAND, state)
   return new RespRequest(source, ranges.slice(2), command, state)

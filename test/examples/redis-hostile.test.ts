@@ -392,3 +392,80 @@ t.test('redis-cli --pipe mass insertion: no errors', { skip: REDIS_CLI === '' ? 
   t.match(out, new RegExp(`errors: 0, replies: ${n}`), 'errors: 0, every reply')
   t.equal(await client().call('DBSIZE'), n)
 })
+
+// ---------------------------------------------------------------------------
+// 4. Oversized arguments and argument counts.
+
+t.test('an unknown command quotes at most 128 bytes of its arguments, without reading more', async (t) => {
+  const handlers = redisHandlers(new RedisStore({ sweepIntervalMs: 0 }))
+  const unknown = handlers['#unknown']!
+  // A request whose str() refuses long arguments: the error must be built from their first bytes only.
+  class Guarded extends RespRequest {
+    override str (i: number): string {
+      if (this.length(i) > 1024) throw new Error(`str(${i}) of ${this.length(i)} bytes`)
+      return super.str(i)
+    }
+  }
+  const big = 'x'.repeat(1024 * 1024)
+  const args = ['NOPE', big, 'second']
+  const buf = Buffer.from(args.join(''), 'latin1')
+  const ranges: number[] = []
+  let p = 0
+  for (const a of args) { ranges.push(p, p + a.length); p += a.length }
+  const command = { method: '#unknown', name: '#unknown', arity: -1 }
+  const reply = unknown(new Guarded(buf, ranges, command, new ConnectionState(1)), { closeConnection () {} })
+  t.equal((reply as { bytes: Buffer }).bytes.toString('latin1'), `-ERR unknown command 'NOPE', with args beginning with: '${'x'.repeat(128)}' \r\n`)
+  const longName = 'N'.repeat(1024 * 1024)
+  const named = Buffer.from(longName, 'latin1')
+  const reply2 = unknown(new Guarded(named, [0, named.length], command, new ConnectionState(1)), { closeConnection () {} })
+  t.equal((reply2 as { bytes: Buffer }).bytes.toString('latin1'), `-ERR unknown command '${'N'.repeat(128)}', with args beginning with: \r\n`)
+})
+
+t.test('unknown commands with long arguments: redis-server\'s words', { skip: noRedis }, async (t) => {
+  const { client } = await serve(t)
+  const real = await realRedis(t)
+  const mine = client()
+  const theirs = real.client()
+  for (const args of [['NOPE', 'a'.repeat(200)], ['NOPE', 'a'.repeat(100), 'b'.repeat(100), 'c'], ['N'.repeat(300), 'x'], ['NOPE', 'a'.repeat(126), 'b']]) {
+    t.same(await mine.call(...args), await theirs.call(...args), `${args[0]!.slice(0, 8)} ${args.slice(1).map(a => a.length).join(' ')}`)
+  }
+})
+
+t.test('the number of arguments of a command is bounded', async (t) => {
+  const { client } = await serve(t)
+  const over = client()
+  const [reply] = await over.send(Buffer.from('*1048577\r\n$4\r\nPING\r\n', 'latin1'), 1)
+  t.same(reply, { error: 'ERR Protocol error: invalid multibulk length' }, 'over a million arguments: refused at once, as Redis refuses a count out of range')
+  const { client: small } = await serve(t, { maxArguments: 3 })
+  const c = small()
+  t.same(await c.call('SET', 'k', 'v'), 'OK', 'three: fine')
+  t.same(await c.send(encode(['MSET', 'a', '1', 'b']), 1), [{ error: 'ERR Protocol error: invalid multibulk length' }], 'four: refused')
+  // An inline line is bounded by its 64 KiB, which the cap also bounds.
+  const d = small()
+  t.same(await d.send(Buffer.from('MSET a 1 b 2\r\n', 'latin1'), 1), [{ error: 'ERR Protocol error: invalid multibulk length' }], 'inline too')
+})
+
+t.test('HELLO SETNAME checks the name as CLIENT SETNAME does', async (t) => {
+  const { client } = await serve(t)
+  const c = client()
+  t.same(await c.call('HELLO', '2', 'SETNAME', 'a b'), { error: 'ERR Client names cannot contain spaces, newlines or special characters.' })
+  t.same(await c.call('CLIENT', 'GETNAME'), null, 'the name was not set')
+  t.same(await c.call('HELLO', '2', 'SETNAME', 'a\nb'), { error: 'ERR Client names cannot contain spaces, newlines or special characters.' })
+  const hello = await c.call('HELLO', '2', 'SETNAME', 'good') as Parsed[]
+  t.same(hello.slice(0, 2), ['server', 'redis'])
+  t.same(await c.call('CLIENT', 'GETNAME'), 'good')
+})
+
+t.test('HELLO SETNAME answers as redis-server does', { skip: noRedis }, async (t) => {
+  const { client } = await serve(t)
+  const real = await realRedis(t)
+  const mine = client()
+  const theirs = real.client()
+  for (const name of ['a b', 'a\nb', '\x7f', 'ok']) {
+    const expected = await theirs.call('HELLO', '2', 'SETNAME', name)
+    const got = await mine.call('HELLO', '2', 'SETNAME', name)
+    if (Array.isArray(expected)) t.ok(Array.isArray(got), `${JSON.stringify(name)}: accepted by both`)
+    else t.same(got, expected, `${JSON.stringify(name)}: ${JSON.stringify(expected)}`)
+    t.same(await mine.call('CLIENT', 'GETNAME'), await theirs.call('CLIENT', 'GETNAME'), 'the same name after')
+  }
+})
