@@ -4,8 +4,9 @@
 // out of order, requests without answers, overload and expiry in the
 // protocol's words, and the maximum frame size for both kinds of framing.
 import t, { type Test } from 'tap'
-import { connect, type Socket } from 'node:net'
+import { connect } from 'node:net'
 import { once } from 'node:events'
+import { Peer } from '../helpers/socket-peer.js'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
 import { FrameDecoder } from '../../codec/frame-decoder.js'
 import { ScanDecoder } from '../../codec/scan-decoder.js'
@@ -13,28 +14,6 @@ import { FakeClock } from '../../scheduling/clock.js'
 import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { linesProtocol, scanners, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
-
-class Peer {
-  readonly socket: Socket
-  received = Buffer.alloc(0)
-  closed = false
-  constructor (socket: Socket) {
-    this.socket = socket
-    socket.setNoDelay(true)
-    socket.on('data', (chunk: Buffer) => { this.received = Buffer.concat([this.received, chunk]) })
-    socket.on('close', () => { this.closed = true })
-    socket.on('error', () => {})
-  }
-
-  get text (): string {
-    return this.received.toString('latin1')
-  }
-
-  async until (predicate: () => boolean, what: string): Promise<void> {
-    for (let i = 0; i < 500 && !predicate(); i++) await new Promise(resolve => setTimeout(resolve, 5))
-    if (!predicate()) throw new Error(`timed out waiting for ${what}; received ${JSON.stringify(this.text)}`)
-  }
-}
 
 async function start (t: Test, protocol: 'lines' | 'tagged', handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
   const server = new ProtocolServer(protocol === 'lines' ? linesProtocol() : taggedProtocol(), options)

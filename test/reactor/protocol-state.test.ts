@@ -5,35 +5,14 @@
 // (connectionState), frames that are not requests (CallHead.skip), and route
 // keys past the linear route cache.
 import t, { type Test } from 'tap'
-import { connect, type Socket } from 'node:net'
+import { connect } from 'node:net'
 import { once } from 'node:events'
+import { Peer } from '../helpers/socket-peer.js'
 import type { RpcError } from '../../codec/errors.js'
 import type { CallHead, ServerProtocol } from '../../codec/protocol.js'
 import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { linesProtocol, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
-
-class Peer {
-  readonly socket: Socket
-  received = Buffer.alloc(0)
-  closed = false
-  constructor (socket: Socket) {
-    this.socket = socket
-    socket.setNoDelay(true)
-    socket.on('data', (chunk: Buffer) => { this.received = Buffer.concat([this.received, chunk]) })
-    socket.on('close', () => { this.closed = true })
-    socket.on('error', () => {})
-  }
-
-  get text (): string {
-    return this.received.toString('latin1')
-  }
-
-  async until (predicate: () => boolean, what: string): Promise<void> {
-    for (let i = 0; i < 500 && !predicate(); i++) await new Promise(resolve => setTimeout(resolve, 5))
-    if (!predicate()) throw new Error(`timed out waiting for ${what}; received ${JSON.stringify(this.text)}`)
-  }
-}
 
 async function serve (t: Test, protocol: ServerProtocol<any, any>, group: string, handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
   const server = new ProtocolServer(protocol, options)
