@@ -3,11 +3,11 @@
  * for it in errors (lower case) and its arity in Redis's convention (the
  * command name counted; negative: at least that many). `commandOf` finds a
  * command from its name's bytes, ignoring ASCII case, without making a
- * string. Three internal routes have names no client can send: an unknown
- * command, an empty command (answered with nothing), a protocol error.
+ * string. One internal route has a name no client can send: an unknown
+ * command.
  */
 export class Command {
-  /** The route name: the command in upper case, or `#...` for the internal routes. */
+  /** The route name: the command in upper case, or `#unknown` for the internal route. */
   readonly method: string
   /** Redis's name in errors (`get`). */
   readonly name: string
@@ -35,8 +35,6 @@ export const COMMANDS: readonly Command[] = ([
 export type CommandName = Uppercase<(typeof COMMANDS)[number]['name']>
 
 export const UNKNOWN_COMMAND = new Command('#unknown', -1, '#unknown')
-export const EMPTY_COMMAND = new Command('#empty', -1, '#empty')
-export const PROTOCOL_ERROR = new Command('#protocol-error', -1, '#protocol-error')
 
 const BY_LENGTH: Command[][] = []
 for (const command of COMMANDS) (BY_LENGTH[command.name.length] ??= []).push(command)

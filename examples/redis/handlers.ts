@@ -1,5 +1,5 @@
-import { COMMANDS, EMPTY_COMMAND, PROTOCOL_ERROR, UNKNOWN_COMMAND, type Command, type CommandName } from './commands.js'
-import { NIL_ARRAY, NO_REPLY, OK, PONG, error, oneLine, parseInteger, simple, type Reply, type RespRequest } from './resp.js'
+import { COMMANDS, UNKNOWN_COMMAND, type Command, type CommandName } from './commands.js'
+import { NIL_ARRAY, OK, PONG, error, oneLine, parseInteger, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
 import {
   Deque, HASH_FIELD_OVERHEAD_BYTES, KeyType, LIST_ITEM_OVERHEAD_BYTES, SET_MEMBER_OVERHEAD_BYTES, SortedSet, TYPE_NAMES,
   VALUE_OVERHEAD_BYTES, ZSET_MEMBER_OVERHEAD_BYTES, type Entry, type RedisStore
@@ -12,9 +12,14 @@ import {
  * cannot do what it was asked returns Redis's error reply, never throws.
  */
 
-/** What a handler needs of its call: closing the connection after its answer (QUIT, a protocol error). */
+/**
+ * What a handler needs of its call: closing the connection after its answer
+ * (QUIT), and the connection's `ConnectionState` (the protocol's
+ * `connectionState`; the server's context types it `unknown`).
+ */
 export interface RedisCallContext {
   closeConnection (): void
+  readonly connectionState: unknown
 }
 
 export type RedisHandler = (request: RespRequest, ctx: RedisCallContext) => Reply
@@ -297,7 +302,7 @@ function asNumber (n: number | bigint | null): number | null {
   return typeof n === 'bigint' ? Number(n) : n
 }
 
-/** The handlers of every command, by route name, and of the internal routes. */
+/** The handlers of every command, by route name, and of the internal route (an unknown command). */
 export function redisHandlers (store: RedisStore, options: RedisHandlerOptions = {}): Record<string, RedisHandler> {
   const version = options.version ?? '7.0.0'
   const startedAt = Date.now()
@@ -906,8 +911,8 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     return unknownSubcommand(request.prefix(0, 128), 'COMMAND')
   }
 
-  const client: RedisHandler = (request) => {
-    const state = request.connection
+  const client: RedisHandler = (request, ctx) => {
+    const state = ctx.connectionState as ConnectionState
     if (request.is(0, 'setname')) {
       if (request.argc !== 2) return arityError('client|setname')
       const name = request.str(1)
@@ -961,7 +966,8 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     return unknownSubcommand(request.prefix(0, 128), 'CONFIG')
   }
 
-  const hello: RedisHandler = request => {
+  const hello: RedisHandler = (request, ctx) => {
+    const state = ctx.connectionState as ConnectionState
     let proto = 2
     if (request.argc > 0) {
       const n = asNumber(request.int(0))
@@ -977,10 +983,10 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
       // Checked as CLIENT SETNAME checks it, once every option is known good (as Redis does).
       if (name !== null) {
         if (!validClientName(name)) return Errors.clientName
-        request.connection.name = name
+        state.name = name
       }
     }
-    return ['server', 'redis', 'version', version, 'proto', proto, 'id', request.connection.id, 'mode', 'standalone', 'role', 'master', 'modules', EMPTY_ARRAY]
+    return ['server', 'redis', 'version', version, 'proto', proto, 'id', state.id, 'mode', 'standalone', 'role', 'master', 'modules', EMPTY_ARRAY]
   }
 
   const handlers: Record<CommandName, RedisHandler> = {
@@ -1049,11 +1055,6 @@ export function redisHandlers (store: RedisStore, options: RedisHandlerOptions =
     routes[cmd.method] = (request, ctx) => arityOk(arity, request.argc) ? handler(request, ctx) : wrong
   }
   routes[UNKNOWN_COMMAND.method] = unknownCommand
-  routes[EMPTY_COMMAND.method] = () => NO_REPLY
-  routes[PROTOCOL_ERROR.method] = (request, ctx) => {
-    ctx.closeConnection()
-    return error(`ERR ${request.error}`)
-  }
   return routes
 }
 

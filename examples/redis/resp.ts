@@ -1,5 +1,5 @@
-import { RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
-import { commandOf, EMPTY_COMMAND, PROTOCOL_ERROR, UNKNOWN_COMMAND, type Command } from './commands.js'
+import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
+import { commandOf, UNKNOWN_COMMAND, type Command } from './commands.js'
 
 /**
  * RESP2, the Redis serialization protocol, as a nyala `ServerProtocol`.
@@ -16,7 +16,12 @@ import { commandOf, EMPTY_COMMAND, PROTOCOL_ERROR, UNKNOWN_COMMAND, type Command
  * array or bulk length, something other than `$` where a bulk must start,
  * an inline line over 64 KiB, unbalanced quotes) is answered
  * `-ERR Protocol error: ...` after the answers of the requests before it,
- * and the connection closes. Like Redis, the two bytes after a bulk string's
+ * and the connection closes: the scanner (or `decodeHead`, for what only a
+ * whole inline line shows) returns a `RespProtocolError` in Redis's words,
+ * and the protocol's `protocolError` answers it. An empty command (`*0`,
+ * `*-1`, a blank inline line) is not a request: Redis answers nothing and
+ * gives it no place in the order, and neither does this server
+ * (`CallHead.skip`). Like Redis, the two bytes after a bulk string's
  * data are skipped without being looked at (they should be CRLF; Redis 7
  * takes `$3\r\nfooXY` as `foo`), and a line ends at its CR (the byte after it
  * is skipped, as Redis skips it).
@@ -69,6 +74,19 @@ export const ProtocolErrors = {
 } as const
 
 /**
+ * A stream this protocol cannot go on reading, with Redis's words for it
+ * (`ProtocolErrors`): answered `-ERR <message>` before the close. Other
+ * errors (a frame over the server's limit) close without a reply, as Redis
+ * closes a client past its query buffer limit.
+ */
+export class RespProtocolError extends RpcError {
+  constructor (message: string) {
+    super(ErrorCode.MALFORMED_FRAME, message)
+    this.name = 'RespProtocolError'
+  }
+}
+
+/**
  * A request as handlers get it: its arguments (the command name excluded)
  * as ranges of `buf`, a view of the frame (or, for an inline command with
  * quotes, a buffer of its own). Handlers read what they need: a latin1
@@ -80,17 +98,11 @@ export class RespRequest {
   /** start, end of argument i (0: the first after the command name) at 2i, 2i+1. */
   readonly ranges: number[]
   readonly command: Command
-  /** The connection's state (its name, its id), from the scanner that found the frame. */
-  readonly connection: ConnectionState
-  /** For the internal route PROTOCOL_ERROR: Redis's words; otherwise ''. */
-  readonly error: string
 
-  constructor (buf: Buffer, ranges: number[], command: Command, connection: ConnectionState, error = '') {
+  constructor (buf: Buffer, ranges: number[], command: Command) {
     this.buf = buf
     this.ranges = ranges
     this.command = command
-    this.connection = connection
-    this.error = error
   }
 
   /** The number of arguments after the command name. */
@@ -186,8 +198,8 @@ export function parseInteger (buf: Uint8Array, start: number, end: number): numb
 
 /**
  * What a connection's requests share: CLIENT SETNAME's name, an id for
- * HELLO and CLIENT ID. One per connection, made with its scanner (the only
- * per-connection object a protocol gets; see `RespScanner`).
+ * HELLO and CLIENT ID. One per connection, made by the protocol's
+ * `connectionState`; handlers see it as `ctx.connectionState`.
  */
 export class ConnectionState {
   readonly id: number
@@ -213,25 +225,13 @@ const S_INLINE = 5
 /**
  * Finds where each RESP request ends, resuming where it stopped when a
  * frame comes back longer (positions are kept relative to the frame's
- * start). A frame is a whole request; or, for bad input, the bytes up to
- * and including the first one that shows the request can never be valid:
- * `decodeHead` reads that frame again, finds the same fault at its last
- * byte, and routes it to PROTOCOL_ERROR, whose handler answers Redis's
- * words and closes the connection. (A scan error would close the
- * connection without a word: the protocol API has no way to answer a
- * framing error.) After such a frame the scanner takes nothing more: the
- * connection stops reading once that answer is queued.
- *
- * The scanner also carries the connection's `ConnectionState`: when it
- * returns a frame's size it records itself in `lastScanner`, and
- * `decodeHead`, which the server calls next for that very frame, takes the
- * state from there.
+ * start). A frame is a whole, well-formed request (`decodeHead` relies on
+ * it); at the first byte that shows the request can never be valid, the
+ * scan returns a `RespProtocolError` in Redis's words instead.
  */
 export class RespScanner implements FrameScanner {
-  readonly state: ConnectionState
   readonly #maxBulk: number
   readonly #maxArguments: number
-  readonly #shared: { lastScanner: RespScanner | null }
   #phase = S_START
   /** The next byte to look at, relative to the frame's start. */
   #pos = 0
@@ -243,13 +243,10 @@ export class RespScanner implements FrameScanner {
   #negative = false
   /** Where the current bulk's data and its CRLF end, relative to the frame's start. */
   #dataEnd = 0
-  #poisoned = false
 
-  constructor (state: ConnectionState, maxBulk: number, shared: { lastScanner: RespScanner | null }, maxArguments = DEFAULT_MAX_ARGUMENTS) {
-    this.state = state
+  constructor (maxBulk: number, maxArguments = DEFAULT_MAX_ARGUMENTS) {
     this.#maxBulk = maxBulk
     this.#maxArguments = maxArguments
-    this.#shared = shared
   }
 
   reset (): void {
@@ -257,16 +254,8 @@ export class RespScanner implements FrameScanner {
     this.#pos = 0
   }
 
+  // The frame's size, 0 or -(lower bound) for more bytes, or the protocol error at the first bad byte.
   scan (buf: Buffer, start: number, end: number): number | RpcError {
-    if (this.#poisoned) return 0
-    const size = this.#scan(buf, start, end)
-    if (size > 0) this.#shared.lastScanner = this
-    return size
-  }
-
-  // The frame's size, 0 or -(lower bound) for more bytes; a bad frame is a
-  // frame too, ending at its first bad byte (and the scanner takes no more).
-  #scan (buf: Buffer, start: number, end: number): number {
     let p = start + this.#pos
     for (;;) {
       switch (this.#phase) {
@@ -287,21 +276,21 @@ export class RespScanner implements FrameScanner {
           for (; p < end; p++) {
             const c = buf[p]!
             if (c === CR) break
-            if (!this.#digit(c, this.#maxArguments, true)) return this.#bad(p, start)
+            if (!this.#digit(c, this.#maxArguments, true)) return new RespProtocolError(ProtocolErrors.multibulkLength)
           }
           // The CR and the byte after it.
           if (p + 1 >= end) return this.#more(p, start, 0)
-          if (this.#digits === 0 || (this.#negative && this.#digits === 0)) return this.#bad(p, start)
+          if (this.#digits === 0) return new RespProtocolError(ProtocolErrors.multibulkLength)
           p += 2
           const count = this.#negative ? 0 : this.#num
-          if (count === 0) return p - start // `*0`, `*-1`: an empty command, answered with nothing
+          if (count === 0) return p - start // `*0`, `*-1`: an empty command (decodeHead skips it)
           this.#left = count
           this.#phase = S_BULK_HEAD
           break
         }
         case S_BULK_HEAD: {
           if (p >= end) return this.#more(p, start, 0)
-          if (buf[p] !== DOLLAR) return this.#bad(p, start)
+          if (buf[p] !== DOLLAR) return new RespProtocolError(ProtocolErrors.expectedDollar(buf[p]!))
           this.#num = 0
           this.#digits = 0
           this.#negative = false
@@ -313,10 +302,10 @@ export class RespScanner implements FrameScanner {
           for (; p < end; p++) {
             const c = buf[p]!
             if (c === CR) break
-            if (!this.#digit(c, this.#maxBulk, false)) return this.#bad(p, start)
+            if (!this.#digit(c, this.#maxBulk, false)) return new RespProtocolError(ProtocolErrors.bulkLength)
           }
           if (p + 1 >= end) return this.#more(p, start, 0)
-          if (this.#digits === 0) return this.#bad(p, start)
+          if (this.#digits === 0) return new RespProtocolError(ProtocolErrors.bulkLength)
           p += 2
           this.#dataEnd = p - start + this.#num + 2
           this.#phase = S_BULK_DATA
@@ -334,7 +323,7 @@ export class RespScanner implements FrameScanner {
           const limit = Math.min(end, start + INLINE_MAX_BYTES + 1)
           const lf = p < limit ? buf.indexOf(LF, p) : -1
           if (lf >= 0 && lf < limit) return lf + 1 - start
-          if (limit - start > INLINE_MAX_BYTES) return this.#bad(limit - 1, start)
+          if (limit - start > INLINE_MAX_BYTES) return new RespProtocolError(ProtocolErrors.inlineTooBig)
           return this.#more(end, start, 0)
         }
       }
@@ -362,17 +351,6 @@ export class RespScanner implements FrameScanner {
     this.#pos = p - start
     return atLeast > 0 ? -atLeast : 0
   }
-
-  #bad (p: number, start: number): number {
-    this.#poisoned = true
-    return p + 1 - start
-  }
-}
-
-/** What the protocol's reads share: the scanner that found the frame being decoded. */
-interface Shared {
-  lastScanner: RespScanner | null
-  nextConnectionId: number
 }
 
 export interface RespProtocolOptions {
@@ -396,16 +374,13 @@ export function respLimits (options: RespProtocolOptions = {}): { maxBulk: numbe
   return { maxBulk, maxFrameBytes }
 }
 
-const NO_RANGES: number[] = []
-const FALLBACK_STATE = new ConnectionState(0)
-
 /** The RESP2 protocol, for handlers that take `RespRequest` and return `Reply`. */
 export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol<RespRequest, Reply> {
   const { maxBulk, maxFrameBytes } = respLimits(options)
   const maxArguments = Math.max(1, options.maxArguments ?? DEFAULT_MAX_ARGUMENTS)
-  const shared: Shared = { lastScanner: null, nextConnectionId: 1 }
+  let nextConnectionId = 1
   const framing: ScanFraming = {
-    scanner: () => new RespScanner(new ConnectionState(shared.nextConnectionId++), maxBulk, shared, maxArguments)
+    scanner: () => new RespScanner(maxBulk, maxArguments)
   }
   return {
     name: 'redis',
@@ -413,11 +388,16 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
     ordering: 'in-order',
     maxFrameBytes,
 
+    connectionState: (): ConnectionState => new ConnectionState(nextConnectionId++),
+
     decodeHead: (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null => {
-      const scanner = shared.lastScanner
-      shared.lastScanner = null
-      const state = scanner !== null ? scanner.state : FALLBACK_STATE
-      const request = buf[start] === STAR ? decodeArray(buf, start, end, maxBulk, maxArguments, state) : decodeInline(buf, start, end, maxArguments, state)
+      const request = buf[start] === STAR ? decodeArray(buf, start) : decodeInline(buf, start, end, maxArguments)
+      if (request === null) {
+        // An empty command: Redis answers nothing.
+        head.skip = true
+        return null
+      }
+      if (request instanceof RpcError) return request
       head.service = 'redis'
       head.method = request.command.method
       head.routeKey = request.command
@@ -431,14 +411,12 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
     encodeInto: (_call, reply, out, at) => { writeReply(reply, out, at) },
     encodeSlices: (_call, reply) => replySlices(reply),
 
-    refusal: (call: CallInfo, reason: RefusalReason, message: string): AnswerSlices => {
-      // A protocol error closes the connection whatever became of its answer.
-      const request = call.data as RespRequest | undefined
-      if (request?.command === PROTOCOL_ERROR) return null
-      // Redis never answers an empty command.
-      if (request?.command === EMPTY_COMMAND) return []
-      return [Buffer.from(`${refusalWords(reason)} ${oneLine(message)}\r\n`, 'latin1')]
-    }
+    // Redis's words for a protocol error; anything else (a frame over the limit) closes without a reply.
+    protocolError: (error: RpcError): AnswerSlices =>
+      error instanceof RespProtocolError ? [Buffer.from(`-ERR ${oneLine(error.message)}\r\n`, 'latin1')] : null,
+
+    refusal: (_call: CallInfo, reason: RefusalReason, message: string): AnswerSlices =>
+      [Buffer.from(`${refusalWords(reason)} ${oneLine(message)}\r\n`, 'latin1')]
   }
 }
 
@@ -462,42 +440,31 @@ export function oneLine (text: string): string {
   return text.replace(/[\r\n]/g, ' ')
 }
 
-// Reads a line's length as `RespScanner` does (string2ll up to the CR): the
-// value, or -1 when the line is not a valid length. `p` is after the `*` or `$`.
-function lineNumber (buf: Buffer, p: number, cr: number, max: number, signed: boolean): number {
-  if (signed && buf[p] === MINUS) {
-    const digits = cr - p - 1
-    if (digits < 1 || digits > MAX_NEGATIVE_DIGITS || buf[p + 1] === ZERO) return -1
-    for (let k = p + 1; k < cr; k++) if (buf[k]! < ZERO || buf[k]! > NINE) return -1
-    return 0
-  }
-  const n = parseInteger(buf, p, cr)
-  if (typeof n !== 'number' || n < 0 || n > max) return -1
+// A length the scanner accepted: the digits buf[p, cr).
+function lengthOf (buf: Buffer, p: number, cr: number): number {
+  let n = 0
+  for (; p < cr; p++) n = n * 10 + (buf[p]! - ZERO)
   return n
 }
 
 /**
- * An array frame: its bulks' ranges and command, or PROTOCOL_ERROR with the
- * fault the scanner stopped at (the frame's last byte), or EMPTY_COMMAND.
+ * An array frame, which the scanner let through only whole and well formed:
+ * its bulks' ranges and command, or null for an empty command (`*0`, `*-1`).
  */
-function decodeArray (buf: Buffer, start: number, end: number, maxBulk: number, maxArguments: number, state: ConnectionState): RespRequest {
+function decodeArray (buf: Buffer, start: number): RespRequest | null {
+  if (buf[start + 1] === MINUS) return null
   let cr = buf.indexOf(CR, start + 1)
-  if (cr < 0 || cr + 1 >= end) return protocolError(ProtocolErrors.multibulkLength, state)
-  const count = lineNumber(buf, start + 1, cr, maxArguments, true)
-  if (count < 0) return protocolError(ProtocolErrors.multibulkLength, state)
-  if (count === 0) return new RespRequest(buf, NO_RANGES, EMPTY_COMMAND, state)
+  const count = lengthOf(buf, start + 1, cr)
+  if (count === 0) return null
   let p = cr + 2
   let command: Command | null = null
   let nameStart = 0
   let nameEnd = 0
   const ranges: number[] = []
   for (let i = 0; i < count; i++) {
-    if (p >= end) return protocolError(ProtocolErrors.bulkLength, state)
-    if (buf[p] !== DOLLAR) return protocolError(ProtocolErrors.expectedDollar(buf[p]!), state)
+    // p is at the bulk's `$`.
     cr = buf.indexOf(CR, p + 1)
-    if (cr < 0 || cr + 1 >= end) return protocolError(ProtocolErrors.bulkLength, state)
-    const length = lineNumber(buf, p + 1, cr, maxBulk, false)
-    if (length < 0) return protocolError(ProtocolErrors.bulkLength, state)
+    const length = lengthOf(buf, p + 1, cr)
     const dataStart = cr + 2
     if (i === 0) {
       nameStart = dataStart
@@ -513,14 +480,8 @@ function decodeArray (buf: Buffer, start: number, end: number, maxBulk: number, 
     ranges.unshift(nameStart, nameEnd)
     command = UNKNOWN_COMMAND
   }
-  return new RespRequest(buf, ranges, command, state)
+  return new RespRequest(buf, ranges, command)
 }
-
-function protocolError (error: string, state: ConnectionState): RespRequest {
-  return new RespRequest(EMPTY, NO_RANGES, PROTOCOL_ERROR, state, error)
-}
-
-const EMPTY = Buffer.alloc(0)
 
 function isSpace (c: number): boolean {
   // C's isspace: space, \t, \n, \v, \f, \r.
@@ -540,8 +501,7 @@ function hexValue (c: number): number {
  * closing quote must be followed by whitespace or the end. Without quotes
  * the arguments are views of the frame; with them, of a buffer of their own.
  */
-function decodeInline (buf: Buffer, start: number, end: number, maxArguments: number, state: ConnectionState): RespRequest {
-  if (buf[end - 1] !== LF) return protocolError(ProtocolErrors.inlineTooBig, state)
+function decodeInline (buf: Buffer, start: number, end: number, maxArguments: number): RespRequest | RespProtocolError | null {
   let lineEnd = end - 1
   if (lineEnd > start && buf[lineEnd - 1] === CR) lineEnd--
   let quoted = false
@@ -563,15 +523,15 @@ function decodeInline (buf: Buffer, start: number, end: number, maxArguments: nu
     }
   } else {
     const split = splitQuoted(buf, start, lineEnd)
-    if (split === null) return protocolError(ProtocolErrors.unbalancedQuotes, state)
+    if (split === null) return new RespProtocolError(ProtocolErrors.unbalancedQuotes)
     source = split.buf
     ranges = split.ranges
   }
-  if (ranges.length === 0) return new RespRequest(buf, NO_RANGES, EMPTY_COMMAND, state)
-  if (ranges.length > 2 * maxArguments) return protocolError(ProtocolErrors.multibulkLength, state)
+  if (ranges.length === 0) return null // a blank line: an empty command
+  if (ranges.length > 2 * maxArguments) return new RespProtocolError(ProtocolErrors.multibulkLength)
   const command = commandOf(source, ranges[0]!, ranges[1]!)
-  if (command === null) return new RespRequest(source, ranges, UNKNOWN_COMMAND, state)
-  return new RespRequest(source, ranges.slice(2), command, state)
+  if (command === null) return new RespRequest(source, ranges, UNKNOWN_COMMAND)
+  return new RespRequest(source, ranges.slice(2), command)
 }
 
 function splitQuoted (buf: Buffer, start: number, end: number): { buf: Buffer, ranges: number[] } | null {
@@ -645,8 +605,7 @@ function splitQuoted (buf: Buffer, start: number, end: number): { buf: Buffer, r
  * - null: the nil bulk string (`$-1`);
  * - an array of replies: an array;
  * - a `Raw`: bytes sent as they are (simple strings, errors, the nil array),
- *   made once and shared;
- * - NO_REPLY: nothing at all (an empty command).
+ *   made once and shared.
  */
 export type Reply = number | bigint | Buffer | string | null | Raw | readonly Reply[]
 
@@ -671,7 +630,6 @@ export function error (text: string): Raw {
 export const OK = simple('OK')
 export const PONG = simple('PONG')
 export const NIL_ARRAY = new Raw(Buffer.from('*-1\r\n', 'latin1'))
-export const NO_REPLY = new Raw(Buffer.alloc(0))
 
 /** Bulk strings above this size are sent as their own slice, without a copy (stored values are never written over). */
 export const SLICE_BULK_BYTES = 64 * 1024

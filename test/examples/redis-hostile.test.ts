@@ -296,7 +296,7 @@ function direct (handlers: ReturnType<typeof redisHandlers>, name: string, args:
   let p = 0
   for (const a of args) { ranges.push(p, p + a.length); p += a.length }
   const command = COMMANDS.find(c => c.name === name)!
-  return handlers[command.method]!(new RespRequest(buf, ranges, command, new ConnectionState(1)), { closeConnection () {} })
+  return handlers[command.method]!(new RespRequest(buf, ranges, command), { closeConnection () {}, connectionState: new ConnectionState(1) })
 }
 
 t.test('SPOP of a million members from a million-member set', { timeout: 60_000 }, async (t) => {
@@ -413,11 +413,11 @@ t.test('an unknown command quotes at most 128 bytes of its arguments, without re
   let p = 0
   for (const a of args) { ranges.push(p, p + a.length); p += a.length }
   const command = { method: '#unknown', name: '#unknown', arity: -1 }
-  const reply = unknown(new Guarded(buf, ranges, command, new ConnectionState(1)), { closeConnection () {} })
+  const reply = unknown(new Guarded(buf, ranges, command), { closeConnection () {}, connectionState: new ConnectionState(1) })
   t.equal((reply as { bytes: Buffer }).bytes.toString('latin1'), `-ERR unknown command 'NOPE', with args beginning with: '${'x'.repeat(128)}' \r\n`)
   const longName = 'N'.repeat(1024 * 1024)
   const named = Buffer.from(longName, 'latin1')
-  const reply2 = unknown(new Guarded(named, [0, named.length], command, new ConnectionState(1)), { closeConnection () {} })
+  const reply2 = unknown(new Guarded(named, [0, named.length], command), { closeConnection () {}, connectionState: new ConnectionState(1) })
   t.equal((reply2 as { bytes: Buffer }).bytes.toString('latin1'), `-ERR unknown command '${'N'.repeat(128)}', with args beginning with: \r\n`)
 })
 

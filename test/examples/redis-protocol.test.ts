@@ -10,13 +10,13 @@ import { connect, type Socket } from 'node:net'
 import { once } from 'node:events'
 import { RpcError } from '../../reactor/index.js'
 import { redisServer, type RedisServerOptions } from '../../examples/redis/main.js'
-import { INLINE_MAX_BYTES, RespScanner, ConnectionState, encodeReply } from '../../examples/redis/resp.js'
+import { INLINE_MAX_BYTES, ProtocolErrors, RespProtocolError, RespScanner, encodeReply } from '../../examples/redis/resp.js'
 import { formatScore, globMatch } from '../../examples/redis/handlers.js'
 
 const cmd = (...args: string[]): string => `*${args.length}\r\n${args.map(a => `$${Buffer.byteLength(a, 'latin1')}\r\n${a}\r\n`).join('')}`
 
 function scanner (maxBulk = 1024): RespScanner {
-  return new RespScanner(new ConnectionState(1), maxBulk, { lastScanner: null })
+  return new RespScanner(maxBulk)
 }
 
 /** Frames found in `stream` fed in pieces cut at `cuts`, as ScanDecoder feeds a scanner: the current frame's bytes so far, from its start. */
@@ -52,27 +52,29 @@ t.test('the scanner finds the same frames however the stream is split (arrays an
   t.same(frames(stream, Array.from({ length: stream.length }, (_, i) => i)), expected, 'byte by byte')
 })
 
-t.test('protocol errors end the frame at their first bad byte', async (t) => {
-  const consumed = (text: string, maxBulk = 1024): number => {
+t.test('protocol errors are refused at their first bad byte, in Redis\'s words', async (t) => {
+  // The bytes the scanner had seen when it refused, and its words; or the size of a good frame.
+  const consumed = (text: string, maxBulk = 1024): number | [number, string] => {
     const bytes = Buffer.from(text, 'latin1')
-    // Byte by byte: the first call that returns a size is where the scanner could tell.
+    // Byte by byte: the first call that refuses (or returns a size) is where the scanner could tell.
     const s = scanner(maxBulk)
     for (let end = 1; end <= bytes.length; end++) {
       const size = s.scan(bytes, 0, end)
-      if (typeof size === 'number' && size > 0) return size
+      if (size instanceof RpcError) return [end, size instanceof RespProtocolError ? size.message : `not a protocol error: ${size.message}`]
+      if (size > 0) return size
     }
     return -1
   }
-  t.equal(consumed('*abc\r\n'), 2, '*a: the first non-digit of the count')
-  t.equal(consumed('*1\r\n*1\r\n'), 5, 'a nested array: its *')
-  t.equal(consumed('*1\r\n$x\r\n'), 6, 'a bulk length not a number')
-  t.equal(consumed('*1\r\n$-1\r\n'), 6, 'a negative bulk length')
-  t.equal(consumed('*1\r\n$2000\r\nxx'), 9, 'a bulk length over the limit (1024): at its 4th digit')
-  t.equal(consumed('*1\r\n$600000000\r\n', 512 * 1024 * 1024), 14, 'over 512 MiB: at the 9th digit')
-  t.equal(consumed('*1\r\n$01\r\n'), 7, 'a leading zero')
-  t.equal(consumed('*1\r\n$\r\n'), 6, 'an empty bulk length, at its CR once the next byte is in')
+  t.same(consumed('*abc\r\n'), [2, ProtocolErrors.multibulkLength], '*a: the first non-digit of the count')
+  t.same(consumed('*1\r\n*1\r\n'), [5, ProtocolErrors.expectedDollar(0x2a)], 'a nested array: its *')
+  t.same(consumed('*1\r\n$x\r\n'), [6, ProtocolErrors.bulkLength], 'a bulk length not a number')
+  t.same(consumed('*1\r\n$-1\r\n'), [6, ProtocolErrors.bulkLength], 'a negative bulk length')
+  t.same(consumed('*1\r\n$2000\r\nxx'), [9, ProtocolErrors.bulkLength], 'a bulk length over the limit (1024): at its 4th digit')
+  t.same(consumed('*1\r\n$600000000\r\n', 512 * 1024 * 1024), [14, ProtocolErrors.bulkLength], 'over 512 MiB: at the 9th digit')
+  t.same(consumed('*1\r\n$01\r\n'), [7, ProtocolErrors.bulkLength], 'a leading zero')
+  t.same(consumed('*1\r\n$\r\n'), [7, ProtocolErrors.bulkLength], 'an empty bulk length, at its CR once the next byte is in')
   const inline = 'x'.repeat(INLINE_MAX_BYTES + 10)
-  t.equal(consumed(inline), INLINE_MAX_BYTES + 1, 'an inline line: at the byte past 64 KiB')
+  t.same(consumed(inline), [INLINE_MAX_BYTES + 1, ProtocolErrors.inlineTooBig], 'an inline line: at the byte past 64 KiB')
   t.equal(consumed('x'.repeat(INLINE_MAX_BYTES) + '\n'), INLINE_MAX_BYTES + 1, 'a 64 KiB inline line with its LF is fine')
   // An oversized bulk within the limit is known to be large before it arrives.
   const s = scanner(1024)
