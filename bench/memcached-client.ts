@@ -27,51 +27,14 @@
  * process it starts is killed by PID at the end, also on error or
  * interruption.
  */
-import { spawn, type ChildProcess } from 'node:child_process'
-import { connect, createServer } from 'node:net'
 import { parseArgs } from 'node:util'
 import { MemcachedClient } from '../examples/memcached/client.js'
+import { HOST, median, runBounded, startMemcached, stopAll } from './processes.js'
 
-const HOST = '127.0.0.1'
 const CONNECTIONS = 16
 const KEYS = 10_000
 const KEY_BYTES = 64
 const VALUE_BYTES = 1024
-
-const started: ChildProcess[] = []
-
-function killStarted (): void {
-  for (const child of started) {
-    if (child.exitCode === null && child.signalCode === null && child.pid !== undefined) {
-      try { process.kill(child.pid, 'SIGKILL') } catch {}
-    }
-  }
-}
-
-function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer()
-    server.once('error', reject)
-    server.listen(0, HOST, () => {
-      const address = server.address()
-      server.close(() => typeof address === 'object' && address !== null ? resolve(address.port) : reject(new Error('no port')))
-    })
-  })
-}
-
-async function waitForPort (port: number, child: ChildProcess): Promise<void> {
-  for (let i = 0; i < 500; i++) {
-    if (child.exitCode !== null) throw new Error(`memcached exited with ${child.exitCode}`)
-    const ok = await new Promise<boolean>((resolve) => {
-      const socket = connect(port, HOST)
-      socket.once('connect', () => { socket.destroy(); resolve(true) })
-      socket.once('error', () => resolve(false))
-    })
-    if (ok) return
-    await new Promise(resolve => setTimeout(resolve, 10))
-  }
-  throw new Error('memcached did not listen')
-}
 
 function keyOf (i: number): string {
   return `key:${String(i).padStart(KEY_BYTES - 4, '0')}`
@@ -111,29 +74,12 @@ async function runClient (port: number, depth: number, seconds: number): Promise
 }
 
 /** memcaslap's ops/s (its TPS), from its final `Run time: … TPS: N` line. */
-function runMemcaslap (port: number, seconds: number): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const child = spawn('memcaslap', ['-s', `${HOST}:${port}`, '-T', '1', '-c', String(CONNECTIONS), '-t', `${seconds}s`, '-B'], { stdio: ['ignore', 'pipe', 'pipe'] })
-    started.push(child)
-    let text = ''
-    child.stdout.on('data', (chunk: Buffer) => { text += chunk.toString() })
-    child.stderr.on('data', (chunk: Buffer) => { text += chunk.toString() })
-    const killer = setTimeout(() => { if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL') }, (seconds + 30) * 1000)
-    child.once('error', reject)
-    child.once('exit', () => {
-      clearTimeout(killer)
-      const matches = [...text.matchAll(/TPS:\s*(\d+)/g)]
-      const last = matches[matches.length - 1]
-      if (last === undefined) reject(new Error(`no TPS in memcaslap's output: ${text.slice(-500)}`))
-      else resolve(Number(last[1]))
-    })
-  })
-}
-
-function median (values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = Math.floor(sorted.length / 2)
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+async function runMemcaslap (port: number, seconds: number): Promise<number> {
+  const { out } = await runBounded('memcaslap', ['-s', `${HOST}:${port}`, '-T', '1', '-c', String(CONNECTIONS), '-t', `${seconds}s`, '-B'], (seconds + 30) * 1000)
+  const matches = [...out.matchAll(/TPS:\s*(\d+)/g)]
+  const last = matches[matches.length - 1]
+  if (last === undefined) throw new Error(`no TPS in memcaslap's output: ${out.slice(-500)}`)
+  return Number(last[1])
 }
 
 async function main (): Promise<void> {
@@ -146,17 +92,11 @@ async function main (): Promise<void> {
   const maxMinutes = Number(values['max-minutes'] ?? 10)
   const guard = setTimeout(() => {
     console.error(`stopped after ${maxMinutes} minutes`)
-    killStarted()
-    process.exit(2)
+    void stopAll().then(() => process.exit(2))
   }, maxMinutes * 60_000)
   guard.unref()
 
-  const port = await freePort()
-  const args = ['-t', '1', '-U', '0', '-l', HOST, '-p', String(port)]
-  if (process.getuid?.() === 0) args.push('-u', 'root')
-  const memcached = spawn('memcached', args, { stdio: 'ignore' })
-  started.push(memcached)
-  await waitForPort(port, memcached)
+  const { port } = await startMemcached(500, 10)
   const filler = new MemcachedClient({ endpoint: `${HOST}:${port}`, connectionsPerEndpoint: 4 })
   for (let i = 0; i < KEYS; i += 500) await Promise.all(Array.from({ length: Math.min(500, KEYS - i) }, (_, j) => filler.set(keyOf(i + j), VALUE)))
   await filler.close()
@@ -187,9 +127,9 @@ async function main (): Promise<void> {
   clearTimeout(guard)
 }
 
-for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => { killStarted(); process.exit(130) })
-main().then(() => { killStarted() }, (err: unknown) => {
+for (const signal of ['SIGINT', 'SIGTERM'] as const) process.once(signal, () => { void stopAll().then(() => process.exit(130)) })
+main().then(() => stopAll(), async (err: unknown) => {
   console.error(err instanceof Error ? err.stack : err)
-  killStarted()
+  await stopAll()
   process.exit(1)
 })

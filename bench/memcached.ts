@@ -29,112 +29,17 @@
  * another benchmark (or a test suite), whose load would skew both sides.
  * Every process it starts is killed by PID at the end, also on error.
  */
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { readFileSync, readdirSync } from 'node:fs'
-import { createServer } from 'node:net'
+import type { ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { CLOCK_TICKS, HOST, cpuTicks, median, runBounded, startMemcached, startNode, stopAll } from './processes.js'
 
-const HOST = '127.0.0.1'
 const TARGET_RATIO = 0.8
-const CLOCK_TICKS = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100
 const EXAMPLE = fileURLToPath(new URL('../examples/memcached/main.js', import.meta.url))
 const RAW = fileURLToPath(new URL('./raw-memcached.js', import.meta.url))
 
-const started: ChildProcess[] = []
-
-function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer()
-    server.once('error', reject)
-    server.listen(0, HOST, () => {
-      const address = server.address()
-      server.close(() => typeof address === 'object' && address !== null ? resolve(address.port) : reject(new Error('no port')))
-    })
-  })
-}
-
-// Starts a process and resolves once a line of its stdout or stderr matches
-// (memcached prints nothing: it is given a probe instead), rejecting if it exits or times out.
-function startProcess (command: string, args: string[], ready: (text: string) => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<ChildProcess> {
-  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'] })
-  started.push(child)
-  let text = ''
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${command} not ready after ${timeoutMs} ms: ${text}`)), timeoutMs)
-    const check = async (): Promise<void> => {
-      if (await ready(text)) {
-        clearTimeout(timer)
-        resolve(child)
-      }
-    }
-    const onData = (d: Buffer): void => {
-      text += d.toString()
-      void check()
-    }
-    child.stdout!.on('data', onData)
-    child.stderr!.on('data', onData)
-    child.once('error', (err) => { clearTimeout(timer); reject(err) })
-    child.once('exit', (code, signal) => { clearTimeout(timer); reject(new Error(`${command} exited (${code ?? signal}): ${text}`)) })
-    void check()
-  })
-}
-
-async function portOpen (port: number): Promise<boolean> {
-  const { connect } = await import('node:net')
-  return new Promise((resolve) => {
-    const socket = connect(port, HOST)
-    socket.once('connect', () => { socket.destroy(); resolve(true) })
-    socket.once('error', () => resolve(false))
-  })
-}
-
-async function startMemcached (): Promise<{ child: ChildProcess, port: number }> {
-  const port = await freePort()
-  const user = process.getuid?.() === 0 ? ['-u', 'root'] : []
-  const child = await startProcess('memcached', [...user, '-t', '1', '-U', '0', '-l', HOST, '-p', String(port)], async () => {
-    for (let i = 0; i < 100; i++) {
-      if (await portOpen(port)) return true
-      await new Promise((resolve) => setTimeout(resolve, 50))
-    }
-    return false
-  })
-  return { child, port }
-}
-
 async function startExample (reactors: number): Promise<{ child: ChildProcess, port: number }> {
   return startNode([EXAMPLE, '--port', '0', '--reactors', String(reactors)])
-}
-
-// A Node script that prints `listening on HOST:PORT` once it serves.
-async function startNode (args: string[]): Promise<{ child: ChildProcess, port: number }> {
-  let port = 0
-  const child = await startProcess(process.execPath, args, (text) => {
-    const m = /listening on [\d.]+:(\d+)/.exec(text)
-    if (m !== null) port = Number(m[1])
-    return m !== null
-  }, 30_000)
-  return { child, port }
-}
-
-// CPU ticks (utime + stime) of a process and of its live children.
-function cpuTicks (pid: number): number {
-  let ticks = 0
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue
-    let stat: string
-    try {
-      stat = readFileSync(`/proc/${entry}/stat`, 'latin1')
-    } catch {
-      continue // gone meanwhile
-    }
-    // The command name is in parentheses and may hold spaces: split after it.
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-    // Fields from the state on: state(3) ppid(4) ... utime(14) stime(15), numbered from 1.
-    const ppid = Number(fields[1])
-    if (Number(entry) === pid || ppid === pid) ticks += Number(fields[11]) + Number(fields[12])
-  }
-  return ticks
 }
 
 interface Run { tps: number, ops: number, cpuUsPerOp: number }
@@ -142,61 +47,12 @@ interface Run { tps: number, ops: number, cpuUsPerOp: number }
 // One memcaslap run, bounded in time (its own -t, plus a kill after twice that and 10 s).
 async function memcaslap (port: number, seconds: number, serverPid: number): Promise<Run> {
   const before = cpuTicks(serverPid)
-  const child = spawn('memcaslap', ['-s', `${HOST}:${port}`, '-T', '1', '-c', '16', '-t', `${seconds}s`, '-B'], { stdio: ['ignore', 'pipe', 'pipe'] })
-  started.push(child)
-  let out = ''
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr!.on('data', (d: Buffer) => { out += d.toString() })
-  const killer = setTimeout(() => child.kill('SIGKILL'), (2 * seconds + 10) * 1000)
-  await new Promise<void>((resolve, reject) => {
-    child.once('error', reject)
-    child.once('exit', () => resolve())
-  })
-  clearTimeout(killer)
-  started.splice(started.indexOf(child), 1)
+  const { out } = await runBounded('memcaslap', ['-s', `${HOST}:${port}`, '-T', '1', '-c', '16', '-t', `${seconds}s`, '-B'], (2 * seconds + 10) * 1000)
   const after = cpuTicks(serverPid)
   const m = /Ops:\s*(\d+)\s+TPS:\s*(\d+)/.exec(out.trim().split('\n').at(-1) ?? '')
   if (m === null) throw new Error(`memcaslap printed no TPS line: ${out.slice(-500)}`)
   const ops = Number(m[1])
   return { tps: Number(m[2]), ops, cpuUsPerOp: ops === 0 ? NaN : ((after - before) / CLOCK_TICKS) * 1e6 / ops }
-}
-
-function median (values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = sorted.length >> 1
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
-
-// The live children of a process (the reactor processes the example forks).
-function childrenOf (pid: number): number[] {
-  const children: number[] = []
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, 'latin1')
-      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) children.push(Number(entry))
-    } catch { /* gone meanwhile */ }
-  }
-  return children
-}
-
-// SIGTERM first (the example drains and exits, taking its reactors along),
-// then SIGKILL to whatever of them (and of their children) is left after 2 s.
-async function stopAll (): Promise<void> {
-  const pids: number[] = []
-  for (const child of started) {
-    if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) continue
-    pids.push(...childrenOf(child.pid), child.pid)
-    try { process.kill(child.pid, 'SIGTERM') } catch { /* already gone */ }
-  }
-  started.length = 0
-  const alive = (pid: number): boolean => {
-    try { process.kill(pid, 0); return true } catch { return false }
-  }
-  for (let i = 0; i < 40 && pids.some(alive); i++) await new Promise((resolve) => setTimeout(resolve, 50))
-  for (const pid of pids) {
-    try { process.kill(pid, 'SIGKILL') } catch { /* already gone */ }
-  }
 }
 
 async function main (): Promise<void> {

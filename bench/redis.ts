@@ -23,85 +23,23 @@
  * `--max-minutes`. Every process it starts is killed by PID at the end,
  * also on error or interruption.
  */
-import { spawn, type ChildProcess } from 'node:child_process'
-import { readFileSync, readdirSync } from 'node:fs'
-import { connect, createServer } from 'node:net'
+import type { ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { HOST, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll } from './processes.js'
 
-const HOST = '127.0.0.1'
 const EXAMPLE = fileURLToPath(new URL('../examples/redis/main.js', import.meta.url))
 const TESTS = ['SET', 'GET'] as const
 const PIPELINES = [1, 16] as const
 
-const started: ChildProcess[] = []
-
-function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer()
-    server.once('error', reject)
-    server.listen(0, HOST, () => {
-      const address = server.address()
-      server.close(() => typeof address === 'object' && address !== null ? resolve(address.port) : reject(new Error('no port')))
-    })
-  })
-}
-
-// Starts a process and resolves once `ready` says so (given what it printed so far), rejecting if it exits or times out.
-function startProcess (command: string, args: string[], ready: (text: string) => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<ChildProcess> {
-  const child = spawn(command, args, { stdio: ['ignore', 'pipe', 'pipe'] })
-  started.push(child)
-  let text = ''
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${command} not ready after ${timeoutMs} ms: ${text}`)), timeoutMs)
-    let done = false
-    const check = async (): Promise<void> => {
-      if (!done && await ready(text)) {
-        done = true
-        clearTimeout(timer)
-        resolve(child)
-      }
-    }
-    const onData = (d: Buffer): void => {
-      text += d.toString()
-      void check()
-    }
-    child.stdout!.on('data', onData)
-    child.stderr!.on('data', onData)
-    child.once('error', (err) => { clearTimeout(timer); reject(err) })
-    child.once('exit', (code, signal) => { clearTimeout(timer); if (!done) reject(new Error(`${command} exited (${code ?? signal}): ${text}`)) })
-    void check()
-  })
-}
-
-function portOpen (port: number): Promise<boolean> {
-  return new Promise((resolve) => {
-    const socket = connect(port, HOST)
-    socket.once('connect', () => { socket.destroy(); resolve(true) })
-    socket.once('error', () => resolve(false))
-  })
-}
-
 async function startRedis (): Promise<{ child: ChildProcess, port: number }> {
   const port = await freePort()
-  const child = await startProcess('redis-server', ['--save', '', '--appendonly', 'no', '--bind', HOST, '--port', String(port)], async () => {
-    for (let i = 0; i < 100; i++) {
-      if (await portOpen(port)) return true
-      await new Promise((resolve) => setTimeout(resolve, 50))
-    }
-    return false
-  })
+  const child = await startProcess('redis-server', ['--save', '', '--appendonly', 'no', '--bind', HOST, '--port', String(port)], portProbe(port))
   return { child, port }
 }
 
 async function startExample (reactors: number): Promise<{ child: ChildProcess, port: number }> {
-  let port = 0
-  const child = await startProcess(process.execPath, [EXAMPLE, '--port', '0', '--reactors', String(reactors)], (text) => {
-    const m = /listening on [\d.]+:(\d+)/.exec(text)
-    if (m !== null) port = Number(m[1])
-    return m !== null
-  }, 30_000)
-  return { child, port }
+  return startNode([EXAMPLE, '--port', '0', '--reactors', String(reactors)])
 }
 
 type Rates = Record<typeof TESTS[number], number>
@@ -110,19 +48,7 @@ type Rates = Record<typeof TESTS[number], number>
 async function benchmark (port: number, requests: number, pipeline: number): Promise<Rates> {
   const args = ['-h', HOST, '-p', String(port), '-t', 'set,get', '-c', '16', '-n', String(requests), '-q']
   if (pipeline > 1) args.push('-P', String(pipeline))
-  const child = spawn('redis-benchmark', args, { stdio: ['ignore', 'pipe', 'pipe'] })
-  started.push(child)
-  let out = ''
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr!.on('data', (d: Buffer) => { out += d.toString() })
-  const limitMs = Math.max(2, requests / 100_000) * 60_000
-  const killer = setTimeout(() => { if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL') }, limitMs)
-  const code = await new Promise<number | null>((resolve, reject) => {
-    child.once('error', reject)
-    child.once('exit', (c) => resolve(c))
-  })
-  clearTimeout(killer)
-  started.splice(started.indexOf(child), 1)
+  const { code, out } = await runBounded('redis-benchmark', args, Math.max(2, requests / 100_000) * 60_000)
   const rates: Partial<Rates> = {}
   for (const line of out.split(/[\r\n]+/)) {
     const m = /^\s*(SET|GET): ([\d.]+) requests per second/.exec(line)
@@ -132,44 +58,6 @@ async function benchmark (port: number, requests: number, pipeline: number): Pro
     throw new Error(`redis-benchmark ${args.join(' ')} failed (exit ${code}): ${out.slice(-500)}`)
   }
   return rates as Rates
-}
-
-function median (values: number[]): number {
-  const sorted = [...values].sort((a, b) => a - b)
-  const mid = sorted.length >> 1
-  return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
-}
-
-// The live children of a process (the reactor processes the example forks).
-function childrenOf (pid: number): number[] {
-  const children: number[] = []
-  for (const entry of readdirSync('/proc')) {
-    if (!/^\d+$/.test(entry)) continue
-    try {
-      const stat = readFileSync(`/proc/${entry}/stat`, 'latin1')
-      if (Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]) === pid) children.push(Number(entry))
-    } catch { /* gone meanwhile */ }
-  }
-  return children
-}
-
-// SIGTERM first (the example drains and exits, taking its reactors along),
-// then SIGKILL to whatever of them (and of their children) is left after 2 s.
-async function stopAll (): Promise<void> {
-  const pids: number[] = []
-  for (const child of started) {
-    if (child.exitCode !== null || child.signalCode !== null || child.pid === undefined) continue
-    pids.push(...childrenOf(child.pid), child.pid)
-    try { process.kill(child.pid, 'SIGTERM') } catch { /* already gone */ }
-  }
-  started.length = 0
-  const alive = (pid: number): boolean => {
-    try { process.kill(pid, 0); return true } catch { return false }
-  }
-  for (let i = 0; i < 40 && pids.some(alive); i++) await new Promise((resolve) => setTimeout(resolve, 50))
-  for (const pid of pids) {
-    try { process.kill(pid, 'SIGKILL') } catch { /* already gone */ }
-  }
 }
 
 async function main (): Promise<void> {
