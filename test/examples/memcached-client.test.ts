@@ -2,38 +2,13 @@
 // and against the nyala memcached example: the same operations, quiet
 // variants and pipelined bursts included, give the same results on both.
 import t, { type Test } from 'tap'
-import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync } from 'node:fs'
-import { connect, createServer } from 'node:net'
-import { once } from 'node:events'
 import type { RpcError } from '../../codec/errors.js'
 import { MemcachedClient, type MemcachedItem } from '../../examples/memcached/client.js'
 import { memcachedServer } from '../../examples/memcached/main.js'
+import { realMemcached } from '../helpers/real-servers.js'
 
 const MEMCACHED = '/usr/bin/memcached'
-
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const { port } = server.address() as { port: number }
-  await new Promise<void>((resolve) => server.close(() => resolve()))
-  return port
-}
-
-async function waitForPort (port: number, child: ChildProcess): Promise<void> {
-  for (let i = 0; i < 400; i++) {
-    if (child.exitCode !== null) throw new Error(`memcached exited with ${child.exitCode}`)
-    const ok = await new Promise<boolean>((resolve) => {
-      const socket = connect(port, '127.0.0.1')
-      socket.once('connect', () => { socket.destroy(); resolve(true) })
-      socket.once('error', () => resolve(false))
-    })
-    if (ok) return
-    await new Promise(resolve => setTimeout(resolve, 10))
-  }
-  throw new Error('memcached did not listen')
-}
 
 type Outcome = unknown
 
@@ -136,17 +111,7 @@ t.test('MemcachedClient against the nyala example', async (t) => {
 })
 
 t.test('MemcachedClient: the same results from a real memcached and from the nyala example', { skip: existsSync(MEMCACHED) ? false : `no ${MEMCACHED}` }, async (t) => {
-  const port = await freePort()
-  const args = ['-t', '1', '-U', '0', '-l', '127.0.0.1', '-p', String(port)]
-  if (process.getuid?.() === 0) args.push('-u', 'root')
-  const child = spawn(MEMCACHED, args, { stdio: 'ignore' })
-  t.teardown(async () => {
-    if (child.exitCode === null && child.pid !== undefined) {
-      process.kill(child.pid, 'SIGTERM')
-      await once(child, 'exit')
-    }
-  })
-  await waitForPort(port, child)
+  const { port } = await realMemcached(t, MEMCACHED)
   for (const connections of [1, 4]) {
     const real = new MemcachedClient({ endpoint: `127.0.0.1:${port}`, connectionsPerEndpoint: connections })
     t.teardown(() => real.close())

@@ -5,9 +5,8 @@
 // answering in order, and a fresh connection is served afterwards.
 import t from 'tap'
 import fc from 'fast-check'
-import { connect, type Socket } from 'node:net'
-import { once } from 'node:events'
 import { memcachedServer } from '../../examples/memcached/main.js'
+import { exchange as exchangeWith } from '../helpers/socket-peer.js'
 
 function packet (opcode: number, key: Buffer, extras: Buffer, value: Buffer, opaque: number, cas: bigint, magic = 0x80, bodyDelta = 0): Buffer {
   const out = Buffer.alloc(24 + extras.length + key.length + value.length)
@@ -26,22 +25,8 @@ function packet (opcode: number, key: Buffer, extras: Buffer, value: Buffer, opa
 
 const NOOP = packet(0x0a, Buffer.alloc(0), Buffer.alloc(0), Buffer.alloc(0), 0x4e4f4f50, 0n)
 
-async function exchange (port: number, bytes: Buffer): Promise<{ received: Buffer, closed: boolean }> {
-  const socket: Socket = connect(port, '127.0.0.1')
-  socket.setNoDelay(true)
-  socket.on('error', () => {})
-  let received = Buffer.alloc(0)
-  let closed = false
-  socket.on('data', (d: Buffer) => { received = Buffer.concat([received, d]) })
-  socket.on('close', () => { closed = true })
-  await once(socket, 'connect')
-  socket.write(Buffer.concat([bytes, NOOP]))
-  // Until the NOOP's answer (its opaque), the close, or 300 ms (a frame
-  // whose header claims more body than came waits for it, as it should).
-  for (let i = 0; i < 60 && !closed && received.indexOf(Buffer.from('4e4f4f50', 'hex')) < 0; i++) await new Promise(resolve => setTimeout(resolve, 5))
-  socket.destroy()
-  return { received, closed }
-}
+// Until the NOOP's answer (its opaque), the close, or 300 ms.
+const exchange = (port: number, bytes: Buffer): Promise<{ received: Buffer, closed: boolean }> => exchangeWith(port, bytes, NOOP, Buffer.from('4e4f4f50', 'hex'))
 
 t.test('random packets: the server survives, answers or closes, and serves a fresh connection after', async (t) => {
   const server = memcachedServer({ memoryBytes: 8 * 1024 * 1024 })

@@ -5,11 +5,10 @@
 // session also shows that it starts without errors. Skipped, saying so,
 // when redis-cli or redis-server is missing.
 import t from 'tap'
-import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
-import { once } from 'node:events'
-import { createServer, connect } from 'node:net'
+import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { startListening } from '../helpers/listening-child.js'
+import { realRedis, stopChild } from '../helpers/real-servers.js'
 
 const which = (tool: string): string => spawnSync('sh', ['-c', `command -v ${tool}`], { encoding: 'utf8' }).stdout.trim()
 const cli = which('redis-cli')
@@ -100,50 +99,16 @@ FLUSHDB
 DBSIZE
 `
 
-function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer()
-    probe.once('error', reject)
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as { port: number }
-      probe.close(() => resolve(port))
-    })
-  })
-}
-
-async function waitForPort (port: number): Promise<void> {
-  for (let i = 0; i < 100; i++) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = connect(port, '127.0.0.1')
-      s.once('connect', () => { s.destroy(); resolve(true) })
-      s.once('error', () => resolve(false))
-    })
-    if (ok) return
-    await new Promise(resolve => setTimeout(resolve, 50))
-  }
-  throw new Error(`nothing listens on ${port}`)
-}
-
 function session (port: number, flags: string[]): { stdout: string, stderr: string, status: number | null } {
   const run = spawnSync(cli, ['-p', String(port), ...flags], { input: SCRIPT, encoding: 'latin1', timeout: 30_000 })
   return { stdout: run.stdout, stderr: run.stderr, status: run.status }
-}
-
-async function stop (child: ChildProcess): Promise<number | null> {
-  if (child.exitCode !== null || child.signalCode !== null) return child.exitCode
-  child.kill('SIGTERM')
-  const [code] = await once(child, 'exit') as [number | null]
-  return code
 }
 
 const missing = cli === '' ? 'redis-cli is not installed (apt-get install redis-tools)' : redisServer === '' ? 'redis-server is not installed (apt-get install redis-server)' : false
 
 t.test('a redis-cli session: the example answers as redis-server does', { skip: missing, timeout: 120_000 }, async (t) => {
   const { child: example, port } = await startListening(t, main, ['--port', '0'])
-  const realPort = await freePort()
-  const real = spawn(redisServer, ['--port', String(realPort), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--databases', '1'], { stdio: 'ignore' })
-  t.teardown(() => { if (real.exitCode === null && real.signalCode === null) real.kill('SIGKILL') })
-  await waitForPort(realPort)
+  const { child: real, port: realPort } = await realRedis(t, redisServer, ['--databases', '1'])
 
   for (const flags of [['--no-raw'], ['--raw']]) {
     const mine = session(port, flags)
@@ -160,6 +125,6 @@ t.test('a redis-cli session: the example answers as redis-server does', { skip: 
   t.match(formatted, /\(error\) ERR unknown command 'NOSUCHCOMMAND', with args beginning with: 'with' 'args' /)
   t.match(formatted, /"0.10000000000000001"/)
 
-  t.equal(await stop(example), 0, 'the example drains and exits 0 on SIGTERM')
-  await stop(real)
+  t.equal(await stopChild(example), 0, 'the example drains and exits 0 on SIGTERM')
+  await stopChild(real)
 })

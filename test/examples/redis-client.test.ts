@@ -2,38 +2,13 @@
 // against the nyala redis example: the same commands, pipelined bursts of
 // 1,000 calls and error replies give the same results on both.
 import t, { type Test } from 'tap'
-import { spawn, type ChildProcess } from 'node:child_process'
 import { existsSync } from 'node:fs'
-import { connect, createServer } from 'node:net'
-import { once } from 'node:events'
 import { RpcError } from '../../codec/errors.js'
 import { RedisClient, type RedisReply } from '../../examples/redis/client.js'
 import { redisServer } from '../../examples/redis/main.js'
+import { realRedis } from '../helpers/real-servers.js'
 
 const REDIS = '/usr/bin/redis-server'
-
-async function freePort (): Promise<number> {
-  const server = createServer()
-  server.listen(0, '127.0.0.1')
-  await once(server, 'listening')
-  const { port } = server.address() as { port: number }
-  await new Promise<void>((resolve) => server.close(() => resolve()))
-  return port
-}
-
-async function waitForPort (port: number, child: ChildProcess): Promise<void> {
-  for (let i = 0; i < 400; i++) {
-    if (child.exitCode !== null) throw new Error(`redis-server exited with ${child.exitCode}`)
-    const ok = await new Promise<boolean>((resolve) => {
-      const socket = connect(port, '127.0.0.1')
-      socket.once('connect', () => { socket.destroy(); resolve(true) })
-      socket.once('error', () => resolve(false))
-    })
-    if (ok) return
-    await new Promise(resolve => setTimeout(resolve, 10))
-  }
-  throw new Error('redis-server did not listen')
-}
 
 function show (reply: RedisReply): unknown {
   if (reply instanceof RpcError) return `error ${reply.remote?.name ?? reply.code}`
@@ -124,15 +99,7 @@ t.test('RedisClient against the nyala example', async (t) => {
 })
 
 t.test('RedisClient: the same results from a real redis-server and from the nyala example', { skip: existsSync(REDIS) ? false : `no ${REDIS}` }, async (t) => {
-  const port = await freePort()
-  const child = spawn(REDIS, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
-  t.teardown(async () => {
-    if (child.exitCode === null && child.pid !== undefined) {
-      process.kill(child.pid, 'SIGTERM')
-      await once(child, 'exit')
-    }
-  })
-  await waitForPort(port, child)
+  const { port } = await realRedis(t, REDIS)
   const real = new RedisClient({ endpoint: `127.0.0.1:${port}` })
   t.teardown(() => real.close())
   const fromRedis = await script(real)

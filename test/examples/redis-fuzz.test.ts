@@ -6,10 +6,10 @@
 // connection is served afterwards.
 import t from 'tap'
 import fc from 'fast-check'
-import { connect, type Socket } from 'node:net'
-import { once } from 'node:events'
 import { redisServer } from '../../examples/redis/main.js'
 import { COMMANDS } from '../../examples/redis/commands.js'
+import { encodeCommand as encode } from '../helpers/resp.js'
+import { exchange as exchangeWith } from '../helpers/socket-peer.js'
 
 const PING = Buffer.from('*2\r\n$4\r\nECHO\r\n$8\r\nfuzz-end\r\n', 'latin1')
 
@@ -41,23 +41,8 @@ function replyEnd (buf: Buffer, at: number): number {
   throw new Error(`not a RESP reply: type byte ${type}`)
 }
 
-async function exchange (port: number, bytes: Buffer): Promise<{ received: Buffer, closed: boolean }> {
-  const socket: Socket = connect(port, '127.0.0.1')
-  socket.setNoDelay(true)
-  socket.on('error', () => {})
-  let received = Buffer.alloc(0)
-  let closed = false
-  socket.on('data', (d: Buffer) => { received = Buffer.concat([received, d]) })
-  socket.on('close', () => { closed = true })
-  await once(socket, 'connect')
-  socket.write(Buffer.concat([bytes, PING]))
-  // Until the closing ECHO's answer, the close, or 300 ms (a bulk whose length announced more bytes waits for them, as it should).
-  for (let i = 0; i < 60 && !closed && received.indexOf('fuzz-end') < 0; i++) await new Promise(resolve => setTimeout(resolve, 5))
-  socket.destroy()
-  return { received, closed }
-}
-
-const encode = (args: Buffer[]): Buffer => Buffer.concat([Buffer.from(`*${args.length}\r\n`), ...args.flatMap(a => [Buffer.from(`$${a.length}\r\n`), a, Buffer.from('\r\n')])])
+// Until the closing ECHO's answer, the close, or 300 ms.
+const exchange = (port: number, bytes: Buffer): Promise<{ received: Buffer, closed: boolean }> => exchangeWith(port, bytes, PING, Buffer.from('fuzz-end', 'latin1'))
 
 t.test('random streams: the server survives, answers whole replies, closes only on protocol errors', async (t) => {
   const server = redisServer({ maxMemoryBytes: 4 * 1024 * 1024, sweepIntervalMs: 0 })

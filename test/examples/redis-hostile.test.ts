@@ -11,61 +11,22 @@
 import t, { type Test } from 'tap'
 import fc from 'fast-check'
 import { spawn, spawnSync } from 'node:child_process'
-import { connect, createServer, type Socket } from 'node:net'
+import { connect, type Socket } from 'node:net'
 import { redisServer, type RedisServerOptions } from '../../examples/redis/main.js'
 import { globMatch, redisHandlers } from '../../examples/redis/handlers.js'
 import { RedisStore } from '../../examples/redis/store.js'
 import { ConnectionState, RespRequest, type Reply } from '../../examples/redis/resp.js'
 import { COMMANDS } from '../../examples/redis/commands.js'
+import { realRedis as startRealRedis } from '../helpers/real-servers.js'
+import { encodeCommand as encode, parseReply, type RespReply } from '../helpers/resp.js'
 
 const which = (tool: string): string => spawnSync('sh', ['-c', `command -v ${tool}`], { encoding: 'utf8' }).stdout.trim()
 const REDIS_SERVER = which('redis-server')
 const REDIS_CLI = which('redis-cli')
 const noRedis = REDIS_SERVER === '' ? 'redis-server is not installed (apt-get install redis-server)' : false
 
-const encode = (args: (string | Buffer)[]): Buffer => Buffer.concat([
-  Buffer.from(`*${args.length}\r\n`, 'latin1'),
-  ...args.flatMap(a => {
-    const b = typeof a === 'string' ? Buffer.from(a, 'latin1') : a
-    return [Buffer.from(`$${b.length}\r\n`, 'latin1'), b, Buffer.from('\r\n', 'latin1')]
-  })
-])
-
-type Parsed = string | number | null | Parsed[] | { error: string }
-
-/** One RESP reply at `at` (bulks as latin1 strings), or null when cut short. */
-function parseReply (buf: Buffer, at: number): [Parsed, number] | null {
-  if (at >= buf.length) return null
-  const cr = buf.indexOf('\r\n', at)
-  if (cr < 0) return null
-  const line = buf.toString('latin1', at + 1, cr)
-  const next = cr + 2
-  switch (buf[at]) {
-    case 0x2b: return [line, next]
-    case 0x2d: return [{ error: line }, next]
-    case 0x3a: return [Number(line), next]
-    case 0x24: {
-      const n = Number(line)
-      if (n < 0) return [null, next]
-      if (buf.length < next + n + 2) return null
-      return [buf.toString('latin1', next, next + n), next + n + 2]
-    }
-    case 0x2a: {
-      const n = Number(line)
-      if (n < 0) return [null, next]
-      const items: Parsed[] = []
-      let p = next
-      for (let i = 0; i < n; i++) {
-        const r = parseReply(buf, p)
-        if (r === null) return null
-        items.push(r[0])
-        p = r[1]
-      }
-      return [items, p]
-    }
-    default: throw new Error(`not a RESP reply at ${at}: ${JSON.stringify(buf.toString('latin1', at, at + 20))}`)
-  }
-}
+// Replies with bulks as latin1 strings.
+type Parsed = RespReply<string>
 
 /** A pipelining client: `send` writes bytes and resolves with the next `n` replies. */
 class Client {
@@ -101,7 +62,7 @@ class Client {
     const out: Parsed[] = []
     let p = 0
     while (out.length < w.n) {
-      const r = parseReply(this.#received, p)
+      const r = parseReply(this.#received, p, 'latin1')
       if (r === null) break
       out.push(r[0])
       p = r[1]
@@ -147,36 +108,11 @@ async function serve (t: Test, options: RedisServerOptions = {}): Promise<{ port
   return { port, server, client: () => { const c = new Client(port); clients.push(c); return c } }
 }
 
-function freePort (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const probe = createServer()
-    probe.once('error', reject)
-    probe.listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as { port: number }
-      probe.close(() => resolve(port))
-    })
-  })
-}
-
 /** A real redis-server on a free loopback port, stopped (by its PID) at the test's end. */
 async function realRedis (t: Test): Promise<{ port: number, client: () => Client }> {
-  const port = await freePort()
-  const child = spawn(REDIS_SERVER, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--databases', '1'], { stdio: 'ignore' })
+  const { port } = await startRealRedis(t, REDIS_SERVER, ['--databases', '1'])
   const clients: Client[] = []
-  t.teardown(() => {
-    for (const c of clients) c.destroy()
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
-  })
-  for (let i = 0; ; i++) {
-    const ok = await new Promise<boolean>((resolve) => {
-      const s = connect(port, '127.0.0.1')
-      s.once('connect', () => { s.destroy(); resolve(true) })
-      s.once('error', () => resolve(false))
-    })
-    if (ok) break
-    if (i > 100) throw new Error(`redis-server never listened on ${port}`)
-    await new Promise(resolve => setTimeout(resolve, 50))
-  }
+  t.teardown(() => { for (const c of clients) c.destroy() })
   return { port, client: () => { const c = new Client(port); clients.push(c); return c } }
 }
 

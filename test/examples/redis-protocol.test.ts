@@ -12,6 +12,7 @@ import { RpcError } from '../../reactor/index.js'
 import { redisServer, type RedisServerOptions } from '../../examples/redis/main.js'
 import { INLINE_MAX_BYTES, ProtocolErrors, RespProtocolError, RespScanner, encodeReply } from '../../examples/redis/resp.js'
 import { formatScore, globMatch } from '../../examples/redis/handlers.js'
+import { parseReply, type RespReply } from '../helpers/resp.js'
 
 const cmd = (...args: string[]): string => `*${args.length}\r\n${args.map(a => `$${Buffer.byteLength(a, 'latin1')}\r\n${a}\r\n`).join('')}`
 
@@ -100,40 +101,8 @@ t.test('score and glob helpers', async (t) => {
 // ---------------------------------------------------------------------------
 // A live server, a raw socket.
 
-/** A RESP reply parser for the tests (independent of the example's encoder). */
-type Parsed = string | number | Buffer | null | Parsed[] | { error: string }
-function parseReply (buf: Buffer, at: number): [Parsed, number] | null {
-  if (at >= buf.length) return null
-  const cr = buf.indexOf('\r\n', at)
-  if (cr < 0) return null
-  const line = buf.toString('latin1', at + 1, cr)
-  const next = cr + 2
-  switch (buf[at]) {
-    case 0x2b: return [line, next]
-    case 0x2d: return [{ error: line }, next]
-    case 0x3a: return [Number(line), next]
-    case 0x24: {
-      const n = Number(line)
-      if (n < 0) return [null, next]
-      if (buf.length < next + n + 2) return null
-      return [buf.subarray(next, next + n), next + n + 2]
-    }
-    case 0x2a: {
-      const n = Number(line)
-      if (n < 0) return [null, next]
-      const items: Parsed[] = []
-      let p = next
-      for (let i = 0; i < n; i++) {
-        const r = parseReply(buf, p)
-        if (r === null) return null
-        items.push(r[0])
-        p = r[1]
-      }
-      return [items, p]
-    }
-    default: throw new Error(`not a RESP reply at ${at}: ${JSON.stringify(buf.toString('latin1', at, at + 20))}`)
-  }
-}
+/** Replies as the tests' RESP parser gives them (independent of the example's encoder): bulks as Buffers. */
+type Parsed = RespReply
 
 /** Replies as plain JSON-able values: bulk strings as latin1 strings. */
 function plain (reply: Parsed): unknown {

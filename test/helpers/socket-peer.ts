@@ -1,4 +1,5 @@
-import type { Socket } from 'node:net'
+import { connect, type Socket } from 'node:net'
+import { once } from 'node:events'
 
 /** A raw client socket that collects every byte it receives and whether it closed. */
 export class Peer {
@@ -22,4 +23,25 @@ export class Peer {
     for (let i = 0; i < 500 && !predicate(); i++) await new Promise(resolve => setTimeout(resolve, 5))
     if (!predicate()) throw new Error(`timed out waiting for ${what}; received ${JSON.stringify(this.text)}`)
   }
+}
+
+/**
+ * Connects to 127.0.0.1:`port`, writes `bytes` and then `trailer` (a request
+ * the server always answers), and collects what comes back until `marker`
+ * (in the trailer's answer) arrives, the server closes, or 300 ms pass: a
+ * frame that announced more bytes than came waits for them, as it should.
+ */
+export async function exchange (port: number, bytes: Buffer, trailer: Buffer, marker: Buffer): Promise<{ received: Buffer, closed: boolean }> {
+  const socket: Socket = connect(port, '127.0.0.1')
+  socket.setNoDelay(true)
+  socket.on('error', () => {})
+  let received = Buffer.alloc(0)
+  let closed = false
+  socket.on('data', (d: Buffer) => { received = Buffer.concat([received, d]) })
+  socket.on('close', () => { closed = true })
+  await once(socket, 'connect')
+  socket.write(Buffer.concat([bytes, trailer]))
+  for (let i = 0; i < 60 && !closed && received.indexOf(marker) < 0; i++) await new Promise(resolve => setTimeout(resolve, 5))
+  socket.destroy()
+  return { received, closed }
 }
