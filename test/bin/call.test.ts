@@ -8,46 +8,16 @@
  * process, one after another (a child per call costs seconds).
  */
 import t from 'tap'
-import { spawn } from 'node:child_process'
 import { createServer, type Server as HttpServer } from 'node:http'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { ProtoSchema, type Message } from '../../codec/schema.js'
 import { Server } from '../../reactor/krpc/server.js'
 import { CalculatorService, calculatorDef, calculatorHandlers, closeServer, newClient, rejection } from '../helpers/reactor-harness.js'
-
-const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
-const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+import { cliCases, type Outcome } from '../helpers/cli-cases.js'
 
 t.setTimeout(120_000)
-
-interface Outcome { code: number, stdout: string, stderr: string }
-
-/** Runs `main(args)` for each of `cases` in one child process, each with its own output captured. */
-async function nyalaCalls (cases: string[][]): Promise<Outcome[]> {
-  const script = `
-    const cli = await import(${JSON.stringify(CLI)})
-    const out = process.stdout.write, err = process.stderr.write, outcomes = []
-    for (const args of ${JSON.stringify(cases)}) {
-      const o = { code: -1, stdout: '', stderr: '' }
-      process.stdout.write = (d) => { o.stdout += d; return true }
-      process.stderr.write = (d) => { o.stderr += d; return true }
-      try { o.code = await cli.main(args) } catch (e) { o.code = -2; o.stderr += String(e && e.stack) } finally { process.stdout.write = out; process.stderr.write = err }
-      outcomes.push(o)
-    }
-    process.stdout.write(JSON.stringify(outcomes))`
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-  t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
-  let stdout = ''
-  let stderr = ''
-  child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
-  child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
-  const code = await new Promise<number | null>((resolve) => child.once('close', resolve))
-  if (code !== 0) throw new Error(`the call runner exited with ${code}: ${stderr}`)
-  return JSON.parse(stdout) as Outcome[]
-}
 
 const ADD = 'nyala.demo.CalculatorService.Add'
 const ADD_REQUEST = 'nyala.demo.AddRequestPB'
@@ -122,7 +92,7 @@ t.test('nyala call: invalid requests are usage errors naming the field, with the
     ['call', blobsEndpoint, 'p.Blobs.Echo', '{"blob":"AAE=","inner":{"count":2}}', '--proto', protoFile],
     ['call', `127.0.0.1:${httpPort}`, ADD, '{"x":1,"y":2}']
   ]
-  const outcomes = await nyalaCalls(cases)
+  const outcomes = await cliCases(t, cases)
   const [badJson, valid, validBlob, notKrpc] = outcomes.slice(invalid.length + invalidBlobs.length)
 
   // The client refuses the same requests with the same words.
@@ -188,7 +158,7 @@ service Kinds { rpc Echo(Outer) returns (Outer); }
   const { port } = await server.listen(0, '127.0.0.1')
   t.teardown(() => closeServer(server))
   const endpoint = `127.0.0.1:${port}`
-  const [field, repeated, map] = await nyalaCalls([
+  const [field, repeated, map] = await cliCases(t, [
     ['call', endpoint, 'k.Kinds.Echo', '{"inner":{"kind":"GREEN"}}', '--proto', protoFile],
     ['call', endpoint, 'k.Kinds.Echo', '{"items":[{"kind":"GREEN","n":2},{"kind":"RED"}]}', '--proto', protoFile],
     ['call', endpoint, 'k.Kinds.Echo', '{"byName":{"a":{"kind":"GREEN"}}}', '--proto', protoFile]

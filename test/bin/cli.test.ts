@@ -8,13 +8,9 @@
  */
 import t from 'tap'
 import { spawn, type ChildProcess } from 'node:child_process'
-import { fileURLToPath } from 'node:url'
 import { Client } from '../../reactor/krpc/client.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
-
-const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
-// Only the TypeScript loader: coverage and mocking hooks stay in this process.
-const LOADER = process.execArgv.filter((arg) => arg.includes('@tapjs/typescript'))
+import { CLI, LOADER, cliCases } from '../helpers/cli-cases.js'
 
 // Several processes start here through the TypeScript loader.
 t.setTimeout(300_000)
@@ -35,31 +31,6 @@ function node (script: string): Run {
   // 'close', not 'exit': the output may still be in the pipes when the process exits.
   const exit = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
   return { child, stdout: () => out, stderr: () => err, exit }
-}
-
-interface Outcome { code: number, stdout: string, stderr: string }
-
-/**
- * Runs `main(args)` for each of `cases` in one child process, each with its
- * own stdout and stderr captured, and resolves with their outcomes in order.
- * Only for cases that start nothing (usage errors, help).
- */
-async function usage (cases: string[][]): Promise<Outcome[]> {
-  const script = `
-    const cli = await import(${JSON.stringify(CLI)})
-    const out = process.stdout.write, err = process.stderr.write, outcomes = []
-    for (const args of ${JSON.stringify(cases)}) {
-      const o = { code: -1, stdout: '', stderr: '' }
-      process.stdout.write = (d) => { o.stdout += d; return true }
-      process.stderr.write = (d) => { o.stderr += d; return true }
-      try { o.code = await cli.main(args) } catch (e) { o.stderr += String(e && e.stack) } finally { process.stdout.write = out; process.stderr.write = err }
-      outcomes.push(o)
-    }
-    process.stdout.write(JSON.stringify(outcomes))`
-  const run = node(script)
-  const code = await run.exit
-  if (code !== 0) throw new Error(`the usage runner exited with ${code}: ${run.stderr()}`)
-  return JSON.parse(run.stdout()) as Outcome[]
 }
 
 async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
@@ -127,7 +98,7 @@ t.test('usage: unknown flags and bad values, COMMAND --help, Object.prototype na
   const bad = [['bench', '--bogus'], ['serve', '--port'], ['serve', '--workers', 'many'], ['fairness', '--clients', 'x', '--json']]
   const help = ['serve', 'bench', 'call', 'trace', 'fairness']
   const notCommands = ['constructor', 'toString', '__proto__']
-  const outcomes = await usage([...bad, ...help.map((command) => [command, '--help']), ...notCommands.map((command) => [command])])
+  const outcomes = await cliCases(t, [...bad, ...help.map((command) => [command, '--help']), ...notCommands.map((command) => [command])])
   t.equal(outcomes.length, bad.length + help.length + notCommands.length)
 
   t.test('unknown flags and bad values are usage errors: one line, exit 2, no stack', async t => {
