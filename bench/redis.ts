@@ -16,6 +16,10 @@
  * their ratio (example / redis) per test, then the median ratio per test,
  * pipelining and reactors value.
  *
+ * With `--raw` each round also runs bench/raw-redis.ts (a minimal node:net
+ * SET/GET server, no framework) after the other two: the ceiling of a Node
+ * server under this load, printed with its ratio to redis.
+ *
  * Client and servers share the machine's cores: do not run it beside
  * another benchmark (or a test suite), whose load would skew both sides.
  * Bounded in time: each redis-benchmark run is killed after a minute per
@@ -29,6 +33,7 @@ import { parseArgs } from 'node:util'
 import { HOST, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll } from './processes.js'
 
 const EXAMPLE = fileURLToPath(new URL('../examples/redis/main.js', import.meta.url))
+const RAW = fileURLToPath(new URL('./raw-redis.js', import.meta.url))
 const TESTS = ['SET', 'GET'] as const
 const PIPELINES = [1, 16] as const
 
@@ -66,7 +71,8 @@ async function main (): Promise<void> {
       rounds: { type: 'string', default: '3' },
       requests: { type: 'string', default: '200000' },
       reactors: { type: 'string', default: '1' },
-      'max-minutes': { type: 'string', default: '30' }
+      'max-minutes': { type: 'string', default: '30' },
+      raw: { type: 'boolean', default: false }
     },
     strict: true
   })
@@ -85,8 +91,10 @@ async function main (): Promise<void> {
     const redis = await startRedis()
     const examples = new Map<number, { child: ChildProcess, port: number }>()
     for (const reactors of reactorsList) examples.set(reactors, await startExample(reactors))
+    const raw = values.raw ? await startNode([RAW, '--port', '0']) : null
     console.log(`redis-benchmark -t set,get -c 16 -n ${requests} -q, and with -P 16; ${rounds} rounds; redis-server pid ${redis.child.pid}; ratio = example / redis`)
-    console.log('reactors round  -P  test     redis req/s   example req/s   ratio')
+    console.log(`reactors round  -P  test     redis req/s   example req/s   ratio${raw === null ? '' : '     raw req/s   raw ratio'}`)
+    const rawRatios = new Map<string, number[]>()
     const summary: string[] = []
     for (const reactors of reactorsList) {
       const example = examples.get(reactors)!
@@ -98,18 +106,25 @@ async function main (): Promise<void> {
           for (const which of exampleFirst ? ['example', 'redis'] as const : ['redis', 'example'] as const) {
             runs[which] = await benchmark((which === 'redis' ? redis : example).port, requests, pipeline)
           }
+          const rawRates = raw === null ? null : await benchmark(raw.port, requests, pipeline)
           for (const test of TESTS) {
             const r = runs.redis![test]
             const e = runs.example![test]
             const ratio = e / r
             const key = `-P ${String(pipeline).padStart(2)} ${test}`
             ratios.set(key, [...(ratios.get(key) ?? []), ratio])
-            console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(pipeline).padStart(2)}  ${test.padEnd(4)}  ${r.toFixed(0).padStart(12)}  ${e.toFixed(0).padStart(14)}   ${ratio.toFixed(3)}${exampleFirst ? '  (example first)' : ''}`)
+            let rawColumns = ''
+            if (rawRates !== null) {
+              rawRatios.set(key, [...(rawRatios.get(key) ?? []), rawRates[test] / r])
+              rawColumns = `  ${rawRates[test].toFixed(0).padStart(12)}   ${(rawRates[test] / r).toFixed(3).padStart(9)}`
+            }
+            console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(pipeline).padStart(2)}  ${test.padEnd(4)}  ${r.toFixed(0).padStart(12)}  ${e.toFixed(0).padStart(14)}   ${ratio.toFixed(3)}${rawColumns}${exampleFirst ? '  (example first)' : ''}`)
           }
         }
       }
       for (const [key, values] of ratios) summary.push(`reactors ${reactors} ${key}: median ratio ${median(values).toFixed(3)} over ${values.length} rounds`)
     }
+    for (const [key, values] of rawRatios) summary.push(`raw node:net server ${key}: median ratio ${median(values).toFixed(3)} of redis over ${values.length} runs`)
     for (const line of summary) console.log(line)
   } finally {
     clearTimeout(deadline)
