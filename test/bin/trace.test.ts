@@ -148,7 +148,9 @@ t.test('nyala trace --json --calls 200: the shape, and no epoll_ctl per RPC', { 
   // keeps V8's threads busier in one run than in the other.)
   t.ok(report.raw.calls.read - report.raw.zeroCalls.read >= 100, 'most of the difference is the calls\' reads')
   t.ok(report.raw.calls.read >= 201 && report.raw.calls.write >= 201, 'a read and a write per call at least')
-  t.ok(report.raw.calls.total > report.raw.zeroCalls.total)
+  // Not the totals: V8's and libuv's threads (futex, madvise, ...) vary by hundreds between
+  // two runs of the same process, and on Node 26 once outweighed the ~400 reads and writes of the 200 calls.
+  t.ok(report.raw.calls.read + report.raw.calls.write > report.raw.zeroCalls.read + report.raw.zeroCalls.write + 200, 'the calls\' reads and writes are in the difference')
   const server = report.connections.server!
   t.equal(server.length, 1, 'one server connection, counted at SIGTERM')
   t.ok(server[0]!.framesRead >= 201, 'the 200 calls and the warm-up call were read')
