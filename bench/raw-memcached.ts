@@ -11,8 +11,7 @@
  * one-request round trip with the least work, beside which the example's
  * and real memcached's figures read.
  */
-import { createServer } from 'node:net'
-import { parseArgs } from 'node:util'
+import { serveRaw, serveRawFromCommandLine } from './raw-server.js'
 
 const HEADER = 24
 const GET = 0x00
@@ -21,68 +20,42 @@ const NOT_FOUND = 0x0001
 
 export function startRawMemcached (port: number, host = '127.0.0.1'): Promise<{ port: number, close: () => Promise<void> }> {
   const store = new Map<string, Buffer>()
-  const server = createServer({ noDelay: true }, (socket) => {
-    let pending: Buffer | null = null
-    socket.on('data', (chunk: Buffer) => {
-      const data: Buffer = pending === null ? chunk : Buffer.concat([pending, chunk])
-      pending = null
-      let at = 0
-      const out: Buffer[] = []
-      while (data.length - at >= HEADER) {
-        const body = data.readUInt32BE(at + 8)
-        if (data.length - at < HEADER + body) break
-        const opcode = data[at + 1]!
-        const keyBytes = data.readUInt16BE(at + 2)
-        const extras = data[at + 4]!
-        const keyAt = at + HEADER + extras
-        const key = data.toString('latin1', keyAt, keyAt + keyBytes)
-        let answer: Buffer
-        if (opcode === SET) {
-          store.set(key, Buffer.from(data.subarray(keyAt + keyBytes, at + HEADER + body)))
-          answer = Buffer.alloc(HEADER)
-          answer.writeUInt32BE(1, 20) // a CAS
-        } else if (opcode === GET) {
-          const value = store.get(key)
-          answer = Buffer.alloc(HEADER + (value === undefined ? 0 : 4 + value.length))
-          if (value === undefined) {
-            answer.writeUInt16BE(NOT_FOUND, 6)
-          } else {
-            answer[4] = 4 // flags
-            answer.writeUInt32BE(4 + value.length, 8)
-            value.copy(answer, HEADER + 4)
-          }
+  return serveRaw((data, out) => {
+    let at = 0
+    while (data.length - at >= HEADER) {
+      const body = data.readUInt32BE(at + 8)
+      if (data.length - at < HEADER + body) break
+      const opcode = data[at + 1]!
+      const keyBytes = data.readUInt16BE(at + 2)
+      const extras = data[at + 4]!
+      const keyAt = at + HEADER + extras
+      const key = data.toString('latin1', keyAt, keyAt + keyBytes)
+      let answer: Buffer
+      if (opcode === SET) {
+        store.set(key, Buffer.from(data.subarray(keyAt + keyBytes, at + HEADER + body)))
+        answer = Buffer.alloc(HEADER)
+        answer.writeUInt32BE(1, 20) // a CAS
+      } else if (opcode === GET) {
+        const value = store.get(key)
+        answer = Buffer.alloc(HEADER + (value === undefined ? 0 : 4 + value.length))
+        if (value === undefined) {
+          answer.writeUInt16BE(NOT_FOUND, 6)
         } else {
-          answer = Buffer.alloc(HEADER)
+          answer[4] = 4 // flags
+          answer.writeUInt32BE(4 + value.length, 8)
+          value.copy(answer, HEADER + 4)
         }
-        answer[0] = 0x81
-        answer[1] = opcode
-        data.copy(answer, 12, at + 12, at + 16) // opaque
-        out.push(answer)
-        at += HEADER + body
+      } else {
+        answer = Buffer.alloc(HEADER)
       }
-      if (at < data.length) pending = data.subarray(at)
-      if (out.length === 1) socket.write(out[0]!)
-      else if (out.length > 1) socket.write(Buffer.concat(out))
-    })
-    socket.on('error', () => socket.destroy())
-  })
-  return new Promise((resolve, reject) => {
-    server.once('error', reject)
-    server.listen(port, host, () => {
-      const address = server.address()
-      resolve({
-        port: typeof address === 'object' && address !== null ? address.port : 0,
-        close: () => new Promise((done) => server.close(() => done()))
-      })
-    })
-  })
+      answer[0] = 0x81
+      answer[1] = opcode
+      data.copy(answer, 12, at + 12, at + 16) // opaque
+      out.push(answer)
+      at += HEADER + body
+    }
+    return at
+  }, port, host)
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values } = parseArgs({ options: { port: { type: 'string', default: '0' } }, strict: true })
-  const started = await startRawMemcached(Number(values.port))
-  process.stdout.write(`listening on 127.0.0.1:${started.port}\n`)
-  const stop = (): void => { void started.close().then(() => process.exit(0)) }
-  process.once('SIGTERM', stop)
-  process.once('SIGINT', stop)
-}
+if (import.meta.url === `file://${process.argv[1]}`) await serveRawFromCommandLine((port) => startRawMemcached(port))

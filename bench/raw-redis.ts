@@ -11,8 +11,7 @@
  * costs per pipelined request, beside which the example's and real
  * redis-server's figures read.
  */
-import { createServer } from 'node:net'
-import { parseArgs } from 'node:util'
+import { serveRaw, serveRawFromCommandLine } from './raw-server.js'
 
 const CR = 0x0d
 const OK = Buffer.from('+OK\r\n')
@@ -30,66 +29,40 @@ function lineNumber (buf: Buffer, at: number): [number, number] | null {
 
 export function startRawRedis (port: number, host = '127.0.0.1'): Promise<{ port: number, close: () => Promise<void> }> {
   const store = new Map<string, Buffer>()
-  const server = createServer({ noDelay: true }, (socket) => {
-    let pending: Buffer | null = null
-    socket.on('data', (chunk: Buffer) => {
-      const data: Buffer = pending === null ? chunk : Buffer.concat([pending, chunk])
-      pending = null
-      const out: Buffer[] = []
-      let at = 0
-      for (;;) {
-        // *N\r\n then N times $len\r\n<bytes>\r\n
-        if (at >= data.length || data[at] !== 0x2a) break
-        const count = lineNumber(data, at + 1)
-        if (count === null) break
-        let p = count[1]
-        const args: Array<[number, number]> = []
-        let whole = true
-        for (let i = 0; i < count[0]; i++) {
-          const len = p < data.length ? lineNumber(data, p + 1) : null
-          if (len === null || len[1] + len[0] + 2 > data.length) { whole = false; break }
-          args.push([len[1], len[1] + len[0]])
-          p = len[1] + len[0] + 2
-        }
-        if (!whole) break
-        at = p
-        const [n0, n1] = args[0]!
-        const name = data.toString('latin1', n0, n1).toUpperCase()
-        if (name === 'SET') {
-          store.set(data.toString('latin1', args[1]![0], args[1]![1]), Buffer.from(data.subarray(args[2]![0], args[2]![1])))
-          out.push(OK)
-        } else if (name === 'GET') {
-          const value = store.get(data.toString('latin1', args[1]![0], args[1]![1]))
-          out.push(value === undefined ? NIL : Buffer.concat([Buffer.from(`$${value.length}\r\n`), value, Buffer.from('\r\n')]))
-        } else if (name === 'PING') {
-          out.push(PONG)
-        } else {
-          out.push(EMPTY)
-        }
+  return serveRaw((data, out) => {
+    let at = 0
+    for (;;) {
+      // *N\r\n then N times $len\r\n<bytes>\r\n
+      if (at >= data.length || data[at] !== 0x2a) break
+      const count = lineNumber(data, at + 1)
+      if (count === null) break
+      let p = count[1]
+      const args: Array<[number, number]> = []
+      let whole = true
+      for (let i = 0; i < count[0]; i++) {
+        const len = p < data.length ? lineNumber(data, p + 1) : null
+        if (len === null || len[1] + len[0] + 2 > data.length) { whole = false; break }
+        args.push([len[1], len[1] + len[0]])
+        p = len[1] + len[0] + 2
       }
-      if (at < data.length) pending = data.subarray(at)
-      if (out.length === 1) socket.write(out[0]!)
-      else if (out.length > 1) socket.write(Buffer.concat(out))
-    })
-    socket.on('error', () => socket.destroy())
-  })
-  return new Promise((resolve, reject) => {
-    server.once('error', reject)
-    server.listen(port, host, () => {
-      const address = server.address()
-      resolve({
-        port: typeof address === 'object' && address !== null ? address.port : 0,
-        close: () => new Promise((done) => server.close(() => done()))
-      })
-    })
-  })
+      if (!whole) break
+      at = p
+      const [n0, n1] = args[0]!
+      const name = data.toString('latin1', n0, n1).toUpperCase()
+      if (name === 'SET') {
+        store.set(data.toString('latin1', args[1]![0], args[1]![1]), Buffer.from(data.subarray(args[2]![0], args[2]![1])))
+        out.push(OK)
+      } else if (name === 'GET') {
+        const value = store.get(data.toString('latin1', args[1]![0], args[1]![1]))
+        out.push(value === undefined ? NIL : Buffer.concat([Buffer.from(`$${value.length}\r\n`), value, Buffer.from('\r\n')]))
+      } else if (name === 'PING') {
+        out.push(PONG)
+      } else {
+        out.push(EMPTY)
+      }
+    }
+    return at
+  }, port, host)
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values } = parseArgs({ options: { port: { type: 'string', default: '0' } }, strict: true })
-  const started = await startRawRedis(Number(values.port))
-  process.stdout.write(`listening on 127.0.0.1:${started.port}\n`)
-  const stop = (): void => { void started.close().then(() => process.exit(0)) }
-  process.once('SIGTERM', stop)
-  process.once('SIGINT', stop)
-}
+if (import.meta.url === `file://${process.argv[1]}`) await serveRawFromCommandLine((port) => startRawRedis(port))
