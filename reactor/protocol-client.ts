@@ -1,5 +1,6 @@
 import { setMaxListeners } from 'node:events'
-import { connect as netConnect } from 'node:net'
+import { connect as netConnect, type Socket } from 'node:net'
+import { connect as tlsConnect, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import Denque from 'denque'
 import type { AnswerKind, ClientProtocol } from '../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../codec/errors.js'
@@ -44,6 +45,15 @@ export interface ProtocolClientOptions {
   maxInFlight?: number
   /** Retries (on by default with the defaults); false: none. */
   retry?: ProtocolRetryOptions | false
+  /**
+   * TLS from the first byte (`node:tls` `tls.connect` with these options:
+   * ca, cert, key, servername, rejectUnauthorized, ...). A failed TLS
+   * handshake (an untrusted certificate, a name that does not match, the
+   * server refusing our certificate) fails the connection as a failed
+   * connect: calls get RPC_ERR_CONNECT_FAILED, `cannot connect to HOST:PORT:
+   * TLS: <reason>`, and are retried by the usual rules. See docs/security.md.
+   */
+  tls?: TlsConnectionOptions
   clock?: Clock
 }
 
@@ -130,6 +140,8 @@ class PeerConnection<Req, Res> {
   readonly connection: Connection
   readonly inOrderMatching: boolean
   connected = false
+  /** TLS: the TCP connection is up, the TLS handshake under way (or refused by the peer before any answer). */
+  tlsHandshaking = false
   ready = false
   closed = false
   connectTimer: TimerHandle | null = null
@@ -549,8 +561,12 @@ export class ProtocolClient<Req, Res> {
     const protocol = this.#protocol
     const options = this.#options
     const key = `${slot.address.host}:${slot.address.port}`
-    const reader = new SocketReader()
-    const socket = netConnect({ host: slot.address.host, port: slot.address.port, noDelay: true, onread: reader.onread })
+    const tls = options.tls
+    // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
+    const reader = tls === undefined ? new SocketReader() : undefined
+    const socket: Socket = tls === undefined
+      ? netConnect({ host: slot.address.host, port: slot.address.port, noDelay: true, onread: reader!.onread })
+      : tlsConnect({ ...tls, host: slot.address.host, port: slot.address.port })
     const connection = new Connection(socket, {
       reader,
       framing: protocol.framing,
@@ -572,7 +588,8 @@ export class ProtocolClient<Req, Res> {
         : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: timed out after ${connectMs} ms`))
     }, connectMs)
     const handshake = protocol.handshake?.(key)
-    socket.once('connect', () => {
+    if (tls !== undefined) socket.once('connect', () => { cc.tlsHandshaking = true })
+    socket.once(tls === undefined ? 'connect' : 'secureConnect', () => {
       cc.connected = true
       if (handshake === undefined) this.#ready(cc)
     })
@@ -592,6 +609,12 @@ export class ProtocolClient<Req, Res> {
 
   #closeReason (cc: PeerConnection<Req, Res>, error: RpcError | undefined): RpcError {
     if (error === undefined) return new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${cc.key} closed`)
+    if (cc.tlsHandshaking && error.code === ErrorCode.CONNECTION_CLOSED && cc.connection.framesRead === 0 && isTlsError(error.cause)) {
+      // Under TLS 1.3 the server judges our certificate after our side of the
+      // handshake is done: its alert still means it took no request.
+      cc.connected = false
+      return new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${cc.key}: TLS: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
+    }
     if (!cc.connected && error.code === ErrorCode.CONNECTION_CLOSED) {
       return new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${cc.key}: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
     }
@@ -660,6 +683,13 @@ export class ProtocolClient<Req, Res> {
 }
 
 function ignore (): void {}
+
+// An error of the TLS layer (OpenSSL's, or node:tls's certificate checks), not of the TCP connection.
+function isTlsError (err: unknown): boolean {
+  const code = (err as NodeJS.ErrnoException | undefined)?.code
+  if (typeof code !== 'string') return false
+  return code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_') || code.includes('CERT') || code === 'DEPTH_ZERO_SELF_SIGNED_CERT' || code === 'SELF_SIGNED_CERT_IN_CHAIN' || code.startsWith('UNABLE_TO_')
+}
 
 function invalid (err: unknown): RpcError {
   if (err instanceof RpcError) return err

@@ -1,5 +1,6 @@
 import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
+import { TLSSocket, createSecureContext, type SecureContext, type TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ServerProtocol } from '../codec/protocol.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
@@ -116,6 +117,19 @@ export interface ServerOptions {
   busyPollUs?: number
   clock?: Clock
   /**
+   * TLS from the first byte: every accepted connection runs a TLS handshake
+   * (`node:tls`, these options: cert, key, ca, requestCert,
+   * rejectUnauthorized, ...) before the protocol sees a byte; the protocol
+   * reads and writes plaintext frames as without it. Connections in their
+   * TLS handshake count as negotiating (`maxNegotiatingConnections`,
+   * `maxConnections`). With `requestCert` and `rejectUnauthorized`, a
+   * handler's `ctx.user` is the client certificate's subject CN (unless
+   * the protocol's set-up names a user). See docs/security.md.
+   */
+  tls?: TlsOptions
+  /** Deadline of a connection's TLS handshake (with `tls`), on the server's clock; default 10 000 ms. */
+  tlsHandshakeTimeoutMs?: number
+  /**
    * Where the server reports refused, evicted and broken connections and
    * listener errors, with structured fields. Default: warnings and errors
    * on stderr (`NYALA_LOG_LEVEL` sets the level); `null` silences it.
@@ -145,9 +159,14 @@ export interface ServerStats extends LimitCounters {
   handlersAbandoned: number
   /** Abandoned handlers still running. */
   abandonedRunning: number
+  /** TLS handshakes that failed (bad records, plaintext, an untrusted or missing client certificate); 0 without `tls`. */
+  tlsHandshakeFailures: number
+  /** TLS handshakes closed by `tlsHandshakeTimeoutMs`; 0 without `tls`. */
+  tlsHandshakeTimeouts: number
 }
 
 const DEFAULT_NEGOTIATION_TIMEOUT_MS = 3000
+const DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS = 10_000
 const DEFAULT_MAX_MESSAGE_BYTES = 50 * 1024 * 1024
 const DEFAULT_IDLE_TIMEOUT_MS = 65_000
 const DEFAULT_FRAME_TIMEOUT_MS = 60_000
@@ -215,13 +234,17 @@ export class ProtocolServer {
   #onLastClose: (() => void) | null = null
   #stats = {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
-    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0
+    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0,
+    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0
   }
 
   /** The process's descriptor limit (Linux), and whether a count of open descriptors is under way. */
   readonly #fdLimit = descriptorLimit()
   #countingFds = false
   readonly #poller: BusyPoller | undefined
+  /** With `tls`: the context every accepted connection's handshake uses. */
+  readonly #secureContext: SecureContext | null = null
+  #logTlsFailed: RateLimitedLog | null = null
 
   constructor (protocol: ServerProtocol<any, any>, options: ServerOptions = {}) { // eslint-disable-line @typescript-eslint/no-explicit-any
     this.#protocol = protocol
@@ -246,6 +269,11 @@ export class ProtocolServer {
     this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    if (options.tls !== undefined) {
+      // Bad certificates and keys throw here, before listening.
+      this.#secureContext = createSecureContext(options.tls)
+      this.#logTlsFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    }
     const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#inbound = new InboundBudget(options.maxInboundBufferedBytes ?? DEFAULT_MAX_INBOUND_BUFFERED_BYTES, (_member, held) => {
       inboundLog.log(this.#warn, () => `closing a connection holding ${held} bytes of an incomplete frame: the inbound buffers of all connections passed their budget of ${this.#inbound.maxBytes} bytes`,
@@ -513,11 +541,13 @@ export class ProtocolServer {
     }
     if (!this.#admit(accepted)) return
     this.#stats.connectionsAccepted++
-    const reader = new SocketReader()
-    const socket = readThrough(accepted, reader)
+    // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
+    const secure = this.#secureContext === null ? null : this.#tlsSocket(accepted, this.#secureContext)
+    const reader = secure === null ? new SocketReader() : undefined
+    const socket = secure ?? readThrough(accepted, reader!)
     const remoteAddress = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`
     const connection = new Connection(socket, {
-      reader: socket === accepted ? undefined : reader,
+      reader: socket === accepted || secure !== null ? undefined : reader,
       framing: this.#protocol.framing,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
@@ -536,6 +566,78 @@ export class ProtocolServer {
       onFramingError: (error) => dispatch.framingError(sc, error),
       onClose: (error) => this.#onClose(sc, error)
     })
+    if (secure !== null) this.#tlsHandshake(sc, secure)
+    else this.#setUp(sc, remoteAddress)
+  }
+
+  #tlsSocket (accepted: Socket, secureContext: SecureContext): TLSSocket {
+    const tls = this.#options.tls!
+    // The accepted socket is paused (pauseOnConnect): the TLS socket takes its handle before any byte is read.
+    return new TLSSocket(accepted, {
+      isServer: true, secureContext, requestCert: tls.requestCert === true, rejectUnauthorized: tls.rejectUnauthorized !== false,
+      ALPNProtocols: tls.ALPNProtocols, SNICallback: tls.SNICallback
+    })
+  }
+
+  // The TLS handshake of an accepted connection, bounded by
+  // tlsHandshakeTimeoutMs; the protocol's set-up follows it. The connection
+  // counts as negotiating meanwhile (admission, eviction, close()).
+  #tlsHandshake (sc: ServerConnection, socket: TLSSocket): void {
+    this.#negotiating.add(sc)
+    const remoteAddress = sc.remoteAddress
+    const connection = sc.connection
+    const tls = this.#options.tls!
+    const timeoutMs = this.#options.tlsHandshakeTimeoutMs ?? DEFAULT_TLS_HANDSHAKE_TIMEOUT_MS
+    const failed = (why: string, code: string | undefined): void => {
+      this.#stats.tlsHandshakeFailures++
+      this.#logTlsFailed!.log(this.#warn, () => `TLS handshake with ${remoteAddress} failed: ${why}; closing the connection`,
+        () => ({ protocol: this.#protocol.name, remote: remoteAddress, code }))
+    }
+    const onError = (err: NodeJS.ErrnoException): void => { failed(err.message.split('\n')[0]!, err.code) }
+    const done = (): void => {
+      this.#clock.clearTimer(timer)
+      socket.off('error', onError)
+      socket.off('close', done)
+    }
+    const timer = this.#clock.setTimer(() => {
+      done()
+      if (sc.closedAt >= 0) return
+      this.#stats.tlsHandshakeTimeouts++
+      this.#logTlsFailed!.log(this.#warn, () => `TLS handshake with ${remoteAddress} not done after ${timeoutMs} ms; closing the connection`,
+        () => ({ protocol: this.#protocol.name, remote: remoteAddress, tlsHandshakeTimeoutMs: timeoutMs }))
+      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `TLS handshake with ${remoteAddress} timed out after ${timeoutMs} ms`))
+    }, timeoutMs)
+    socket.on('error', onError)
+    socket.once('close', done)
+    socket.once('secure', () => {
+      done()
+      if (sc.closedAt >= 0) return
+      let user = ''
+      if (tls.requestCert === true) {
+        // What tls.Server checks after the handshake: OpenSSL's verdict on the client's certificate.
+        const verify = (socket as unknown as { _handle?: { verifyError?: () => Error | null } | null })._handle?.verifyError
+        const verifyError = typeof verify === 'function' ? verify.call((socket as unknown as { _handle: unknown })._handle) : new Error('cannot check the client certificate')
+        if (verifyError !== null && verifyError !== undefined) {
+          if (tls.rejectUnauthorized !== false) {
+            failed(`client certificate refused: ${verifyError.message}`, (verifyError as NodeJS.ErrnoException).code)
+            connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `TLS client certificate of ${remoteAddress} refused: ${verifyError.message}`))
+            return
+          }
+        } else {
+          // Only a verified certificate names the user.
+          const cn = socket.getPeerCertificate().subject?.CN as string | string[] | undefined
+          user = (Array.isArray(cn) ? cn[0] : cn) ?? ''
+        }
+      }
+      this.#negotiating.delete(sc)
+      if (user !== '') sc.peer = Object.freeze({ user, remoteAddress, state: sc.state })
+      this.#setUp(sc, remoteAddress)
+    })
+  }
+
+  // The protocol's set-up of a new connection (none: ready at once).
+  #setUp (sc: ServerConnection, remoteAddress: string): void {
+    const connection = sc.connection
     const setUp = this.#protocol.handshake
     if (setUp === undefined) {
       sc.ready = true
@@ -551,7 +653,7 @@ export class ProtocolServer {
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
             sc.ready = true
-            sc.peer = Object.freeze({ user: s.done.user ?? '', remoteAddress, state: sc.state })
+            sc.peer = Object.freeze({ user: s.done.user ?? sc.peer.user, remoteAddress, state: sc.state })
             this.#negotiating.delete(sc)
           }
           return s

@@ -1,0 +1,68 @@
+/**
+ * Throw-away certificates for the TLS tests, made with the `openssl`
+ * command in a temporary directory: a CA, a server certificate for
+ * localhost and 127.0.0.1 signed by it, a client certificate (CN alice)
+ * signed by it, and a second CA that signed nothing of these. No key is
+ * kept in the repository; `remove()` deletes the directory.
+ */
+import { execFileSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+
+export interface TestCerts {
+  dir: string
+  /** File paths, for command-line tools. */
+  files: { ca: string, serverCert: string, serverKey: string, clientCert: string, clientKey: string, otherCa: string }
+  ca: Buffer
+  serverCert: Buffer
+  serverKey: Buffer
+  clientCert: Buffer
+  clientKey: Buffer
+  /** A CA that signed neither certificate. */
+  otherCa: Buffer
+  remove: () => void
+}
+
+/** True when the `openssl` command runs. */
+export function haveOpenssl (): boolean {
+  try {
+    execFileSync('openssl', ['version'], { stdio: 'ignore' })
+    return true
+  } catch {
+    return false
+  }
+}
+
+export function makeCerts (): TestCerts {
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-tls-'))
+  const at = (name: string): string => join(dir, name)
+  const openssl = (...args: string[]): void => { execFileSync('openssl', args, { cwd: dir, stdio: 'ignore' }) }
+  try {
+    const ca = (name: string): void => openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.crt`, '-days', '2', '-subj', `/CN=nyala test ${name}`)
+    ca('ca')
+    ca('other-ca')
+    const leaf = (name: string, cn: string, ext: string): void => {
+      openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`)
+      writeFileSync(at(`${name}.ext`), `${ext}\n`)
+      openssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${name}.crt`, '-days', '2', '-extfile', `${name}.ext`)
+    }
+    leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1')
+    leaf('client', 'alice', 'extendedKeyUsage=clientAuth')
+  } catch (err) {
+    rmSync(dir, { recursive: true, force: true })
+    throw err
+  }
+  const files = { ca: at('ca.crt'), serverCert: at('server.crt'), serverKey: at('server.key'), clientCert: at('client.crt'), clientKey: at('client.key'), otherCa: at('other-ca.crt') }
+  return {
+    dir,
+    files,
+    ca: readFileSync(files.ca),
+    serverCert: readFileSync(files.serverCert),
+    serverKey: readFileSync(files.serverKey),
+    clientCert: readFileSync(files.clientCert),
+    clientKey: readFileSync(files.clientKey),
+    otherCa: readFileSync(files.otherCa),
+    remove: () => rmSync(dir, { recursive: true, force: true })
+  }
+}
