@@ -201,6 +201,7 @@ export interface CounterOptions {
   expiry?: number
 }
 
+/** `ProtocolClientOptions`: with `tls` (node:tls connection options: ca, cert, key, servername) every connection is TLS. */
 export type MemcachedClientOptions = ProtocolClientOptions
 
 type Key = string | Buffer

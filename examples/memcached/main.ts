@@ -4,6 +4,10 @@
  *
  *   node dist/examples/memcached/main.js [--port 11211] [--host 127.0.0.1]
  *     [--reactors 1] [--memory-mb 64] [--request-timeout-ms 1000]
+ *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
+ *
+ * With `--tls-cert`, every connection is TLS; `--tls-require-client-cert`
+ * asks for a client certificate signed by `--tls-ca` (see docs/security.md).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own cache: with `--reactors` above 1 a key set through one
@@ -11,6 +15,8 @@
  * reactor, so more than one reactor suits only clients that shard by
  * connection (or benchmarks that do not read back).
  */
+import { readFileSync } from 'node:fs'
+import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { ProtocolServer, serveReactors } from '../../reactor/index.js'
@@ -23,6 +29,8 @@ export interface MemcachedServerOptions {
   memoryBytes?: number
   /** Time budget of a request from its arrival (the protocol carries none): it orders the queue and expires requests that waited too long (answered Busy). Default 1000 ms. */
   requestTimeoutMs?: number
+  /** TLS from the first byte (`ServerOptions.tls`); default none. */
+  tls?: TlsOptions
 }
 
 /** One server and its cache, the commands registered as the routes of the group `memcached`. */
@@ -31,7 +39,8 @@ export function memcachedServer (options: MemcachedServerOptions = {}): Protocol
   const server = new ProtocolServer(memcachedProtocol({ maxItemBytes: store.maxItemBytes }), {
     requestTimeoutMs: options.requestTimeoutMs ?? 1000,
     // memcached keeps idle connections open (its idle_timeout is 0): client pools hold them between bursts.
-    idleTimeoutMs: 0
+    idleTimeoutMs: 0,
+    tls: options.tls
   })
   // The handlers are synchronous: the group's default workers and queue suffice.
   server.addRoutes('memcached', memcachedHandlers(store))
@@ -45,6 +54,29 @@ function positiveInteger (name: string, text: string | undefined, fallback: numb
   return value
 }
 
+/**
+ * `--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]`
+ * as `ServerOptions.tls`: undefined without `--tls-cert`.
+ */
+function tlsFromFlags (values: { 'tls-cert'?: string, 'tls-key'?: string, 'tls-ca'?: string, 'tls-require-client-cert'?: boolean }): TlsOptions | undefined {
+  const cert = values['tls-cert']
+  const key = values['tls-key']
+  if (cert === undefined && key === undefined) {
+    if (values['tls-ca'] !== undefined || values['tls-require-client-cert'] === true) throw new RangeError('--tls-ca and --tls-require-client-cert need --tls-cert and --tls-key')
+    return undefined
+  }
+  if (cert === undefined || key === undefined) throw new RangeError('--tls-cert and --tls-key go together')
+  const requireClientCert = values['tls-require-client-cert'] === true
+  if (requireClientCert && values['tls-ca'] === undefined) throw new RangeError('--tls-require-client-cert needs --tls-ca (the CA that signs client certificates)')
+  return {
+    cert: readFileSync(cert),
+    key: readFileSync(key),
+    ca: values['tls-ca'] === undefined ? undefined : readFileSync(values['tls-ca']),
+    requestCert: requireClientCert,
+    rejectUnauthorized: requireClientCert
+  }
+}
+
 async function main (argv: string[]): Promise<void> {
   const { values } = parseArgs({
     args: argv,
@@ -53,7 +85,11 @@ async function main (argv: string[]): Promise<void> {
       host: { type: 'string' },
       reactors: { type: 'string' },
       'memory-mb': { type: 'string' },
-      'request-timeout-ms': { type: 'string' }
+      'request-timeout-ms': { type: 'string' },
+      'tls-cert': { type: 'string' },
+      'tls-key': { type: 'string' },
+      'tls-ca': { type: 'string' },
+      'tls-require-client-cert': { type: 'boolean' }
     },
     strict: true
   })
@@ -62,7 +98,8 @@ async function main (argv: string[]): Promise<void> {
   const reactors = positiveInteger('reactors', values.reactors, 1)
   const memoryBytes = positiveInteger('memory-mb', values['memory-mb'], 64) * 1024 * 1024
   const requestTimeoutMs = positiveInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
-  const served = await serveReactors({ reactors, host, port, build: () => memcachedServer({ memoryBytes, requestTimeoutMs }) })
+  const tls = tlsFromFlags(values)
+  const served = await serveReactors({ reactors, host, port, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
   const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }

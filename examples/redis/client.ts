@@ -228,6 +228,7 @@ export interface SetOptions {
   xx?: boolean
 }
 
+/** `ProtocolClientOptions`: with `tls` (node:tls connection options: ca, cert, key, servername) every connection is TLS. */
 export type RedisClientOptions = ProtocolClientOptions
 
 /** Redis commands over a `ProtocolClient` (see the module comment). */

@@ -4,6 +4,11 @@
  *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
  *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
  *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
+ *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
+ *
+ * With `--tls-cert`, every connection is TLS (`redis-cli --tls --cacert CA`);
+ * `--tls-require-client-cert` asks for a client certificate signed by
+ * `--tls-ca` (see docs/security.md).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
@@ -11,6 +16,8 @@
  * reactor, so more than one reactor suits only clients that shard by
  * connection (or benchmarks that do not read back).
  */
+import { readFileSync } from 'node:fs'
+import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { ProtocolServer, serveReactors } from '../../reactor/index.js'
@@ -33,6 +40,8 @@ export interface RedisServerOptions {
   now?: () => number
   /** The expiry sweep's period; 0: none. Default 100 ms. */
   sweepIntervalMs?: number
+  /** TLS from the first byte (`ServerOptions.tls`); default none. */
+  tls?: TlsOptions
 }
 
 /** One server and its keyspace, the commands registered as the routes of the group `redis`. */
@@ -44,7 +53,8 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
     requestTimeoutMs: options.requestTimeoutMs ?? 1000,
     maxMessageBytes: limits.maxFrameBytes,
     // Redis keeps idle connections open (its timeout is 0): client pools hold them between bursts.
-    idleTimeoutMs: 0
+    idleTimeoutMs: 0,
+    tls: options.tls
   })
   let port = 0
   server.addRoutes('redis', redisHandlers(store, {
@@ -73,6 +83,29 @@ function nonNegativeInteger (name: string, text: string | undefined, fallback: n
   return value
 }
 
+/**
+ * `--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]`
+ * as `ServerOptions.tls`: undefined without `--tls-cert`.
+ */
+function tlsFromFlags (values: { 'tls-cert'?: string, 'tls-key'?: string, 'tls-ca'?: string, 'tls-require-client-cert'?: boolean }): TlsOptions | undefined {
+  const cert = values['tls-cert']
+  const key = values['tls-key']
+  if (cert === undefined && key === undefined) {
+    if (values['tls-ca'] !== undefined || values['tls-require-client-cert'] === true) throw new RangeError('--tls-ca and --tls-require-client-cert need --tls-cert and --tls-key')
+    return undefined
+  }
+  if (cert === undefined || key === undefined) throw new RangeError('--tls-cert and --tls-key go together')
+  const requireClientCert = values['tls-require-client-cert'] === true
+  if (requireClientCert && values['tls-ca'] === undefined) throw new RangeError('--tls-require-client-cert needs --tls-ca (the CA that signs client certificates)')
+  return {
+    cert: readFileSync(cert),
+    key: readFileSync(key),
+    ca: values['tls-ca'] === undefined ? undefined : readFileSync(values['tls-ca']),
+    requestCert: requireClientCert,
+    rejectUnauthorized: requireClientCert
+  }
+}
+
 async function main (argv: string[]): Promise<void> {
   const { values } = parseArgs({
     args: argv,
@@ -84,7 +117,11 @@ async function main (argv: string[]): Promise<void> {
       'request-timeout-ms': { type: 'string' },
       'proto-max-bulk-len': { type: 'string' },
       'max-message-mb': { type: 'string' },
-      'max-arguments': { type: 'string' }
+      'max-arguments': { type: 'string' },
+      'tls-cert': { type: 'string' },
+      'tls-key': { type: 'string' },
+      'tls-ca': { type: 'string' },
+      'tls-require-client-cert': { type: 'boolean' }
     },
     strict: true
   })
@@ -96,8 +133,9 @@ async function main (argv: string[]): Promise<void> {
   const protoMaxBulkLen = nonNegativeInteger('proto-max-bulk-len', values['proto-max-bulk-len'], DEFAULT_PROTO_MAX_BULK_LEN)
   const maxMessageBytes = nonNegativeInteger('max-message-mb', values['max-message-mb'], DEFAULT_MAX_FRAME_BYTES / 1024 / 1024) * 1024 * 1024
   const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
+  const tls = tlsFromFlags(values)
   const served = await serveReactors({
-    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments })
+    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
