@@ -573,10 +573,13 @@ export class ProtocolServer {
   #tlsSocket (accepted: Socket, secureContext: SecureContext): TLSSocket {
     const tls = this.#options.tls!
     // The accepted socket is paused (pauseOnConnect): the TLS socket takes its handle before any byte is read.
-    return new TLSSocket(accepted, {
+    const socket = new TLSSocket(accepted, {
       isServer: true, secureContext, requestCert: tls.requestCert === true, rejectUnauthorized: tls.rejectUnauthorized !== false,
       ALPNProtocols: tls.ALPNProtocols, SNICallback: tls.SNICallback
     })
+    // A client's renegotiation is a TLS error (closing the connection), not CPU spent on new handshakes.
+    socket.disableRenegotiation()
+    return socket
   }
 
   // The TLS handshake of an accepted connection, bounded by
@@ -609,6 +612,17 @@ export class ProtocolServer {
     }, timeoutMs)
     socket.on('error', onError)
     socket.once('close', done)
+    // A TLS socket made outside tls.Server reports TLS errors after the
+    // handshake (bad records, alerts, renegotiation) only as '_tlsError'
+    // until its control is released: each one closes the connection.
+    socket.on('_tlsError', (err: Error) => {
+      if (sc.closedAt >= 0 || connection.isClosed) return
+      const why = err.message.split('\n')[0]!
+      this.#stats.badFrames++
+      this.#logBadData.log(this.#warn, () => `received bad data from ${remoteAddress}: TLS: ${why}; closing the connection`,
+        () => ({ protocol: this.#protocol.name, remote: remoteAddress, code: (err as NodeJS.ErrnoException).code }))
+      connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `TLS: ${why}`, { cause: err }))
+    })
     socket.once('secure', () => {
       done()
       if (sc.closedAt >= 0) return
@@ -629,6 +643,8 @@ export class ProtocolServer {
           user = (Array.isArray(cn) ? cn[0] : cn) ?? ''
         }
       }
+      // As tls.Server does once the client is accepted: later TLS errors are 'error' events too.
+      (socket as unknown as { _releaseControl?: () => void })._releaseControl?.()
       this.#negotiating.delete(sc)
       if (user !== '') sc.peer = Object.freeze({ user, remoteAddress, state: sc.state })
       this.#setUp(sc, remoteAddress)

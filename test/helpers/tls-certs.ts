@@ -2,7 +2,8 @@
  * Throw-away certificates for the TLS tests, made with the `openssl`
  * command in a temporary directory: a CA, a server certificate for
  * localhost and 127.0.0.1 signed by it, a client certificate (CN alice)
- * signed by it, and a second CA that signed nothing of these. No key is
+ * signed by it, and a second CA that signed only a client certificate
+ * (CN mallory). No key is
  * kept in the repository; `remove()` deletes the directory.
  */
 import { execFileSync } from 'node:child_process'
@@ -21,6 +22,9 @@ export interface TestCerts {
   clientKey: Buffer
   /** A CA that signed neither certificate. */
   otherCa: Buffer
+  /** A client certificate (CN mallory) signed by the other CA, and its key. */
+  otherClientCert: Buffer
+  otherClientKey: Buffer
   remove: () => void
 }
 
@@ -42,13 +46,14 @@ export function makeCerts (): TestCerts {
     const ca = (name: string): void => openssl('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.crt`, '-days', '2', '-subj', `/CN=nyala test ${name}`)
     ca('ca')
     ca('other-ca')
-    const leaf = (name: string, cn: string, ext: string): void => {
+    const leaf = (name: string, cn: string, ext: string, signer = 'ca'): void => {
       openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`)
       writeFileSync(at(`${name}.ext`), `${ext}\n`)
-      openssl('x509', '-req', '-in', `${name}.csr`, '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${name}.crt`, '-days', '2', '-extfile', `${name}.ext`)
+      openssl('x509', '-req', '-in', `${name}.csr`, '-CA', `${signer}.crt`, '-CAkey', `${signer}.key`, '-CAcreateserial', '-out', `${name}.crt`, '-days', '2', '-extfile', `${name}.ext`)
     }
     leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1')
     leaf('client', 'alice', 'extendedKeyUsage=clientAuth')
+    leaf('other-client', 'mallory', 'extendedKeyUsage=clientAuth', 'other-ca')
   } catch (err) {
     rmSync(dir, { recursive: true, force: true })
     throw err
@@ -63,6 +68,8 @@ export function makeCerts (): TestCerts {
     clientCert: readFileSync(files.clientCert),
     clientKey: readFileSync(files.clientKey),
     otherCa: readFileSync(files.otherCa),
+    otherClientCert: readFileSync(at('other-client.crt')),
+    otherClientKey: readFileSync(at('other-client.key')),
     remove: () => rmSync(dir, { recursive: true, force: true })
   }
 }

@@ -5,7 +5,7 @@
 // in a temporary directory. Outcomes are counted; no duration is asserted.
 import t, { type Test } from 'tap'
 import { connect as netConnect, type Socket } from 'node:net'
-import { connect as tlsConnect, type TlsOptions } from 'node:tls'
+import { connect as tlsConnect, type ConnectionOptions as TlsConnectOptions, type TlsOptions } from 'node:tls'
 import { once } from 'node:events'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { FakeClock } from '../../scheduling/clock.js'
@@ -35,12 +35,13 @@ function tests (certs: TestCerts): void {
   const serverTls: TlsOptions = { cert: certs.serverCert, key: certs.serverKey }
   const mtls: TlsOptions = { ...serverTls, ca: certs.ca, requestCert: true, rejectUnauthorized: true }
 
+  let handlerRuns = 0
   async function start (t: Test, kind: 'lines' | 'tagged', options: ServerOptions): Promise<{ port: number, server: ProtocolServer, warnings: string[] }> {
     const warnings: string[] = []
     const logger = { error: (m: string) => { warnings.push(m) }, warn: (m: string, _f?: LogFields) => { warnings.push(m) }, info: () => {} }
     const server = new ProtocolServer(kind === 'lines' ? linesProtocol() : taggedProtocol(), { idleTimeoutMs: 0, logger, ...options })
     const handlers = kind === 'lines'
-      ? { echo: (arg: string) => arg, who: (_arg: string, ctx: CallContext) => `user=${ctx.user}` }
+      ? { echo: (arg: string) => { handlerRuns++; return arg }, who: (_arg: string, ctx: CallContext) => `user=${ctx.user}` }
       : { echo: (arg: Buffer) => arg }
     server.addRoutes(kind, handlers as never)
     const { port } = await server.listen(0, '127.0.0.1')
@@ -206,6 +207,71 @@ function tests (certs: TestCerts): void {
       const text = kind === 'lines' ? bytes.toString() : bytes.subarray(7, 9).toString() + bytes.subarray(16, 18).toString()
       t.equal(text, want, `${kind}: answers to the frames sent byte by byte`)
     }
+  })
+
+  /** A TLS client whose raw TCP socket underneath stays reachable, after one answered call. */
+  async function rawTls (t: Test, port: number, options: TlsConnectOptions = {}): Promise<{ raw: Socket, secure: ReturnType<typeof tlsConnect> }> {
+    const raw = netConnect(port, '127.0.0.1')
+    raw.on('error', () => {})
+    t.teardown(() => raw.destroy())
+    await once(raw, 'connect')
+    const secure = tlsConnect({ socket: raw, ca: certs.ca, servername: 'localhost', ...options })
+    secure.on('error', () => {})
+    await once(secure, 'secureConnect')
+    secure.write('echo ok\n')
+    await once(secure, 'data')
+    return { raw, secure }
+  }
+
+  t.test('a corrupt TLS record after the handshake: the server closes the connection and counts it', async t => {
+    const { port, server, warnings } = await start(t, 'lines', { tls: serverTls })
+    const { raw } = await rawTls(t, port)
+    t.equal(server.stats().connectionsOpen, 1)
+    // An application-data record whose contents do not decrypt.
+    raw.write(Buffer.concat([Buffer.from([0x17, 0x03, 0x03, 0x00, 0x20]), Buffer.alloc(32, 0xab)]))
+    t.ok(await until(() => server.stats().connectionsOpen === 0, 500), 'closed by the server')
+    t.ok(await until(() => raw.destroyed || raw.readableEnded, 500), 'the peer sees the close')
+    t.equal(server.stats().badFrames, 1, 'counted as bad data')
+    t.match(warnings.join('\n'), /TLS: /)
+    const c = client(t, 'lines', port, { tls: { ca: certs.ca } })
+    t.equal(await c.call({ route: 'echo', payload: 'still fine' }), 'still fine')
+  })
+
+  t.test('TLS 1.2 client renegotiation is refused', async t => {
+    const { port, server } = await start(t, 'lines', { tls: serverTls })
+    const { raw, secure } = await rawTls(t, port, { maxVersion: 'TLSv1.2' })
+    t.equal(secure.getProtocol(), 'TLSv1.2')
+    let renegotiated = 0
+    for (let i = 0; i < 6 && !raw.destroyed; i++) {
+      const ok = await new Promise<boolean>(resolve => {
+        const started = secure.renegotiate({}, (err) => { resolve(err === null || err === undefined) })
+        if (!started) resolve(false)
+        raw.once('close', () => resolve(false))
+      })
+      if (!ok) break
+      renegotiated++
+    }
+    t.equal(renegotiated, 0, 'no renegotiation completes')
+    t.ok(await until(() => server.stats().connectionsOpen === 0, 500), 'the server closed the connection')
+  })
+
+  t.test('an untrusted client certificate with a request right behind the handshake: no handler runs, closed, counted', async t => {
+    const { port, server } = await start(t, 'lines', { tls: mtls })
+    const runs = handlerRuns
+    for (const maxVersion of ['TLSv1.2', 'TLSv1.3'] as const) {
+      const raw = netConnect(port, '127.0.0.1')
+      raw.on('error', () => {})
+      t.teardown(() => raw.destroy())
+      const secure = tlsConnect({ host: '127.0.0.1', port, socket: raw, ca: certs.ca, servername: 'localhost', cert: certs.otherClientCert, key: certs.otherClientKey, maxVersion })
+      secure.on('error', () => {})
+      const got: Buffer[] = []
+      secure.on('data', (chunk: Buffer) => got.push(chunk))
+      secure.on('secureConnect', () => { secure.write('echo a\necho b\n') })
+      await once(raw, 'close')
+      t.equal(Buffer.concat(got).length, 0, `${maxVersion}: no answer`)
+    }
+    t.equal(handlerRuns, runs, 'the handler never ran')
+    t.ok(await until(() => server.stats().connectionsOpen === 0 && server.stats().tlsHandshakeFailures === 2), 'closed and counted')
   })
 }
 
