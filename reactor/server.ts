@@ -270,8 +270,13 @@ export class ProtocolServer {
     this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
     if (options.tls !== undefined) {
+      const tls = options.tls
+      if (tls.requestCert === true && tls.rejectUnauthorized !== false && tls.ca === undefined) {
+        // Else any certificate from a public CA would pass, its CN becoming ctx.user.
+        throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.requestCert needs tls.ca, the CA that signs the client certificates')
+      }
       // Bad certificates and keys throw here, before listening.
-      this.#secureContext = createSecureContext(options.tls)
+      this.#secureContext = createSecureContext(tls)
       this.#logTlsFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
     }
     const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)

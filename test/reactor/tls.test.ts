@@ -273,6 +273,13 @@ function tests (certs: TestCerts): void {
     t.equal(handlerRuns, runs, 'the handler never ran')
     t.ok(await until(() => server.stats().connectionsOpen === 0 && server.stats().tlsHandshakeFailures === 2), 'closed and counted')
   })
+
+  t.test('requestCert without ca is refused at construction', async t => {
+    const err = (() => { try { new ProtocolServer(linesProtocol(), { tls: { ...serverTls, requestCert: true } }); return null } catch (e) { return e } })()
+    t.ok(err instanceof RpcError && err.code === ErrorCode.INVALID_ARGUMENT, 'RPC_ERR_INVALID_ARGUMENT')
+    t.match((err as Error).message, /tls\.ca/)
+    t.doesNotThrow(() => new ProtocolServer(linesProtocol(), { tls: { ...serverTls, requestCert: true, rejectUnauthorized: false } }), 'unverified certificates name no user: allowed')
+  })
 }
 
 /** `[u16 length][u8 route][u32 id][payload]` of the tagged toy protocol, route echo. */
