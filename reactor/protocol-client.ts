@@ -140,7 +140,7 @@ class PeerConnection<Req, Res> {
   readonly connection: Connection
   readonly inOrderMatching: boolean
   connected = false
-  /** TLS: the TCP connection is up, the TLS handshake under way (or refused by the peer before any answer). */
+  /** TLS: the TCP connection is up (the TLS handshake under way, or done when `connected`). */
   tlsHandshaking = false
   ready = false
   closed = false
@@ -609,14 +609,15 @@ export class ProtocolClient<Req, Res> {
 
   #closeReason (cc: PeerConnection<Req, Res>, error: RpcError | undefined): RpcError {
     if (error === undefined) return new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${cc.key} closed`)
-    if (cc.tlsHandshaking && error.code === ErrorCode.CONNECTION_CLOSED && cc.connection.framesRead === 0 && isTlsError(error.cause)) {
+    if (cc.tlsHandshaking && error.code === ErrorCode.CONNECTION_CLOSED && cc.connection.framesRead === 0 && isCertificateRefusal(error.cause)) {
       // Under TLS 1.3 the server judges our certificate after our side of the
-      // handshake is done: its alert still means it took no request.
+      // handshake is done: its refusal, before any answer, still means it
+      // took no request. Other TLS errors may follow requests it ran.
       cc.connected = false
       return new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${cc.key}: TLS: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
     }
     if (!cc.connected && error.code === ErrorCode.CONNECTION_CLOSED) {
-      return new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${cc.key}: ${error.message.replace(/^socket error: /, '')}`, { cause: error })
+      return new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${cc.key}: ${cc.tlsHandshaking ? 'TLS: ' : ''}${error.message.replace(/^socket error: /, '')}`, { cause: error })
     }
     return error
   }
@@ -684,11 +685,12 @@ export class ProtocolClient<Req, Res> {
 
 function ignore (): void {}
 
-// An error of the TLS layer (OpenSSL's, or node:tls's certificate checks), not of the TCP connection.
-function isTlsError (err: unknown): boolean {
+// The alerts of a server refusing the client's certificate (OpenSSL's codes as Node names them).
+const CERTIFICATE_REFUSAL = /^ERR_SSL_(?:SSLV3|TLSV1|TLSV13)_ALERT_(?:CERTIFICATE_REQUIRED|BAD_CERTIFICATE|UNSUPPORTED_CERTIFICATE|UNKNOWN_CA|CERTIFICATE_UNKNOWN|CERTIFICATE_EXPIRED|CERTIFICATE_REVOKED|ACCESS_DENIED)$/
+
+function isCertificateRefusal (err: unknown): boolean {
   const code = (err as NodeJS.ErrnoException | undefined)?.code
-  if (typeof code !== 'string') return false
-  return code.startsWith('ERR_SSL_') || code.startsWith('ERR_TLS_') || code.includes('CERT') || code === 'DEPTH_ZERO_SELF_SIGNED_CERT' || code === 'SELF_SIGNED_CERT_IN_CHAIN' || code.startsWith('UNABLE_TO_')
+  return typeof code === 'string' && CERTIFICATE_REFUSAL.test(code)
 }
 
 function invalid (err: unknown): RpcError {

@@ -4,8 +4,8 @@
 // data split into one-byte TLS records. Certificates are made by openssl
 // in a temporary directory. Outcomes are counted; no duration is asserted.
 import t, { type Test } from 'tap'
-import { connect as netConnect, type Socket } from 'node:net'
-import { connect as tlsConnect, type ConnectionOptions as TlsConnectOptions, type TlsOptions } from 'node:tls'
+import { connect as netConnect, createServer as netCreateServer, type Socket } from 'node:net'
+import { TLSSocket, connect as tlsConnect, createSecureContext, type ConnectionOptions as TlsConnectOptions, type TlsOptions } from 'node:tls'
 import { once } from 'node:events'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { FakeClock } from '../../scheduling/clock.js'
@@ -279,6 +279,30 @@ function tests (certs: TestCerts): void {
     t.ok(err instanceof RpcError && err.code === ErrorCode.INVALID_ARGUMENT, 'RPC_ERR_INVALID_ARGUMENT')
     t.match((err as Error).message, /tls\.ca/)
     t.doesNotThrow(() => new ProtocolServer(linesProtocol(), { tls: { ...serverTls, requestCert: true, rejectUnauthorized: false } }), 'unverified certificates name no user: allowed')
+  })
+
+  t.test('a TLS error after a non-idempotent request was written: the call fails once, not retried', async t => {
+    let connections = 0
+    const raws: Socket[] = []
+    const secureContext = createSecureContext(serverTls)
+    const server = netCreateServer(raw => {
+      connections++
+      raws.push(raw)
+      raw.on('error', () => {})
+      const secure = new TLSSocket(raw, { isServer: true, secureContext })
+      secure.on('error', () => {})
+      // The request arrived: answer with a record that does not decrypt.
+      secure.once('data', () => { raw.write(Buffer.concat([Buffer.from([0x17, 0x03, 0x03, 0x00, 0x20]), Buffer.alloc(32, 0xab)])) })
+    })
+    server.listen(0, '127.0.0.1')
+    await once(server, 'listening')
+    t.teardown(() => { for (const r of raws) r.destroy(); server.close() })
+    const port = (server.address() as { port: number }).port
+    const c = client(t, 'lines', port, { tls: { ca: certs.ca }, retry: { backoff: { delayMs: () => 1 }, budget: null, maxAttempts: 3 } })
+    const err = await failure(c.call({ route: 'echo', payload: 'once' }, { timeoutMs: 5000 }))
+    t.not(err.code, ErrorCode.CONNECT_FAILED, `a failure of a sent call: ${err.code} ${err.message}`)
+    t.equal(c.stats().retries, 0, 'not retried')
+    t.equal(connections, 1, 'one connection, one request')
   })
 }
 
