@@ -269,8 +269,13 @@ export class ProtocolServer {
     this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    const handshakeMs = options.tlsHandshakeTimeoutMs
+    if (handshakeMs !== undefined && !(Number.isSafeInteger(handshakeMs) && handshakeMs > 0)) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `tlsHandshakeTimeoutMs must be a positive integer, got ${handshakeMs}`)
+    }
     if (options.tls !== undefined) {
       const tls = options.tls
+      checkAcceptOptions(tls)
       if (tls.requestCert === true && tls.rejectUnauthorized !== false && tls.ca === undefined) {
         // Else any certificate from a public CA would pass, its CN becoming ctx.user.
         throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.requestCert needs tls.ca, the CA that signs the client certificates')
@@ -546,11 +551,23 @@ export class ProtocolServer {
     }
     if (!this.#admit(accepted)) return
     this.#stats.connectionsAccepted++
-    // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
-    const secure = this.#secureContext === null ? null : this.#tlsSocket(accepted, this.#secureContext)
+    const remoteAddress = `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`
+    let secure: TLSSocket | null
+    let state: unknown
+    try {
+      // The protocol's code and node:tls may throw: the connection goes, the server stays.
+      state = this.#connectionState(remoteAddress)
+      // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
+      secure = this.#secureContext === null ? null : this.#tlsSocket(accepted, this.#secureContext)
+    } catch (err) {
+      accepted.destroy()
+      this.#stats.acceptErrors++
+      this.#logAcceptError.log(this.#error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
+        () => ({ protocol: this.#protocol.name, remote: remoteAddress }))
+      return
+    }
     const reader = secure === null ? new SocketReader() : undefined
     const socket = secure ?? readThrough(accepted, reader!)
-    const remoteAddress = `${socket.remoteAddress ?? '?'}:${socket.remotePort ?? 0}`
     const connection = new Connection(socket, {
       reader: socket === accepted || secure !== null ? undefined : reader,
       framing: this.#protocol.framing,
@@ -560,7 +577,7 @@ export class ProtocolServer {
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#connectionState(remoteAddress))
+    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), state)
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     // Jitter keeps connections opened together from all reconnecting together.
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
@@ -880,6 +897,20 @@ export class ListenError extends Error {
     this.port = port
     this.syscall = cause.syscall
   }
+}
+
+// The options each accepted connection's TLSSocket takes beyond the secure context, checked once.
+function checkAcceptOptions (tls: TlsOptions): void {
+  const alpn = tls.ALPNProtocols
+  if (alpn !== undefined) {
+    const names: unknown[] = Array.isArray(alpn) ? alpn : [alpn]
+    // A single buffer is the wire format already; an array lists names of 1 to 255 bytes.
+    const ok = Array.isArray(alpn)
+      ? names.every(n => (typeof n === 'string' || ArrayBuffer.isView(n)) && Buffer.byteLength(n as string) >= 1 && Buffer.byteLength(n as string) <= 255)
+      : ArrayBuffer.isView(alpn)
+    if (!ok) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.ALPNProtocols must be an array of protocol names (strings or buffers of 1 to 255 bytes) or a buffer')
+  }
+  if (tls.SNICallback !== undefined && typeof tls.SNICallback !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.SNICallback must be a function')
 }
 
 function atLeastOne (value: number, name: string): number {

@@ -304,6 +304,38 @@ function tests (certs: TestCerts): void {
     t.equal(c.stats().retries, 0, 'not retried')
     t.equal(connections, 1, 'one connection, one request')
   })
+
+  t.test('bad tlsHandshakeTimeoutMs and ALPNProtocols are refused at construction', async t => {
+    const refused = (options: ServerOptions): unknown => { try { new ProtocolServer(linesProtocol(), options); return null } catch (e) { return e } }
+    for (const ms of [0, -1, 1.5, Number.NaN, Infinity]) {
+      const err = refused({ tls: serverTls, tlsHandshakeTimeoutMs: ms })
+      t.ok(err instanceof RpcError && err.code === ErrorCode.INVALID_ARGUMENT, `tlsHandshakeTimeoutMs ${ms}`)
+    }
+    for (const alpn of [['x'.repeat(256)], [''], 'h2', [42]]) {
+      const err = refused({ tls: { ...serverTls, ALPNProtocols: alpn as never } })
+      t.ok(err instanceof RpcError && err.code === ErrorCode.INVALID_ARGUMENT, `ALPNProtocols ${JSON.stringify(alpn).slice(0, 20)}`)
+    }
+    t.doesNotThrow(() => new ProtocolServer(linesProtocol(), { tls: { ...serverTls, ALPNProtocols: ['nyala', 'x'] }, tlsHandshakeTimeoutMs: 500 }))
+  })
+
+  t.test('a throwing connectionState: the connection is closed and counted, the server keeps serving', async t => {
+    for (const tls of [undefined, serverTls]) {
+      let throwNext = true
+      const base = linesProtocol()
+      const protocol = { ...base, connectionState: () => { if (throwNext) { throwNext = false; throw new Error('no state') } return undefined } }
+      const server = new ProtocolServer(protocol as typeof base, { idleTimeoutMs: 0, logger: { error: () => {}, warn: () => {}, info: () => {} }, tls })
+      server.addRoutes('lines', { echo: (arg: string) => arg } as never)
+      const { port } = await server.listen(0, '127.0.0.1')
+      t.teardown(async () => { await server.close({ graceMs: 100 }) })
+      const raw = netConnect(port, '127.0.0.1')
+      raw.on('error', () => {})
+      await once(raw, 'close')
+      t.equal(server.stats().acceptErrors, 1, `${tls === undefined ? 'plaintext' : 'TLS'}: counted`)
+      t.equal(server.stats().connectionsOpen, 0)
+      const c = client(t, 'lines', port, tls === undefined ? {} : { tls: { ca: certs.ca } })
+      t.equal(await c.call({ route: 'echo', payload: 'next' }), 'next', 'the next connection is served')
+    }
+  })
 }
 
 /** `[u16 length][u8 route][u32 id][payload]` of the tagged toy protocol, route echo. */
