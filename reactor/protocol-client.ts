@@ -1,6 +1,6 @@
 import { setMaxListeners } from 'node:events'
 import { connect as netConnect, type Socket } from 'node:net'
-import { connect as tlsConnect, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
+import { connect as tlsConnect, createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import Denque from 'denque'
 import type { AnswerKind, ClientProtocol } from '../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../codec/errors.js'
@@ -245,11 +245,15 @@ export class ProtocolClient<Req, Res> {
   readonly #defaultTimeoutMs: number
   readonly #closing = new AbortController()
   #closed = false
+  /** With `tls`: the options of every connect, their secure context built once. */
+  readonly #tls: TlsConnectionOptions | undefined
 
   constructor (protocol: ClientProtocol<Req, Res>, options: ProtocolClientOptions) {
     if (protocol.matching === 'id' && protocol.answerId === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'id' matching needs answerId`)
     this.#protocol = protocol
     this.#options = options
+    // Bad certificates and keys throw here, not at each connect.
+    this.#tls = options.tls === undefined ? undefined : { ...options.tls, secureContext: options.tls.secureContext ?? createSecureContext(options.tls) }
     this.#clock = options.clock ?? realClock
     this.#inOrder = protocol.matching === 'in-order'
     this.#maxInFlight = options.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT
@@ -561,7 +565,7 @@ export class ProtocolClient<Req, Res> {
     const protocol = this.#protocol
     const options = this.#options
     const key = `${slot.address.host}:${slot.address.port}`
-    const tls = options.tls
+    const tls = this.#tls
     // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
     const reader = tls === undefined ? new SocketReader() : undefined
     const socket: Socket = tls === undefined

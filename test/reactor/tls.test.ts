@@ -336,6 +336,10 @@ function tests (certs: TestCerts): void {
       t.equal(await c.call({ route: 'echo', payload: 'next' }), 'next', 'the next connection is served')
     }
   })
+
+  t.test('client: bad TLS options throw at construction, not at connect', async t => {
+    t.throws(() => new ProtocolClient(linesClientProtocol(), { endpoint: '127.0.0.1:1', tls: { cert: 'not a certificate', key: 'not a key' } }))
+  })
 }
 
 /** `[u16 length][u8 route][u32 id][payload]` of the tagged toy protocol, route echo. */
