@@ -177,8 +177,10 @@ export class Connection {
    * measure of a slow reader's progress.
    */
   get writeQueueBytes (): number {
-    const handle = (this.socket as unknown as { _handle?: { writeQueueSize?: unknown } | null })._handle
-    const size = handle?.writeQueueSize
+    type Handle = { writeQueueSize?: unknown, _parent?: Handle } | null
+    const handle = (this.socket as unknown as { _handle?: Handle })._handle
+    // Under TLS the TCP handle beneath counts the kernel's progress (the TLS one holds a write whole until done).
+    const size = (handle?._parent ?? handle)?.writeQueueSize
     return typeof size === 'number' ? size : 0
   }
 
