@@ -137,7 +137,7 @@ export interface LimitCounters {
   connectionsEvicted: number
   /** Connections closed while negotiating to admit a newcomer (at either connection limit). */
   negotiatingEvicted: number
-  /** accept() failures Node reported (EMFILE, ENFILE: out of descriptors). */
+  /** accept() failures Node reported (EMFILE, ENFILE: out of descriptors), and accepted connections whose set-up threw (the protocol's `connectionState`, the TLS socket): closed. */
   acceptErrors: number
   /**
    * Scans that found the process at its descriptor limit. libuv then
@@ -155,7 +155,7 @@ const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
   ['connectionsRefused', 'nyala_connections_refused_total', 'Connections refused at the connection limit (none idle enough to close).'],
   ['connectionsEvicted', 'nyala_connections_evicted_total', 'Idle connections closed to admit a newcomer at the connection limit.'],
   ['negotiatingEvicted', 'nyala_connections_negotiating_evicted_total', 'Negotiating connections closed to admit a newcomer at their limit.'],
-  ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures for lack of file descriptors (EMFILE, ENFILE).'],
+  ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures (EMFILE, ENFILE) and accepted connections whose set-up failed.'],
   ['descriptorsExhausted', 'nyala_descriptors_exhausted_total', 'Scans that found the process at its file descriptor limit (new connections are then dropped by libuv unseen).']
 ]
 
