@@ -15,7 +15,6 @@
  * reactor, so more than one reactor suits only clients that shard by
  * connection (or benchmarks that do not read back).
  */
-import { readFileSync } from 'node:fs'
 import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -23,6 +22,7 @@ import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { memcachedHandlers } from './handlers.js'
 import { memcachedProtocol } from './protocol.js'
 import { MemcachedStore } from './store.js'
+import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
 
 export interface MemcachedServerOptions {
   /** The cache's memory limit in bytes; default 64 MiB. */
@@ -54,29 +54,6 @@ function positiveInteger (name: string, text: string | undefined, fallback: numb
   return value
 }
 
-/**
- * `--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]`
- * as `ServerOptions.tls`: undefined without `--tls-cert`.
- */
-function tlsFromFlags (values: { 'tls-cert'?: string, 'tls-key'?: string, 'tls-ca'?: string, 'tls-require-client-cert'?: boolean }): TlsOptions | undefined {
-  const cert = values['tls-cert']
-  const key = values['tls-key']
-  if (cert === undefined && key === undefined) {
-    if (values['tls-ca'] !== undefined || values['tls-require-client-cert'] === true) throw new RangeError('--tls-ca and --tls-require-client-cert need --tls-cert and --tls-key')
-    return undefined
-  }
-  if (cert === undefined || key === undefined) throw new RangeError('--tls-cert and --tls-key go together')
-  const requireClientCert = values['tls-require-client-cert'] === true
-  if (requireClientCert && values['tls-ca'] === undefined) throw new RangeError('--tls-require-client-cert needs --tls-ca (the CA that signs client certificates)')
-  return {
-    cert: readFileSync(cert),
-    key: readFileSync(key),
-    ca: values['tls-ca'] === undefined ? undefined : readFileSync(values['tls-ca']),
-    requestCert: requireClientCert,
-    rejectUnauthorized: requireClientCert
-  }
-}
-
 async function main (argv: string[]): Promise<void> {
   const { values } = parseArgs({
     args: argv,
@@ -86,10 +63,7 @@ async function main (argv: string[]): Promise<void> {
       reactors: { type: 'string' },
       'memory-mb': { type: 'string' },
       'request-timeout-ms': { type: 'string' },
-      'tls-cert': { type: 'string' },
-      'tls-key': { type: 'string' },
-      'tls-ca': { type: 'string' },
-      'tls-require-client-cert': { type: 'boolean' }
+      ...TLS_FLAG_OPTIONS
     },
     strict: true
   })

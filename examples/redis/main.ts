@@ -16,7 +16,6 @@
  * reactor, so more than one reactor suits only clients that shard by
  * connection (or benchmarks that do not read back).
  */
-import { readFileSync } from 'node:fs'
 import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -24,6 +23,7 @@ import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { redisHandlers } from './handlers.js'
 import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
 import { RedisStore } from './store.js'
+import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
 
 export interface RedisServerOptions {
   /** The keyspace's memory limit in estimated bytes (see store.ts); default 64 MiB. */
@@ -83,29 +83,6 @@ function nonNegativeInteger (name: string, text: string | undefined, fallback: n
   return value
 }
 
-/**
- * `--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]`
- * as `ServerOptions.tls`: undefined without `--tls-cert`.
- */
-function tlsFromFlags (values: { 'tls-cert'?: string, 'tls-key'?: string, 'tls-ca'?: string, 'tls-require-client-cert'?: boolean }): TlsOptions | undefined {
-  const cert = values['tls-cert']
-  const key = values['tls-key']
-  if (cert === undefined && key === undefined) {
-    if (values['tls-ca'] !== undefined || values['tls-require-client-cert'] === true) throw new RangeError('--tls-ca and --tls-require-client-cert need --tls-cert and --tls-key')
-    return undefined
-  }
-  if (cert === undefined || key === undefined) throw new RangeError('--tls-cert and --tls-key go together')
-  const requireClientCert = values['tls-require-client-cert'] === true
-  if (requireClientCert && values['tls-ca'] === undefined) throw new RangeError('--tls-require-client-cert needs --tls-ca (the CA that signs client certificates)')
-  return {
-    cert: readFileSync(cert),
-    key: readFileSync(key),
-    ca: values['tls-ca'] === undefined ? undefined : readFileSync(values['tls-ca']),
-    requestCert: requireClientCert,
-    rejectUnauthorized: requireClientCert
-  }
-}
-
 async function main (argv: string[]): Promise<void> {
   const { values } = parseArgs({
     args: argv,
@@ -118,10 +95,7 @@ async function main (argv: string[]): Promise<void> {
       'proto-max-bulk-len': { type: 'string' },
       'max-message-mb': { type: 'string' },
       'max-arguments': { type: 'string' },
-      'tls-cert': { type: 'string' },
-      'tls-key': { type: 'string' },
-      'tls-ca': { type: 'string' },
-      'tls-require-client-cert': { type: 'boolean' }
+      ...TLS_FLAG_OPTIONS
     },
     strict: true
   })
