@@ -1,5 +1,9 @@
 import { connect, type Socket } from 'node:net'
 import { once } from 'node:events'
+import type { Test } from 'tap'
+import type { ServerProtocol } from '../../codec/protocol.js'
+import type { CallContext } from '../../reactor/inbound-call.js'
+import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 
 /** A raw client socket that collects every byte it receives and whether it closed. */
 export class Peer {
@@ -44,4 +48,29 @@ export async function exchange (port: number, bytes: Buffer, trailer: Buffer, ma
   for (let i = 0; i < 60 && !closed && received.indexOf(marker) < 0; i++) await new Promise(resolve => setTimeout(resolve, 5))
   socket.destroy()
   return { received, closed }
+}
+
+/**
+ * A ProtocolServer for `protocol` with `handlers` as route group `group`, on
+ * 127.0.0.1 port 0, and a way to open Peers to it; the test's teardown
+ * destroys the peers and closes the server. The group gets `options.workers`
+ * and `options.queueLength`.
+ */
+export async function servePeers (t: Test, protocol: ServerProtocol<any, any>, group: string, handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
+  const server = new ProtocolServer(protocol, options)
+  server.addRoutes(group, handlers as never, { workers: options.workers, queueLength: options.queueLength })
+  const { port } = await server.listen(0, '127.0.0.1')
+  const peers: Peer[] = []
+  t.teardown(async () => {
+    for (const peer of peers) peer.socket.destroy()
+    await server.close({ graceMs: 100 })
+  })
+  const open = async (): Promise<Peer> => {
+    const socket = connect(port, '127.0.0.1')
+    await once(socket, 'connect')
+    const peer = new Peer(socket)
+    peers.push(peer)
+    return peer
+  }
+  return { server, open }
 }

@@ -6,7 +6,7 @@
 import t, { type Test } from 'tap'
 import { connect } from 'node:net'
 import { once } from 'node:events'
-import { Peer } from '../helpers/socket-peer.js'
+import { Peer, servePeers } from '../helpers/socket-peer.js'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
 import { FrameDecoder } from '../../codec/frame-decoder.js'
 import { ScanDecoder } from '../../codec/scan-decoder.js'
@@ -15,23 +15,8 @@ import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { linesProtocol, scanners, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
-async function start (t: Test, protocol: 'lines' | 'tagged', handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
-  const server = new ProtocolServer(protocol === 'lines' ? linesProtocol() : taggedProtocol(), options)
-  server.addRoutes(protocol, handlers as never, { workers: options.workers, queueLength: options.queueLength })
-  const { port } = await server.listen(0, '127.0.0.1')
-  const peers: Peer[] = []
-  t.teardown(async () => {
-    for (const peer of peers) peer.socket.destroy()
-    await server.close({ graceMs: 100 })
-  })
-  const open = async (): Promise<Peer> => {
-    const socket = connect(port, '127.0.0.1')
-    await once(socket, 'connect')
-    const peer = new Peer(socket)
-    peers.push(peer)
-    return peer
-  }
-  return { server, open }
+function start (t: Test, protocol: 'lines' | 'tagged', handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
+  return servePeers(t, protocol === 'lines' ? linesProtocol() : taggedProtocol(), protocol, handlers, options)
 }
 
 const lineHandlers = {

@@ -4,34 +4,14 @@
 // it (protocolError), the protocol's own state per connection
 // (connectionState), frames that are not requests (CallHead.skip), and route
 // keys past the linear route cache.
-import t, { type Test } from 'tap'
-import { connect } from 'node:net'
-import { once } from 'node:events'
-import { Peer } from '../helpers/socket-peer.js'
+import t from 'tap'
+import { servePeers } from '../helpers/socket-peer.js'
 import type { RpcError } from '../../codec/errors.js'
 import type { CallHead, ServerProtocol } from '../../codec/protocol.js'
-import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { linesProtocol, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
-async function serve (t: Test, protocol: ServerProtocol<any, any>, group: string, handlers: Record<string, (req: never, ctx: CallContext) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, open: () => Promise<Peer> }> {
-  const server = new ProtocolServer(protocol, options)
-  server.addRoutes(group, handlers as never)
-  const { port } = await server.listen(0, '127.0.0.1')
-  const peers: Peer[] = []
-  t.teardown(async () => {
-    for (const peer of peers) peer.socket.destroy()
-    await server.close({ graceMs: 100 })
-  })
-  const open = async (): Promise<Peer> => {
-    const socket = connect(port, '127.0.0.1')
-    await once(socket, 'connect')
-    const peer = new Peer(socket)
-    peers.push(peer)
-    return peer
-  }
-  return { server, open }
-}
+const serve = servePeers
 
 const sleep = async (arg: string): Promise<string> => {
   const [ms, word] = arg.split(' ')
