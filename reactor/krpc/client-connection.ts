@@ -12,11 +12,28 @@ import type { Balancer, Slot } from '../balancer.js'
 import { CallTable } from '../call-table.js'
 import { labelOf, type OutboundCall, type OutboundCalls } from './outbound-call.js'
 
+/** The TLS settings of a KRPC client (`ClientOptions.tls`). */
+export interface ClientTlsOptions {
+  /** CAs that may sign the server's certificate; default Node's. */
+  ca?: string | Buffer | Array<string | Buffer>
+  /** This client's certificate and key, for certificate authentication. */
+  cert?: string | Buffer
+  key?: string | Buffer
+  /** The name the server's certificate must carry; default the endpoint's host. */
+  servername?: string
+  /** Check the server's certificate (default true). */
+  rejectUnauthorized?: boolean
+}
+
 /** The client options a connection is opened with (`ClientOptions` has them all); read at each open. */
 export interface ConnectionOptions {
   /** SASL PLAIN user and password sent in negotiation. */
   user?: string
   password?: string
+  /** TLS in negotiation, and whether the client insists on it. */
+  tls?: ClientTlsOptions
+  requireTls?: boolean
+  encryptLoopback?: boolean
   /** Largest inbound frame, checked at its length prefix; default 50 MiB (independent of the server's). */
   maxMessageBytes?: number
   /** Deadline of a connection's negotiation; default 3000 ms. A short call timeout does not shorten it. */

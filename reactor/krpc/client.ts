@@ -8,7 +8,7 @@ import { Balancer, type BalancePolicy, type Slot } from '../balancer.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../../scheduling/retry.js'
 import { BusyPoller } from '../../transport/busy-poll.js'
 import { RateLimitedLog, resolveLogger, type Logger } from '../logger.js'
-import type { ClientConnection } from './client-connection.js'
+import type { ClientConnection, ClientTlsOptions } from './client-connection.js'
 import { ConnectionPool, type ClientConnectionStats } from './connection-pool.js'
 import { OutboundCalls, failEarly, labelOf, newCall, CallState, type CallResult, type Callback, type OutboundCall } from './outbound-call.js'
 import { noSuchMethod, preparedMethod, type PreparedMethod, type PreparedMethods } from './prepared-method.js'
@@ -17,6 +17,7 @@ import { serviceStub, type AnyResolve, type CallOptions, type StartCall, type St
 
 export type { CallResult, Callback } from './outbound-call.js'
 export type { ClientConnectionStats } from './connection-pool.js'
+export type { ClientTlsOptions } from './client-connection.js'
 export type { Endpoint, Target } from './resolve.js'
 export type { CallOptions, Stub, StubMethod } from './stub.js'
 
@@ -62,6 +63,18 @@ export interface ClientOptions {
   /** SASL PLAIN user and password sent in negotiation. */
   user?: string
   password?: string
+  /**
+   * Offer TLS in negotiation (the handshake inside TLS_HANDSHAKE steps, as
+   * Kudu's clients do). The server's certificate is checked against `ca`
+   * (default: Node's CAs) and its name against `servername` (default: the
+   * endpoint's host) unless `rejectUnauthorized` is false. `cert` and `key`
+   * authenticate this client by certificate when the server asks for it.
+   */
+  tls?: ClientTlsOptions
+  /** Fail negotiation with a server that does not offer TLS (needs `tls`). */
+  requireTls?: boolean
+  /** Encrypt loopback connections too (by default both sides on loopback keep plain text after a TLS handshake that authenticates). */
+  encryptLoopback?: boolean
   /** Largest inbound frame, checked at its length prefix; default 50 MiB (independent of the server's). */
   maxMessageBytes?: number
   /** Deadline of a connection's negotiation; default 3000 ms. A short call timeout does not shorten it. */

@@ -2,6 +2,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { krpcError } from '../../codec/krpc/codes.js'
 import type { Authenticator } from '../../codec/krpc/negotiation.js'
 import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/schema.js'
+import type { TlsOptions } from 'node:tls'
 import { realClock } from '../../scheduling/clock.js'
 import type { QueueDiscipline } from '../../scheduling/service-queue.js'
 import type { CallExecutor, RouteDefinition } from '../call-dispatch.js'
@@ -21,10 +22,34 @@ export type Handler<Req, Res> = (request: Req, ctx: KrpcCallContext) => Res | Pr
 /** One handler per method of the service. */
 export type ServiceHandlers<M extends MethodMap> = { [K in keyof M & string]: Handler<M[K]['request'], M[K]['response']> }
 
-/** The KRPC server's options: the generic server's, plus SASL verification. */
+/** The KRPC server's options: the generic server's, plus TLS inside negotiation and authentication. */
 export interface KrpcServerOptions extends ServerOptions {
   /** SASL PLAIN verification; by default any user is accepted. */
   authenticate?: Authenticator
+  /**
+   * TLS the way Kudu does it: the server offers TLS in negotiation, and the
+   * TLS handshake travels inside NegotiatePB TLS_HANDSHAKE steps; every
+   * later byte (SASL, the connection context, calls) is encrypted. Needs
+   * `cert` and `key`; `ca` is the CA that signs client certificates (for
+   * certificate authentication). Unlike the generic server's `tls`, this is
+   * not TLS from the first byte: a Kudu client speaks to it.
+   */
+  tls?: TlsOptions
+  /** Refuse clients that do not offer TLS (FATAL_UNAUTHORIZED, as Kudu's `--rpc_encryption=required`); needs `tls`. */
+  requireTls?: boolean
+  /**
+   * Every client must authenticate with a certificate signed by `tls.ca`
+   * (Kudu's CERTIFICATE authentication); its subject's CN becomes
+   * `ctx.user`. Others are refused FATAL_UNAUTHORIZED. Implies `requireTls`.
+   */
+  requireClientCert?: boolean
+  /**
+   * Encrypt loopback connections too. By default, when both sides are on
+   * loopback and offer TLS_AUTHENTICATION_ONLY, the TLS handshake only
+   * authenticates and the connection then stays in plain text (as Kudu's
+   * `--rpc_encrypt_loopback_connections=false`).
+   */
+  encryptLoopback?: boolean
 }
 
 export interface AddServiceOptions {
