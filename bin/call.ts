@@ -1,12 +1,15 @@
 import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
 import { ProtoSchema, type Message, type ServiceDef } from '../codec/schema.js'
-import { Client } from '../reactor/krpc/client.js'
+import { Client, type ClientTlsOptions } from '../reactor/krpc/client.js'
 import { CALCULATOR_PROTO, CalculatorService } from '../examples/calculator/index.js'
+import { CLIENT_TLS_FLAG_OPTIONS, clientTlsFromFlags } from '../examples/tls-flags.js'
 import { intOption } from './options.js'
 
 export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
-              [--user NAME] [--password PW]
+              [--user NAME] [--password PW] [--tls] [--tls-ca FILE]
+              [--tls-cert FILE --tls-key FILE] [--tls-servername NAME]
+              [--tls-insecure] [--require-tls]
       Calls one method, like grpcurl: the JSON request is encoded with the
       .proto (default: the demo service's), the response printed as JSON.
       JSON (default {}) follows protobuf's JSON mapping with the .proto's
@@ -15,7 +18,14 @@ export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeo
       with a missing required field, an unknown field or a value of the
       wrong type or range is refused, naming the field, and nothing is sent
       (exit 2). On a failed call prints the error code and message and
-      exits 1.
+      exits 1. --user and --password are SASL PLAIN credentials. --tls
+      offers TLS inside negotiation, as Kudu's clients do, the server's
+      certificate checked against Node's CAs and the endpoint's host name;
+      any other TLS flag implies it: --tls-ca FILE checks it against that
+      CA instead, --tls-servername NAME against that name, --tls-insecure
+      not at all; --tls-cert and --tls-key authenticate this client by
+      certificate. --require-tls (which implies --tls) fails with a server
+      that does not offer TLS.
       Example: nyala call 127.0.0.1:7050 nyala.demo.CalculatorService.Add '{"x":1,"y":2}'
 `
 
@@ -26,7 +36,9 @@ export async function call (args: string[]): Promise<number> {
       'timeout-ms': { type: 'string', default: '10000' },
       proto: { type: 'string' },
       user: { type: 'string' },
-      password: { type: 'string' }
+      password: { type: 'string' },
+      ...CLIENT_TLS_FLAG_OPTIONS,
+      'require-tls': { type: 'boolean', default: false }
     },
     allowPositionals: true,
     strict: true
@@ -39,9 +51,19 @@ export async function call (args: string[]): Promise<number> {
   const dot = target.lastIndexOf('.')
   const serviceName = target.slice(0, dot)
   const methodName = target.slice(dot + 1)
+  let tls: ClientTlsOptions | undefined
+  try {
+    tls = clientTlsFromFlags({ ...values, tls: values.tls === true || values['require-tls'] })
+  } catch (err) {
+    if (!(err instanceof RangeError)) throw err
+    process.stderr.write(`nyala call: ${err.message}\n`)
+    return 2
+  }
   const client = new Client({
     ...(values.user === undefined ? {} : { user: values.user }),
-    ...(values.password === undefined ? {} : { password: values.password })
+    ...(values.password === undefined ? {} : { password: values.password }),
+    ...(tls === undefined ? {} : { tls }),
+    ...(values['require-tls'] ? { requireTls: true } : {})
   })
   try {
     if (dot <= 0) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `expected SERVICE.METHOD, got '${target}'`)

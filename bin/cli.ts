@@ -4,6 +4,7 @@ import { call, CALL_USAGE } from './call.js'
 import { fairness, FAIRNESS_USAGE } from './fairness-command.js'
 import { gen, GEN_USAGE } from './gen.js'
 import { isUsageError } from './options.js'
+import { passwd, PASSWD_USAGE } from './passwd.js'
 import { serve, SERVE_USAGE } from './serve.js'
 import { trace, TRACE_USAGE } from './trace.js'
 
@@ -15,6 +16,7 @@ interface Command {
 const COMMANDS: Record<string, Command> = {
   serve: { run: serve, usage: SERVE_USAGE },
   call: { run: call, usage: CALL_USAGE },
+  passwd: { run: passwd, usage: PASSWD_USAGE },
   fairness: { run: fairness, usage: FAIRNESS_USAGE },
   trace: { run: trace, usage: TRACE_USAGE },
   gen: { run: gen, usage: GEN_USAGE },

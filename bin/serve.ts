@@ -7,9 +7,11 @@ import { Registry } from 'prom-client'
 import { RpcError } from '../codec/errors.js'
 import { isReactorWorker, serveReactors, type Reactors } from '../reactor/cluster.js'
 import { consoleLogger } from '../reactor/logger.js'
-import { Server } from '../reactor/krpc/server.js'
+import { loadPasswordFile } from '../reactor/krpc/password-file.js'
+import { Server, type KrpcServerOptions } from '../reactor/krpc/server.js'
 import { ListenError } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
+import { serverTlsFiles } from '../examples/tls-flags.js'
 import { discipline, intOption } from './options.js'
 
 export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
@@ -22,6 +24,8 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
               [--max-connections N] [--max-negotiating-connections 1000]
               [--max-negotiation-bytes N] [--abandon-after-ms 5000]
               [--shutdown-grace-ms 30000] [--burst-limit 4096]
+              [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--require-tls]
+              [--require-client-cert] [--encrypt-loopback] [--password-file FILE]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
       with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
@@ -49,6 +53,15 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       handler still running --abandon-after-ms past its deadline gives its
       worker back; SIGTERM waits at most --shutdown-grace-ms for calls and
       flushes, then closes every connection.
+      Security (docs/security.md): --tls-cert and --tls-key offer TLS inside
+      negotiation, as Kudu does; --tls-ca is the CA that signs client
+      certificates. --require-tls refuses clients that do not offer TLS,
+      --require-client-cert those without a certificate signed by --tls-ca
+      (its CN becomes the user). Loopback connections authenticate with TLS,
+      then stay in plain text unless --encrypt-loopback. --password-file
+      checks SASL PLAIN users against a file of USER:HASH lines (scrypt
+      hashes, as nyala passwd USER prints them). The files are read at
+      start-up, by every reactor; one that cannot be read is an error.
 `
 
 export async function serve (args: string[]): Promise<number> {
@@ -78,6 +91,13 @@ export async function serve (args: string[]): Promise<number> {
       'abandon-after-ms': { type: 'string' },
       'shutdown-grace-ms': { type: 'string' },
       'burst-limit': { type: 'string' },
+      'tls-cert': { type: 'string' },
+      'tls-key': { type: 'string' },
+      'tls-ca': { type: 'string' },
+      'require-tls': { type: 'boolean', default: false },
+      'require-client-cert': { type: 'boolean', default: false },
+      'encrypt-loopback': { type: 'boolean', default: false },
+      'password-file': { type: 'string' },
       verbose: { type: 'boolean', default: false }
     },
     strict: true
@@ -128,6 +148,16 @@ export async function serve (args: string[]): Promise<number> {
       return 2
     }
   }
+  // TLS and the password file, read now (in each reactor process too: it
+  // parses the same arguments): a file that cannot be read or a flag without
+  // the flags it needs is one line and exit 2, before anything listens.
+  try {
+    Object.assign(options, securityOptions(values))
+  } catch (err) {
+    if (!(err instanceof RangeError) && !(err instanceof RpcError && err.code === 'RPC_ERR_INVALID_ARGUMENT')) throw err
+    process.stderr.write(`nyala serve: ${err.message.replace(/\s*\n\s*/g, ' ')}\n`)
+    return 2
+  }
   // Start-up: the metrics listener first (so a busy metrics port fails
   // before any reactor is forked), then the reactors. A failure closes what
   // was started and is one line on stderr: no stack, no half-alive server.
@@ -175,6 +205,22 @@ export async function serve (args: string[]): Promise<number> {
     process.once('SIGINT', () => stop('SIGINT'))
     process.once('SIGTERM', () => stop('SIGTERM'))
   })
+}
+
+/** The Server options of the TLS and password-file flags, their files read; throws RangeError or RpcError (INVALID_ARGUMENT). */
+function securityOptions (values: {
+  'tls-cert'?: string, 'tls-key'?: string, 'tls-ca'?: string, 'require-tls'?: boolean,
+  'require-client-cert'?: boolean, 'encrypt-loopback'?: boolean, 'password-file'?: string
+}): Pick<KrpcServerOptions, 'tls' | 'requireTls' | 'requireClientCert' | 'encryptLoopback' | 'authenticate'> {
+  const needTls = (['require-tls', 'require-client-cert', 'encrypt-loopback'] as const).filter((flag) => values[flag] === true).map((flag) => `--${flag}`)
+  const tls = serverTlsFiles(values, needTls, values['require-client-cert'] === true ? '--require-client-cert' : undefined)
+  const options: Pick<KrpcServerOptions, 'tls' | 'requireTls' | 'requireClientCert' | 'encryptLoopback' | 'authenticate'> = {}
+  if (tls !== undefined) options.tls = tls
+  if (values['require-tls'] === true) options.requireTls = true
+  if (values['require-client-cert'] === true) options.requireClientCert = true
+  if (values['encrypt-loopback'] === true) options.encryptLoopback = true
+  if (values['password-file'] !== undefined) options.authenticate = loadPasswordFile(values['password-file'])
+  return options
 }
 
 /**

@@ -1,7 +1,8 @@
 /**
  * `nyala serve` start-up errors, through the bin/nyala launcher and dist/
  * (built by `npx tsc -p tsconfig.json`): a busy RPC port, a busy metrics
- * port, a port out of range, and a busy port with two reactor processes.
+ * port, a port out of range, a busy port with two reactor processes, and a
+ * password file or TLS key that cannot be read.
  * Each must be one line on stderr naming the problem, no stack, no
  * `listening on`, a non-zero exit, and nothing left running: no process
  * the CLI started survives it and the ports it was given are free again.
@@ -22,7 +23,7 @@ const LAUNCHER = `${ROOT}bin/nyala`
 const RUN_LIMIT_MS = 60_000
 
 // The launcher runs dist/: test it when dist/ was built from these sources.
-const BUILT_FROM = ['bin/serve.ts', 'bin/cli.ts', 'reactor/cluster.ts', 'reactor/cluster-reactor.ts', 'reactor/server.ts']
+const BUILT_FROM = ['bin/serve.ts', 'bin/cli.ts', 'reactor/cluster.ts', 'reactor/cluster-reactor.ts', 'reactor/server.ts', 'reactor/krpc/password-file.ts', 'examples/tls-flags.ts']
 const distFresh = BUILT_FROM.every((f) => {
   const out = `${ROOT}dist/${f.replace(/\.ts$/, '.js')}`
   return existsSync(out) && statSync(out).mtimeMs >= statSync(`${ROOT}${f}`).mtimeMs
@@ -177,6 +178,26 @@ t.test('--reactors 2 with a busy metrics port: no reactor is started', { skip },
   const rpcPort = await freePort()
   const run = await nyala(t, ['serve', '--reactors', '2', '--port', String(rpcPort), '--metrics-port', String(metricsPort)])
   assertFailedCleanly(t, run, /^nyala serve: metrics port 127\.0\.0\.1:\d+: address already in use \(EADDRINUSE\)\n$/)
+  t.ok(await isFree(rpcPort), 'no RPC listener left')
+})
+
+t.test('--password-file and --tls-key that cannot be read, --require-tls without a certificate: one line, exit 2, nothing left', { skip }, async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-serve-files-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const missing = join(dir, 'missing')
+  const cert = join(dir, 'cert.pem')
+  writeFileSync(cert, 'not a certificate\n')
+  const rpcPort = await freePort()
+  const passwords = await nyala(t, ['serve', '--reactors', '2', '--port', String(rpcPort), '--password-file', missing])
+  assertFailedCleanly(t, passwords, new RegExp(`^nyala serve: cannot read password file ${missing}: ENOENT`))
+  t.equal(passwords.code, 2, 'a usage error')
+  t.same(passwords.children, [], 'refused before any reactor is started')
+  const key = await nyala(t, ['serve', '--reactors', '1', '--port', String(rpcPort), '--tls-cert', cert, '--tls-key', missing])
+  assertFailedCleanly(t, key, new RegExp(`^nyala serve: --tls-key ${missing}: cannot read it \\(no such file\\)\n$`))
+  t.equal(key.code, 2)
+  const requireTls = await nyala(t, ['serve', '--reactors', '1', '--port', String(rpcPort), '--require-tls'])
+  assertFailedCleanly(t, requireTls, /^nyala serve: --require-tls needs --tls-cert and --tls-key\n$/)
+  t.equal(requireTls.code, 2)
   t.ok(await isFree(rpcPort), 'no RPC listener left')
 })
 
