@@ -58,11 +58,13 @@ export interface Deframer {
   readonly bufferedBytes: number
   readonly heldBytes: number
   maxFrameBytes: number
+  /** After a sink returned false: how many bytes of that chunk were decoded. */
+  readonly consumed: number
   stop: () => void
   pushRanges: (chunk: Buffer, sink: FrameRangeSink) => RpcError | null
 }
 
-/** Called with each complete frame; return `false` to stop decoding (the connection is going away). */
+/** Called with each complete frame; return `false` to stop decoding the chunk (`consumed` then says where it stopped). */
 export type FrameSink = (frame: Buffer) => boolean | undefined | void
 
 /**
@@ -116,6 +118,7 @@ export class FrameDecoder implements Deframer {
   #inPrefix = false
   #error: RpcError | null = null
   #stopped = false
+  #consumed = 0
 
   constructor (framing: Framing, maxFrameBytes = DEFAULT_MAX_MESSAGE_BYTES) {
     this.#framing = framing
@@ -152,6 +155,11 @@ export class FrameDecoder implements Deframer {
   }
 
   /** Stops decoding: further chunks are ignored and the partial frame is released. */
+  /** After a sink returned false: how many bytes of that chunk were decoded (the rest was not looked at). */
+  get consumed (): number {
+    return this.#consumed
+  }
+
   stop (): void {
     this.#stopped = true
     this.#release()
@@ -185,7 +193,7 @@ export class FrameDecoder implements Deframer {
       const frameBytes = this.#frameBytes
       const frame = this.#blocks === null ? this.#partial : Buffer.concat([...this.#blocks, this.#partial], frameBytes)
       this.#release()
-      if (sink(frame, 0, frameBytes) === false || this.#stopped) return null
+      if (sink(frame, 0, frameBytes) === false || this.#stopped) return this.#stoppedAt(offset)
     }
 
     const prefixBytes = this.#framing.prefixBytes
@@ -205,7 +213,7 @@ export class FrameDecoder implements Deframer {
       }
       const start = offset
       offset += frameBytes
-      if (sink(chunk, start, offset) === false || this.#stopped) return null
+      if (sink(chunk, start, offset) === false || this.#stopped) return this.#stoppedAt(offset)
     }
     return null
   }
@@ -272,6 +280,12 @@ export class FrameDecoder implements Deframer {
       return this.#fail(new RpcError(ErrorCode.MALFORMED_FRAME, `RPC frame had invalid length of ${size}`))
     }
     return size
+  }
+
+  // The sink stopped the chunk's decoding after its first `offset` bytes.
+  #stoppedAt (offset: number): null {
+    this.#consumed = offset
+    return null
   }
 
   #fail (error: RpcError): RpcError {

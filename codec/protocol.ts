@@ -1,3 +1,5 @@
+import type { Socket } from 'node:net'
+import type { Duplex } from 'node:stream'
 import type { RpcError } from './errors.js'
 import type { Framing, ScanFraming } from './frame-decoder.js'
 
@@ -27,13 +29,57 @@ export interface Handshake<T> {
    * is done). Set-up frames are small; a peer must not park megabytes in them.
    */
   maxFrameBytes?: number | undefined
+  /** The connection closed before the handshake finished: release what it holds (a TLS engine). */
+  abort?: () => void
 }
 
-/** One step of a handshake: frames to send, then done, failed, or neither (wait for more). */
+/**
+ * One step of a handshake: frames to send, then done, failed, or neither
+ * (wait for more). With `upgrade`, the connection switches to a secure
+ * channel after writing `send`: every later byte, in both directions (the
+ * bytes already read past this frame included), goes through it, and
+ * `sendUpgraded` is the first thing written through it.
+ */
 export interface HandshakeStep<T> {
   send?: Buffer[][] | undefined
+  upgrade?: ((raw: Socket) => SecureChannel) | undefined
+  sendUpgraded?: Buffer[][] | undefined
   done?: T | undefined
   error?: RpcError | undefined
+}
+
+/** A connection's stream after a handshake's `upgrade` (TLS over its socket). */
+export interface SecureChannel {
+  /** Frames are read from and written to this stream from now on. */
+  readonly stream: Duplex
+  /** Takes each chunk read from the socket (encrypted bytes). */
+  input: (chunk: Buffer) => void
+}
+
+/** What one step of a tunnelled TLS handshake produced. */
+export interface TlsEngineStep {
+  /** The bytes TLS wrote in answer: the token to send (may be empty). */
+  token: Buffer
+  /** The handshake is complete on this side. */
+  done: boolean
+}
+
+/**
+ * A TLS handshake driven by tokens that another protocol carries (KRPC's
+ * TLS_HANDSHAKE steps), then TLS on the connection's socket.
+ * transport/tls-tunnel.ts implements it with node:tls.
+ */
+export interface TlsEngine {
+  /** Feeds the peer's token (empty to begin, on the client). Rejects when TLS fails. */
+  continue: (token: Uint8Array) => Promise<TlsEngineStep>
+  /** The TLS version agreed, once done ('TLSv1.3', 'TLSv1.2'). */
+  readonly protocol: string | null
+  /** The verified peer certificate's subject CN; empty when none. */
+  readonly peerName: string
+  /** Switches the connection to TLS: `pending` goes out first, then every TLS write. */
+  join: (raw: Socket, pending: Buffer | null) => SecureChannel
+  /** Drops the engine (a failure, a timeout, or TLS that only authenticated). */
+  close: () => void
 }
 
 /**

@@ -28,6 +28,7 @@ export class ScanDecoder implements Deframer {
   #filled = 0
   #error: RpcError | null = null
   #stopped = false
+  #consumed = 0
 
   constructor (framing: ScanFraming, maxFrameBytes = DEFAULT_MAX_MESSAGE_BYTES) {
     this.#scanner = framing.scanner()
@@ -52,6 +53,11 @@ export class ScanDecoder implements Deframer {
 
   set maxFrameBytes (bytes: number) {
     this.#maxFrameBytes = bytes
+  }
+
+  /** After a sink returned false: how many bytes of that chunk were decoded (the rest was not looked at). */
+  get consumed (): number {
+    return this.#consumed
   }
 
   stop (): void {
@@ -83,7 +89,7 @@ export class ScanDecoder implements Deframer {
       this.#partial = null
       this.#filled = 0
       this.#scanner.reset()
-      if (sink(frame, 0, size) === false || this.#stopped) return null
+      if (sink(frame, 0, size) === false || this.#stopped) return this.#stoppedAt(offset)
     }
     while (offset < length) {
       const size = this.#scanner.scan(chunk, offset, length)
@@ -102,7 +108,7 @@ export class ScanDecoder implements Deframer {
       const start = offset
       offset += size
       this.#scanner.reset()
-      if (sink(chunk, start, offset) === false || this.#stopped) return null
+      if (sink(chunk, start, offset) === false || this.#stopped) return this.#stoppedAt(offset)
     }
     return null
   }
@@ -126,6 +132,12 @@ export class ScanDecoder implements Deframer {
     }
     src.copy(partial, this.#filled, from, to)
     this.#filled += to - from
+  }
+
+  // The sink stopped the chunk's decoding after its first `offset` bytes.
+  #stoppedAt (offset: number): null {
+    this.#consumed = offset
+    return null
   }
 
   #fail (error: RpcError): RpcError {

@@ -1,8 +1,9 @@
 import type { Socket } from 'node:net'
+import type { Duplex } from 'node:stream'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
-import type { Handshake, HandshakeStep } from '../codec/protocol.js'
+import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
 import type { BusyPoller } from './busy-poll.js'
 import type { InboundBudget } from './inbound-budget.js'
 import type { SocketReader } from './socket-reader.js'
@@ -88,17 +89,22 @@ export class Connection {
   #handler: ConnectionHandler | null = null
   #setup: SetupState | null = null
   #preamble: Buffer | null = null
-  #setupChain: Promise<void> = Promise.resolve()
+  // The stream frames travel on: the socket, or the secure channel set-up switched to.
+  #stream: Socket
+  #channel: SecureChannel | null = null
+  // Bytes read while an asynchronous set-up step runs, decoded once it is
+  // applied (the step may switch the stream: they are then its input).
+  #held: Buffer[] | null = null
+  #holdRest = false
   #closed = false
   /** Ending (endAfterFlush): no frame is delivered any more, though the socket still flushes. */
   #ending = false
   #closeError: RpcError | undefined
+  #endingError: RpcError | undefined
   #bytesRead = 0
   #framesRead = 0
   #reads = 0
   #activity = 0
-  // Set-up frames waiting for, or in, an asynchronous handshake step.
-  #setupQueued = 0
   #maxFrameBytes: number
   #readingPaused = false
   readonly #budget: InboundBudget | null
@@ -109,6 +115,7 @@ export class Connection {
 
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
+    this.#stream = socket
     this.#decoder = isScanFraming(options.framing) ? new ScanDecoder(options.framing, options.maxFrameBytes) : new FrameDecoder(options.framing, options.maxFrameBytes)
     this.#maxFrameBytes = this.#decoder.maxFrameBytes
     this.#queue = new TransferQueue(socket, {
@@ -121,14 +128,18 @@ export class Connection {
     this.#readPath = options.reader !== undefined ? 'onread' : 'data'
     if (options.reader !== undefined) options.reader.attach(onData)
     else socket.on('data', onData)
-    socket.on('drain', () => {
+    this.#watch(socket)
+  }
+
+  #watch (stream: Socket | Duplex): void {
+    stream.on('drain', () => {
       // The peer read what we sent: progress, for the owner's idle scan.
       this.#activity++
       this.#queue.onSocketDrain()
     })
-    socket.on('error', (err: Error) => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `socket error: ${err.message}`, { cause: err })))
-    socket.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
-    socket.on('close', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')))
+    stream.on('error', (err: Error) => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `${stream === this.socket ? 'socket' : 'TLS'} error: ${err.message}`, { cause: err })))
+    stream.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
+    stream.on('close', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')))
   }
 
   /** Starts delivering frames to `handler`. */
@@ -294,13 +305,18 @@ export class Connection {
   destroy (error?: RpcError): void {
     if (this.#closed) return
     this.#closed = true
+    // Ending for a reason (a refused negotiation): the peer's close that follows is not the reason.
+    if (this.#endingError !== undefined) error = this.#endingError
     this.#closeError = error
     this.#decoder.stop()
     this.#reportHeld()
     this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
     this.socket.destroy()
+    if (this.#stream !== this.socket) this.#stream.destroy()
+    this.#held = null
     const setup = this.#setup
     this.#setup = null
+    setup?.handshake.abort?.()
     setup?.reject(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed during set-up'))
     this.#handler?.onClose(error)
   }
@@ -329,12 +345,13 @@ export class Connection {
   endAfterFlush (error?: RpcError): void {
     if (this.#closed || this.#ending) return
     this.#ending = true
+    this.#endingError = error
     this.#decoder.stop()
     this.#reportHeld()
     this.#queue.flushNow()
     // Nothing may follow the end: later sends are dropped, not written after it.
     this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection ending'))
-    this.socket.end(() => this.destroy(error))
+    this.#stream.end(() => this.destroy(error))
   }
 
   stats (): ConnectionStats {
@@ -347,14 +364,32 @@ export class Connection {
     this.#reads++
     this.#activity++
     this.#poller?.touch()
+    if (this.#channel !== null) {
+      this.#channel.input(chunk)
+      return
+    }
+    if (this.#held !== null) {
+      this.#held.push(chunk)
+      return
+    }
     if (this.#preamble !== null) {
       chunk = this.#takePreamble(chunk)
       if (chunk.length === 0 || this.#closed) return
     }
+    this.#decode(chunk)
+  }
+
+  #decode (chunk: Buffer): void {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
+      if (this.#holdRest) {
+        // An asynchronous set-up step stopped the decoding: the rest waits for it.
+        this.#holdRest = false
+        const rest = chunk.subarray(this.#decoder.consumed)
+        if (rest.length > 0) this.#held?.push(rest)
+      }
       if (error !== null) this.#framingError(error)
       else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
@@ -415,41 +450,51 @@ export class Connection {
       }
       return handler.onFrame(buf, start, end) !== false && !this.#closed
     }
-    // Set-up frames are handled in order even when a step is async: keep a
-    // copy. A synchronous step runs now, so that a handshake that ends in
-    // this read lets the frames after it through at once (and under the
-    // regular frame limit).
-    const owned = Buffer.from(buf.subarray(start, end))
-    if (this.#setupQueued === 0) {
-      const pending = this.#setupFrame(owned)
-      if (pending === undefined) return !this.#closed
-      this.#setupQueued++
-      this.#setupChain = pending.then(() => { this.#setupQueued-- })
-      return true
-    }
-    this.#setupQueued++
-    this.#setupChain = this.#setupChain.then(() => this.#setupFrame(owned)).then(() => { this.#setupQueued-- })
-    return true
-  }
-
-  // Hands one set-up frame to the handshake; a promise when its step is asynchronous.
-  #setupFrame (frame: Buffer): Promise<void> | undefined {
+    // A synchronous step runs now, so that a handshake that ends in this
+    // read lets the frames after it through at once (and under the regular
+    // frame limit). An asynchronous one (an authenticator, a TLS step)
+    // holds every byte after its frame until it is applied: the step may
+    // change what those bytes are (TLS records, not frames).
     const setup = this.#setup
-    if (setup === null || this.#closed || this.#ending) {
-      // Set-up finished while this frame waited: it is a regular frame;
-      // unless it failed (the connection is ending): then it is dropped.
-      if (!this.#closed && !this.#ending && this.#handler !== null) this.#handler.onFrame(frame, 0, frame.length)
-      return undefined
-    }
     let step: HandshakeStep<unknown> | Promise<HandshakeStep<unknown>>
     try {
-      step = setup.handshake.onFrame(frame)
+      step = setup.handshake.onFrame(Buffer.from(buf.subarray(start, end)))
     } catch (err) {
       step = setupFailed(err)
     }
-    if (step instanceof Promise) return step.then((s) => this.#applyStep(setup, s), (err: unknown) => this.#applyStep(setup, setupFailed(err)))
-    this.#applyStep(setup, step)
-    return undefined
+    // A step that switches the stream is applied as an asynchronous one is: the rest of the chunk is the new stream's.
+    if (!(step instanceof Promise) && step.upgrade === undefined) {
+      this.#applyStep(setup, step)
+      return !this.#closed
+    }
+    this.#held = []
+    this.#holdRest = true
+    this.socket.pause()
+    const apply = (s: HandshakeStep<unknown>): void => {
+      this.#applyStep(setup, s)
+      this.#releaseHeld()
+    }
+    if (step instanceof Promise) step.then(apply, (err: unknown) => apply(setupFailed(err)))
+    else queueMicrotask(() => apply(step))
+    return false
+  }
+
+  // Decodes the bytes held while a set-up step ran (or feeds them to the secure channel it opened).
+  #releaseHeld (): void {
+    const held = this.#held
+    this.#held = null
+    if (held === null || this.#closed) return
+    if (!this.#readingPaused) this.socket.resume()
+    for (let i = 0; i < held.length; i++) {
+      if (this.#closed || this.#ending) return
+      if (this.#held !== null) {
+        // Another asynchronous step began: the rest waits for it.
+        for (let j = i; j < held.length; j++) (this.#held as Buffer[]).push(held[j]!)
+        return
+      }
+      if (this.#channel !== null) this.#channel.input(held[i]!)
+      else this.#decode(held[i]!)
+    }
   }
 
   #applyStep (setup: SetupState, step: HandshakeStep<unknown>): void {
@@ -461,6 +506,15 @@ export class Connection {
       this.endAfterFlush(step.error)
       return
     }
+    if (step.upgrade !== undefined) {
+      try {
+        this.#upgrade(step.upgrade(this.socket))
+      } catch (err) {
+        this.destroy(setupFailed(err).error)
+        return
+      }
+    }
+    if (step.sendUpgraded !== undefined) this.#writeRaw(step.sendUpgraded)
     if (step.done !== undefined) {
       this.#setup = null
       this.#decoder.maxFrameBytes = this.#maxFrameBytes
@@ -469,10 +523,22 @@ export class Connection {
     }
   }
 
+  // From now on frames travel on the channel's stream (TLS over the socket).
+  #upgrade (channel: SecureChannel): void {
+    this.#channel = channel
+    const stream = channel.stream as Socket
+    this.#stream = stream
+    this.#queue.switchSink(stream)
+    this.#watch(stream)
+    stream.on('data', (chunk: Buffer) => {
+      if (!this.#closed) this.#decode(chunk)
+    })
+  }
+
   // Set-up frames bypass the (held) transfer queue.
   #writeRaw (frames: Buffer[][]): void {
     const slices: Buffer[] = []
     for (const frame of frames) for (const slice of frame) slices.push(slice)
-    this.socket.write(slices.length === 1 ? slices[0]! : Buffer.concat(slices))
+    this.#stream.write(slices.length === 1 ? slices[0]! : Buffer.concat(slices))
   }
 }

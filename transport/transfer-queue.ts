@@ -171,7 +171,7 @@ function newSlab (): Buffer {
  * larger than the bound can still be sent.
  */
 export class TransferQueue {
-  readonly #sink: WritableSink
+  #sink: WritableSink
   readonly #maxOutboundBytes: number
   readonly #batchFrames: number
   readonly #coalesceMicrotasks: boolean
@@ -411,6 +411,14 @@ export class TransferQueue {
       this.#writeBatch()
       this.#waitingDrain = false
     }
+  }
+
+  /**
+   * Writes to `sink` from now on (a TLS stream that took over the socket
+   * during set-up, while the queue was held and nothing was in flight).
+   */
+  switchSink (sink: WritableSink): void {
+    this.#sink = sink
   }
 
   /** The socket emitted 'drain'. */
