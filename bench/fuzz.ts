@@ -844,7 +844,7 @@ function handshakeFrames (user: string, password = ''): Buffer[] {
     const next: Buffer[] = []
     for (const frame of pending) {
       for (const reply of (server.onFrame(frame) as NegotiationStep).send ?? []) {
-        for (const s of client.onFrame(join(reply)).send ?? []) {
+        for (const s of (client.onFrame(join(reply)) as NegotiationStep).send ?? []) {
           out.push(join(s))
           next.push(join(s))
         }

@@ -9,7 +9,7 @@ import { intOption } from './options.js'
 export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]
               [--user NAME] [--password PW] [--tls] [--tls-ca FILE]
               [--tls-cert FILE --tls-key FILE] [--tls-servername NAME]
-              [--tls-insecure] [--require-tls]
+              [--tls-insecure] [--require-tls] [--encrypt-loopback]
       Calls one method, like grpcurl: the JSON request is encoded with the
       .proto (default: the demo service's), the response printed as JSON.
       JSON (default {}) follows protobuf's JSON mapping with the .proto's
@@ -25,7 +25,8 @@ export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeo
       CA instead, --tls-servername NAME against that name, --tls-insecure
       not at all; --tls-cert and --tls-key authenticate this client by
       certificate. --require-tls (which implies --tls) fails with a server
-      that does not offer TLS.
+      that does not offer TLS. On loopback TLS only authenticates and the
+      call then travels in plain text, unless --encrypt-loopback.
       Example: nyala call 127.0.0.1:7050 nyala.demo.CalculatorService.Add '{"x":1,"y":2}'
 `
 
@@ -38,7 +39,8 @@ export async function call (args: string[]): Promise<number> {
       user: { type: 'string' },
       password: { type: 'string' },
       ...CLIENT_TLS_FLAG_OPTIONS,
-      'require-tls': { type: 'boolean', default: false }
+      'require-tls': { type: 'boolean', default: false },
+      'encrypt-loopback': { type: 'boolean', default: false }
     },
     allowPositionals: true,
     strict: true
@@ -63,7 +65,8 @@ export async function call (args: string[]): Promise<number> {
     ...(values.user === undefined ? {} : { user: values.user }),
     ...(values.password === undefined ? {} : { password: values.password }),
     ...(tls === undefined ? {} : { tls }),
-    ...(values['require-tls'] ? { requireTls: true } : {})
+    ...(values['require-tls'] ? { requireTls: true } : {}),
+    ...(values['encrypt-loopback'] ? { encryptLoopback: true } : {})
   })
   try {
     if (dot <= 0) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `expected SERVICE.METHOD, got '${target}'`)

@@ -1,4 +1,5 @@
 import { ErrorCode, RpcError } from '../errors.js'
+import type { HandshakeStep, TlsEngine } from '../protocol.js'
 import { KrpcCode, krpcCodeName, krpcStatus } from './codes.js'
 import {
   CONNECTION_CONTEXT_CALL_ID, ErrorStatusType, KRPC_PREAMBLE, KRPC_VERSION, NEGOTIATE_CALL_ID, RequestHeaderType,
@@ -12,10 +13,17 @@ import {
  *
  *   client                         server
  *   preamble, NEGOTIATE(1)   ──▶
- *                            ◀──   NEGOTIATE(1): common features, sasl, PLAIN
- *   SASL_INITIATE(2) PLAIN   ──▶
- *                            ◀──   SASL_SUCCESS(0)  (or FATAL_UNAUTHORIZED and close)
+ *                            ◀──   NEGOTIATE(1): common features, the authentication chosen (SASL: PLAIN)
+ *   TLS_HANDSHAKE(5)         ◀─▶   (both offered TLS) the TLS handshake's records, as tokens,
+ *                                  until both sides are done; then TLS on the socket, unless both
+ *                                  offered TLS_AUTHENTICATION_ONLY (loopback): then plain again
+ *   SASL_INITIATE(2) PLAIN   ──▶   (SASL authentication; none with CERTIFICATE: the client's
+ *                            ◀──   SASL_SUCCESS(0)   certificate authenticated it in the handshake)
  *   ConnectionContext (-3)   ──▶   (no reply)
+ *
+ * Any refusal is an error frame (FATAL_UNAUTHORIZED, ...) and the close.
+ * With TLS 1.3 the server's last handshake bytes (session tickets) are not
+ * sent as a token: they go out raw just before its first encrypted bytes.
  */
 
 /** How many of a peer's first bytes `notSpeakingKrpc` quotes. */
@@ -60,6 +68,7 @@ interface NegotiatePB {
   supported_features?: number[]
   step: number
   token?: Uint8Array
+  tls_handshake?: Uint8Array
   sasl_mechanisms?: Array<{ mechanism: string }>
   authn_types?: Array<{ sasl?: Record<string, never>, token?: object, certificate?: object, jwt?: object }>
 }
@@ -72,26 +81,36 @@ interface ConnectionContextPB {
 const NegotiateType = headerSchema.type<NegotiatePB>('kudu.rpc.NegotiatePB')
 const ConnectionContextType = headerSchema.type<ConnectionContextPB>('kudu.rpc.ConnectionContextPB')
 
-/** Features this build implements; TLS is not among them yet. */
-const KNOWN_FEATURES: readonly number[] = [RpcFeature.APPLICATION_FEATURE_FLAGS]
-
 /** What a finished negotiation agreed on. */
 export interface Negotiated {
   /** Features both sides support. */
   features: ReadonlySet<number>
-  /** The SASL PLAIN user (authcid). */
+  /** The SASL PLAIN user (authcid), or the client certificate's CN under certificate authentication. */
   user: string
+  /** How the client authenticated. */
+  authentication: 'sasl' | 'certificate'
+  /** The TLS version when the connection is encrypted ('TLSv1.3'); null in plain text (also after TLS that only authenticated). */
+  tls: string | null
 }
 
 /**
  * One step of a negotiation: frames to send (each a list of slices), then
  * either nothing more (wait for the next frame), `done`, or `error`. With an
- * error the connection is closed after `send` is written.
+ * error the connection is closed after `send` is written. With `upgrade`
+ * the connection switches to TLS after `send` (see HandshakeStep).
  */
-export interface NegotiationStep {
-  send?: Buffer[][]
-  done?: Negotiated
-  error?: RpcError
+export type NegotiationStep = HandshakeStep<Negotiated>
+
+// The features both sides know, in the order Kudu lists them.
+function featuresOf (tls: boolean, authOnly: boolean): number[] {
+  const features: number[] = [RpcFeature.APPLICATION_FEATURE_FLAGS]
+  if (tls) features.push(RpcFeature.TLS)
+  if (tls && authOnly) features.push(RpcFeature.TLS_AUTHENTICATION_ONLY)
+  return features
+}
+
+function tlsFrame (token: Buffer, fromServer: boolean): Buffer[] {
+  return negotiateFrame({ step: NegotiateStep.TLS_HANDSHAKE, tls_handshake: token }, fromServer)
 }
 
 function negotiationError (message: string, krpcCode?: number): RpcError {
@@ -121,6 +140,12 @@ function negotiateFrame (body: NegotiatePB, fromServer: boolean): Buffer[] {
   return fromServer ? encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, bytes) : encodeRequestFrame({ callId: NEGOTIATE_CALL_ID }, bytes)
 }
 
+/** A host that is this machine: Kudu's loopback rule (TLS there may only authenticate). */
+export function isLoopbackHost (host: string): boolean {
+  const h = host.toLowerCase()
+  return h === 'localhost' || h === '::1' || h === '[::1]' || /^127\./.test(h) || /^::ffff:127\./.test(h)
+}
+
 /** Longest SASL PLAIN user name (authcid) a server accepts, in bytes; a longer one is refused FATAL_UNAUTHORIZED. */
 export const MAX_USER_BYTES = 256
 
@@ -130,17 +155,43 @@ export type Authenticator = (user: string, password: string) => boolean | Promis
 export interface ServerNegotiationOptions {
   /** Verifies SASL PLAIN credentials; by default any user is accepted (as Kudu's PlainAuthCb). */
   authenticate?: Authenticator | undefined
+  /**
+   * Makes the TLS engine for a client that offers TLS; without it TLS is
+   * not offered. `requestCert`: certificate authentication was chosen, so
+   * the engine asks for the client's certificate and refuses an unsigned one.
+   */
+  tls?: ((requestCert: boolean) => TlsEngine) | undefined
+  /** The server has the CA of client certificates: a client offering CERTIFICATE authentication gets it. */
+  verifiesClientCerts?: boolean | undefined
+  /** Refuse a client that does not offer TLS (FATAL_UNAUTHORIZED). */
+  requireTls?: boolean | undefined
+  /** Refuse a client that does not authenticate by certificate (FATAL_UNAUTHORIZED). */
+  requireClientCert?: boolean | undefined
+  /** The client is on loopback and loopback is not encrypted: offer TLS_AUTHENTICATION_ONLY. */
+  authOnlyLoopback?: boolean | undefined
 }
 
 /** The server's side of negotiation, after the preamble has passed `checkPreamble`. */
 export class ServerNegotiation {
+  readonly #options: ServerNegotiationOptions
   readonly #authenticate: Authenticator | undefined
-  #state: 'negotiate' | 'sasl' | 'context' | 'done' = 'negotiate'
+  #state: 'negotiate' | 'tls' | 'sasl' | 'context' | 'done' = 'negotiate'
   #features: ReadonlySet<number> = new Set()
   #user = ''
+  #authentication: 'sasl' | 'certificate' = 'sasl'
+  #engine: TlsEngine | null = null
+  #joined = false
+  #tls: string | null = null
 
   constructor (options: ServerNegotiationOptions = {}) {
+    this.#options = options
     this.#authenticate = options.authenticate
+  }
+
+  /** The connection closed mid-negotiation: drops the TLS engine. */
+  abort (): void {
+    if (!this.#joined) this.#engine?.close()
+    this.#engine = null
   }
 
   /** Handles one client frame. May be async when an authenticator is. */
@@ -156,7 +207,7 @@ export class ServerNegotiation {
       const context = ConnectionContextType.decode(parts.body)
       if (context instanceof RpcError) return this.#fatal(KrpcCode.FATAL_DESERIALIZING_REQUEST, `bad connection context: ${context.message}`)
       this.#state = 'done'
-      return { done: { features: this.#features, user: this.#user } }
+      return { done: { features: this.#features, user: this.#user, authentication: this.#authentication, tls: this.#tls } }
     }
     if (header.call_id !== NEGOTIATE_CALL_ID) {
       return this.#fatal(KrpcCode.FATAL_INVALID_RPC_HEADER, `expected negotiate call id ${NEGOTIATE_CALL_ID}, got ${header.call_id}`)
@@ -164,29 +215,80 @@ export class ServerNegotiation {
     const message = NegotiateType.decode(parts.body)
     if (message instanceof RpcError) return this.#fatal(KrpcCode.FATAL_DESERIALIZING_REQUEST, `bad NegotiatePB: ${message.message}`)
     if (this.#state === 'negotiate') return this.#negotiate(message)
+    if (this.#state === 'tls') return this.#tlsHandshake(message)
     if (this.#state === 'sasl') return this.#saslInitiate(message)
     return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'negotiation already finished')
   }
 
   #negotiate (message: NegotiatePB): NegotiationStep {
     if (message.step !== NegotiateStep.NEGOTIATE) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `expected NEGOTIATE step, got ${message.step}`)
+    const options = this.#options
+    const clientFeatures = new Set(message.supported_features ?? [])
+    const clientTls = clientFeatures.has(RpcFeature.TLS)
+    if ((options.requireTls === true || options.requireClientCert === true) && !clientTls) {
+      return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'client does not support required TLS encryption')
+    }
+    const tls = options.tls !== undefined && clientTls
     const offered = message.authn_types ?? []
     // A client that names no authentication type means SASL (Kudu's back-compat rule).
-    if (offered.length > 0 && !offered.some(t => t.sasl != null)) {
-      return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'no common authentication type: this server offers SASL only')
+    const offersSasl = offered.length === 0 || offered.some(t => t.sasl != null)
+    if (tls && options.verifiesClientCerts === true && offered.some(t => t.certificate != null)) {
+      this.#authentication = 'certificate'
+    } else if (options.requireClientCert === true) {
+      return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'this server requires certificate authentication, and the client offered none')
+    } else if (!offersSasl) {
+      return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'no mutually supported authentication types')
     }
-    const clientFeatures = new Set(message.supported_features ?? [])
-    const common = KNOWN_FEATURES.filter(f => clientFeatures.has(f))
+    const common = featuresOf(tls, options.authOnlyLoopback === true).filter(f => clientFeatures.has(f))
     this.#features = new Set(common)
-    this.#state = 'sasl'
+    const certificate = this.#authentication === 'certificate'
+    if (tls) {
+      this.#engine = options.tls!(certificate)
+      this.#state = 'tls'
+    } else {
+      this.#state = 'sasl'
+    }
     return {
       send: [negotiateFrame({
         supported_features: common,
         step: NegotiateStep.NEGOTIATE,
-        sasl_mechanisms: [{ mechanism: 'PLAIN' }],
-        authn_types: [{ sasl: {} }]
+        ...(certificate ? { authn_types: [{ certificate: {} }] } : { sasl_mechanisms: [{ mechanism: 'PLAIN' }], authn_types: [{ sasl: {} }] })
       }, true)]
     }
+  }
+
+  // One TLS_HANDSHAKE token from the client: TLS's answer goes back as one, until TLS is done.
+  #tlsHandshake (message: NegotiatePB): NegotiationStep | Promise<NegotiationStep> {
+    if (message.step !== NegotiateStep.TLS_HANDSHAKE) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `expected TLS_HANDSHAKE step, got ${message.step}`)
+    // An absent token decodes as an empty one: TLS then asks for more (an empty token back).
+    const engine = this.#engine!
+    return engine.continue(message.tls_handshake ?? new Uint8Array(0)).then(({ token, done }): NegotiationStep => {
+      if (!done) return { send: [tlsFrame(token, true)] }
+      // TLS 1.3: what the server writes after the client's Finished (session
+      // tickets) goes out raw, before the first encrypted bytes (Kudu's
+      // StorePendingData); TLS 1.2's last flight is a token.
+      const tls13 = engine.protocol === 'TLSv1.3'
+      const send = !tls13 && token.length > 0 ? [tlsFrame(token, true)] : undefined
+      if (this.#authentication === 'certificate') {
+        const user = engine.peerName
+        if (user === '') return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'the client certificate names no user (its subject has no CN)')
+        if (Buffer.byteLength(user) > MAX_USER_BYTES) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `client certificate CN of ${Buffer.byteLength(user)} bytes refused (at most ${MAX_USER_BYTES})`)
+        this.#user = user
+        this.#state = 'context'
+      } else {
+        this.#state = 'sasl'
+      }
+      if (this.#features.has(RpcFeature.TLS_AUTHENTICATION_ONLY)) {
+        // Both sides on loopback: TLS authenticated, the connection stays plain.
+        engine.close()
+        this.#engine = null
+        return { send }
+      }
+      this.#tls = engine.protocol
+      this.#joined = true
+      const pending = tls13 && token.length > 0 ? token : null
+      return { send, upgrade: (raw) => engine.join(raw, pending) }
+    }, (err: RpcError) => this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, err.message))
   }
 
   #saslInitiate (message: NegotiatePB): NegotiationStep | Promise<NegotiationStep> {
@@ -219,6 +321,7 @@ export class ServerNegotiation {
 
   #fatal (code: number, message: string): NegotiationStep {
     this.#state = 'done'
+    this.abort()
     return { send: [encodeErrorFrame(NEGOTIATE_CALL_ID, code, message)], error: negotiationError(message, code) }
   }
 }
@@ -228,27 +331,45 @@ export interface ClientNegotiationOptions {
   user?: string | undefined
   /** SASL PLAIN password; default empty (what Kudu's Java client sends). */
   password?: string | undefined
+  /** Makes the TLS engine when the server offers TLS; without it TLS is not offered. */
+  tls?: (() => TlsEngine) | undefined
+  /** Fail when the server does not offer TLS. */
+  requireTls?: boolean | undefined
+  /** The client has a certificate (and `tls`): offer CERTIFICATE authentication. */
+  certificate?: boolean | undefined
+  /** The server is on loopback and loopback is not encrypted: offer TLS_AUTHENTICATION_ONLY. */
+  authOnlyLoopback?: boolean | undefined
 }
 
-/** The client's side of negotiation. `start()` gives the first bytes to send. */
+/** The client's side of negotiation, step for step as Kudu's `ClientNegotiation`. `start()` gives the first bytes to send. */
 export class ClientNegotiation {
+  readonly #options: ClientNegotiationOptions
   readonly #user: string
   readonly #password: string
-  #state: 'negotiate' | 'sasl' | 'done' = 'negotiate'
+  readonly #offered: readonly number[]
+  #state: 'negotiate' | 'tls' | 'sasl' | 'done' = 'negotiate'
   #features: ReadonlySet<number> = new Set()
+  #authentication: 'sasl' | 'certificate' = 'sasl'
+  #engine: TlsEngine | null = null
+  #joined = false
+  #tls: string | null = null
   #heardKrpc = false
 
   constructor (options: ClientNegotiationOptions = {}) {
+    this.#options = options
     this.#user = options.user ?? 'nyala'
     this.#password = options.password ?? ''
+    this.#offered = featuresOf(options.tls !== undefined, options.authOnlyLoopback === true)
   }
 
   /** The preamble and the NEGOTIATE request. */
   start (): Buffer[][] {
+    const authn: NonNullable<NegotiatePB['authn_types']> = [{ sasl: {} }]
+    if (this.#options.tls !== undefined && this.#options.certificate === true) authn.push({ certificate: {} })
     return [[KRPC_PREAMBLE], negotiateFrame({
-      supported_features: [...KNOWN_FEATURES],
+      supported_features: [...this.#offered],
       step: NegotiateStep.NEGOTIATE,
-      authn_types: [{ sasl: {} }]
+      authn_types: authn
     }, false)]
   }
 
@@ -261,47 +382,112 @@ export class ClientNegotiation {
     return this.#heardKrpc
   }
 
+  /** The connection closed mid-negotiation: drops the TLS engine. */
+  abort (): void {
+    if (!this.#joined) this.#engine?.close()
+    this.#engine = null
+  }
+
   /** Handles one server frame. */
-  onFrame (frame: Buffer): NegotiationStep {
+  onFrame (frame: Buffer): NegotiationStep | Promise<NegotiationStep> {
     const parts = splitFrame(frame)
-    if (parts instanceof RpcError) return { error: parts }
+    if (parts instanceof RpcError) return this.#error(parts)
     const header = ResponseHeaderType.decode(parts.header)
-    if (header instanceof RpcError) return { error: negotiationError(`bad response header during negotiation: ${header.message}`) }
-    if (header.call_id !== NEGOTIATE_CALL_ID) return { error: negotiationError(`unexpected call id ${header.call_id} during negotiation`) }
+    if (header instanceof RpcError) return this.#error(negotiationError(`bad response header during negotiation: ${header.message}`))
+    if (header.call_id !== NEGOTIATE_CALL_ID) return this.#error(negotiationError(`unexpected call id ${header.call_id} during negotiation`))
     this.#heardKrpc = true
     if (header.is_error === true) {
       const status = ErrorStatusType.decode(parts.body)
-      if (status instanceof RpcError) return { error: negotiationError('negotiation failed, and the error could not be parsed') }
+      if (status instanceof RpcError) return this.#error(negotiationError('negotiation failed, and the error could not be parsed'))
       const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
-      return { error: negotiationError(`server refused negotiation: ${krpcCodeName(code)}: ${status.message}`, code) }
+      return this.#error(negotiationError(`server refused negotiation: ${krpcCodeName(code)}: ${status.message}`, code))
     }
     const message = NegotiateType.decode(parts.body)
-    if (message instanceof RpcError) return { error: negotiationError(`bad NegotiatePB from server: ${message.message}`) }
-    if (this.#state === 'negotiate') {
-      if (message.step !== NegotiateStep.NEGOTIATE) return { error: negotiationError(`expected NEGOTIATE, got step ${message.step}`) }
-      const authn = message.authn_types ?? []
-      if (authn.length > 0 && authn[0]?.sasl == null) return { error: negotiationError('server chose an authentication type other than SASL') }
-      if (!(message.sasl_mechanisms ?? []).some(m => m.mechanism === 'PLAIN')) {
-        return { error: negotiationError('server does not offer SASL PLAIN') }
-      }
-      const serverFeatures = new Set(message.supported_features ?? [])
-      this.#features = new Set(KNOWN_FEATURES.filter(f => serverFeatures.has(f)))
-      this.#state = 'sasl'
-      const token = Buffer.concat([Buffer.from([0]), Buffer.from(this.#user, 'utf8'), Buffer.from([0]), Buffer.from(this.#password, 'utf8')])
-      return {
-        send: [negotiateFrame({ step: NegotiateStep.SASL_INITIATE, token, sasl_mechanisms: [{ mechanism: 'PLAIN' }] }, false)]
-      }
-    }
+    if (message instanceof RpcError) return this.#error(negotiationError(`bad NegotiatePB from server: ${message.message}`))
+    if (this.#state === 'negotiate') return this.#negotiate(message)
+    if (this.#state === 'tls') return this.#tlsHandshake(message)
     if (this.#state === 'sasl') {
-      if (message.step !== NegotiateStep.SASL_SUCCESS) return { error: negotiationError(`expected SASL_SUCCESS, got step ${message.step}`) }
+      if (message.step !== NegotiateStep.SASL_SUCCESS) return this.#error(negotiationError(`expected SASL_SUCCESS, got step ${message.step}`))
       this.#state = 'done'
-      const context = ConnectionContextType.encode({ DEPRECATED_user_info: { real_user: this.#user } })
-      return {
-        send: [encodeRequestFrame({ callId: CONNECTION_CONTEXT_CALL_ID }, context)],
-        done: { features: this.#features, user: this.#user }
-      }
+      return { send: [this.#context()], done: this.#negotiated() }
     }
-    return { error: negotiationError('unexpected frame after negotiation finished') }
+    return this.#error(negotiationError('unexpected frame after negotiation finished'))
+  }
+
+  #negotiate (message: NegotiatePB): NegotiationStep | Promise<NegotiationStep> {
+    if (message.step !== NegotiateStep.NEGOTIATE) return this.#error(negotiationError(`expected NEGOTIATE, got step ${message.step}`))
+    const serverFeatures = new Set(message.supported_features ?? [])
+    if (this.#options.requireTls === true && !serverFeatures.has(RpcFeature.TLS)) {
+      return this.#error(negotiationError('server does not support required TLS encryption'))
+    }
+    this.#features = new Set(this.#offered.filter(f => serverFeatures.has(f)))
+    const tls = this.#features.has(RpcFeature.TLS)
+    // No authentication type named means SASL (Kudu's back-compat rule).
+    const chosen = message.authn_types?.[0]
+    if (chosen !== undefined && chosen.certificate != null) {
+      if (this.#options.certificate !== true || !tls) return this.#error(negotiationError('server chose certificate authentication, but client has no certificate'))
+      this.#authentication = 'certificate'
+    } else if (chosen !== undefined && chosen.sasl == null) {
+      return this.#error(negotiationError('server chose an authentication type other than SASL or certificate'))
+    } else if (!(message.sasl_mechanisms ?? []).some(m => m.mechanism === 'PLAIN')) {
+      return this.#error(negotiationError('server does not offer SASL PLAIN'))
+    }
+    if (!tls) {
+      this.#state = 'sasl'
+      return { send: [this.#saslInitiate()] }
+    }
+    // To begin, TLS takes an empty token: its answer is the ClientHello.
+    const engine = this.#engine = this.#options.tls!()
+    this.#state = 'tls'
+    return engine.continue(new Uint8Array(0)).then(
+      ({ token }): NegotiationStep => ({ send: [tlsFrame(token, false)] }),
+      (err: RpcError) => this.#error(err))
+  }
+
+  // One TLS_HANDSHAKE token from the server. Once TLS is done the client
+  // goes on at once: SASL_INITIATE (or, with certificate authentication,
+  // the connection context) is the first thing it encrypts.
+  #tlsHandshake (message: NegotiatePB): NegotiationStep | Promise<NegotiationStep> {
+    if (message.step !== NegotiateStep.TLS_HANDSHAKE) return this.#error(negotiationError(`expected TLS_HANDSHAKE step, got ${message.step}`))
+    const engine = this.#engine!
+    return engine.continue(message.tls_handshake ?? new Uint8Array(0)).then(({ token, done }): NegotiationStep => {
+      // As Kudu's NeedsExtraStep: an unfinished handshake always answers; a finished one answers when TLS wrote something (TLS 1.3's Finished).
+      const send = !done || token.length > 0 ? [tlsFrame(token, false)] : []
+      if (!done) return { send }
+      const certificate = this.#authentication === 'certificate'
+      this.#state = certificate ? 'done' : 'sasl'
+      const next = certificate ? this.#context() : this.#saslInitiate()
+      if (this.#features.has(RpcFeature.TLS_AUTHENTICATION_ONLY)) {
+        engine.close()
+        this.#engine = null
+        send.push(next)
+        return certificate ? { send, done: this.#negotiated() } : { send }
+      }
+      this.#joined = true
+      this.#tls = engine.protocol
+      const step: NegotiationStep = { send, upgrade: (raw) => engine.join(raw, null), sendUpgraded: [next] }
+      if (certificate) step.done = this.#negotiated()
+      return step
+    }, (err: RpcError) => this.#error(err))
+  }
+
+  #saslInitiate (): Buffer[] {
+    const token = Buffer.concat([Buffer.from([0]), Buffer.from(this.#user, 'utf8'), Buffer.from([0]), Buffer.from(this.#password, 'utf8')])
+    return negotiateFrame({ step: NegotiateStep.SASL_INITIATE, token, sasl_mechanisms: [{ mechanism: 'PLAIN' }] }, false)
+  }
+
+  #context (): Buffer[] {
+    return encodeRequestFrame({ callId: CONNECTION_CONTEXT_CALL_ID }, ConnectionContextType.encode({ DEPRECATED_user_info: { real_user: this.#user } }))
+  }
+
+  #negotiated (): Negotiated {
+    return { features: this.#features, user: this.#user, authentication: this.#authentication, tls: this.#tls }
+  }
+
+  #error (error: RpcError): NegotiationStep {
+    this.#state = 'done'
+    this.abort()
+    return { error }
   }
 }
 
@@ -326,7 +512,7 @@ export function clientHandshakeBytes (options: ClientNegotiationOptions = {}): B
     for (const frame of pending) {
       const reply = server.onFrame(join(frame)) as NegotiationStep
       for (const r of reply.send ?? []) {
-        for (const s of client.onFrame(join(r)).send ?? []) {
+        for (const s of (client.onFrame(join(r)) as NegotiationStep).send ?? []) {
           out.push(join(s))
           next.push(s)
         }

@@ -1,13 +1,15 @@
-import { connect as netConnect } from 'node:net'
+import { connect as netConnect, isIP } from 'node:net'
+import type { SecureContext } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
 import { ErrorStatusType, krpcFraming, parseResponseInto, type ResponseParts } from '../../codec/krpc/frames.js'
-import { ClientNegotiation, QUOTED_FIRST_BYTES, notSpeakingKrpc, type Negotiated } from '../../codec/krpc/negotiation.js'
+import { ClientNegotiation, QUOTED_FIRST_BYTES, notSpeakingKrpc, isLoopbackHost, type Negotiated, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import type { Clock } from '../../scheduling/clock.js'
 import type { BusyPoller } from '../../transport/busy-poll.js'
 import { Connection } from '../../transport/connection.js'
 import { SocketReader } from '../../transport/socket-reader.js'
+import { TlsTunnel } from '../../transport/tls-tunnel.js'
 import type { Balancer, Slot } from '../balancer.js'
 import { CallTable } from '../call-table.js'
 import { labelOf, type OutboundCall, type OutboundCalls } from './outbound-call.js'
@@ -50,6 +52,8 @@ export interface ConnectionOwner {
   readonly calls: OutboundCalls
   /** Where responses are taken apart: one reused object for every connection of the client. */
   readonly parts: ResponseParts
+  /** With `options.tls`: the context every connection's TLS handshake uses. */
+  readonly secureContext: SecureContext | null
   /** The connection answered FATAL_*: new calls must open another. */
   retire: (cc: ClientConnection) => void
   /** The connection closed (or never opened): its calls fail with `error`. */
@@ -133,7 +137,25 @@ export class ClientConnection {
     const key = this.key
     const connection = this.connection
     const { options, clock } = this.#owner
-    const negotiation = new ClientNegotiation({ user: options.user, password: options.password })
+    const secureContext = this.#owner.secureContext
+    const tls = options.tls
+    const host = this.target.host
+    const negotiation = new ClientNegotiation({
+      user: options.user,
+      password: options.password,
+      requireTls: options.requireTls,
+      certificate: tls?.cert !== undefined,
+      authOnlyLoopback: options.encryptLoopback !== true && isLoopbackHost(host),
+      tls: secureContext === null
+        ? undefined
+        : () => TlsTunnel.client({
+          secureContext,
+          host,
+          // SNI takes names, not addresses; the certificate check takes either.
+          servername: tls?.servername ?? (isIP(host) === 0 ? host : undefined),
+          rejectUnauthorized: tls?.rejectUnauthorized !== false
+        })
+    })
     let timedOut: RpcError | null = null
     connection.attach({
       onFrame: (buf, start, end) => this.#onFrame(buf, start, end),
@@ -159,13 +181,17 @@ export class ClientConnection {
       timedOut = new RpcError(ErrorCode.NEGOTIATION_FAILED, `connection negotiation to ${key} timed out after ${negotiationMs} ms`)
       connection.destroy(timedOut)
     }, negotiationMs)
+    const record = (step: NegotiationStep): NegotiationStep => {
+      if (step.done !== undefined) this.negotiated = step.done
+      return step
+    }
     connection.handshake<Negotiated>({
       start: () => negotiation.start(),
       onFrame: (frame) => {
         const step = negotiation.onFrame(frame)
-        if (step.done !== undefined) this.negotiated = step.done
-        return step
-      }
+        return step instanceof Promise ? step.then(record) : record(step)
+      },
+      abort: () => negotiation.abort()
     }).then((negotiated) => {
       clock.clearTimer(timer)
       this.negotiated = negotiated

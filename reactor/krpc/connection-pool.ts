@@ -1,3 +1,4 @@
+import { createSecureContext, type SecureContext } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { ResponseParts } from '../../codec/krpc/frames.js'
 import type { Clock } from '../../scheduling/clock.js'
@@ -29,6 +30,7 @@ export class ConnectionPool implements ConnectionOwner {
   readonly poller: BusyPoller | undefined
   readonly calls: OutboundCalls
   readonly parts = new ResponseParts()
+  readonly secureContext: SecureContext | null
   readonly #onLeave: (cc: ClientConnection) => void
   /** `onLeave`: a connection leaves the pool, retired or closed (the client forgets it as its last one). */
   constructor (options: ConnectionOptions, clock: Clock, poller: BusyPoller | undefined, calls: OutboundCalls, onLeave: (cc: ClientConnection) => void) {
@@ -37,6 +39,15 @@ export class ConnectionPool implements ConnectionOwner {
     this.poller = poller
     this.calls = calls
     this.#onLeave = onLeave
+    if (options.requireTls === true && options.tls === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'requireTls needs tls (the client\'s TLS settings)')
+    const tls = options.tls
+    if (tls !== undefined && (tls.cert === undefined) !== (tls.key === undefined)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.cert and tls.key go together')
+    try {
+      // Built once: every connection's handshake shares it.
+      this.secureContext = tls === undefined ? null : createSecureContext({ ca: tls.ca, cert: tls.cert, key: tls.key })
+    } catch (err) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `bad tls option: ${(err as Error).message}`, { cause: err })
+    }
   }
 
   // A connection for a call, or why none could be opened (net.connect throws on some addresses).

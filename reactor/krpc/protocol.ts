@@ -1,9 +1,11 @@
+import { createSecureContext, type SecureContext, type TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcCodeName, krpcCodeOf } from '../../codec/krpc/codes.js'
 import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead } from '../../codec/krpc/frames.js'
-import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
+import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, isLoopbackHost, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
 import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type Handshake, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
 import type { Message, MethodDef } from '../../codec/schema.js'
+import { TlsTunnel } from '../../transport/tls-tunnel.js'
 import type { KrpcCall } from './call.js'
 
 /** What the KRPC server registers with each route (`RouteInfo.spec`). */
@@ -57,6 +59,11 @@ const REFUSAL_CODES: Record<RefusalReason, number> = {
 export interface KrpcProtocolOptions {
   /** SASL PLAIN verification; by default any user is accepted. */
   authenticate?: Authenticator | undefined
+  /** TLS inside negotiation (cert, key; ca for client certificates); see `KrpcServerOptions.tls`. */
+  tls?: TlsOptions | undefined
+  requireTls?: boolean | undefined
+  requireClientCert?: boolean | undefined
+  encryptLoopback?: boolean | undefined
 }
 
 /**
@@ -70,6 +77,8 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
   readonly framing = krpcFraming
   readonly ordering = 'id'
   readonly #authenticate: Authenticator | undefined
+  readonly #options: KrpcProtocolOptions
+  readonly #secureContext: SecureContext | null
   // One reused header object: no header, frame or view objects per call.
   readonly #parts = new RequestParts()
   // What encodedLength measured, for the encodeInto that follows it.
@@ -78,11 +87,38 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
 
   constructor (options: KrpcProtocolOptions = {}) {
     this.#authenticate = options.authenticate
+    this.#options = options
+    const tls = options.tls
+    if (tls === undefined && (options.requireTls === true || options.requireClientCert === true)) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${options.requireTls === true ? 'requireTls' : 'requireClientCert'} needs tls (the server's certificate and key)`)
+    }
+    if (tls !== undefined && (tls.cert === undefined || tls.key === undefined) && tls.pfx === undefined) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls needs cert and key (or pfx)')
+    }
+    if (options.requireClientCert === true && tls?.ca === undefined) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'requireClientCert needs tls.ca, the CA that signs the client certificates')
+    }
+    try {
+      // Built once: every connection's handshake shares it.
+      this.#secureContext = tls === undefined ? null : createSecureContext(tls)
+    } catch (err) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `bad tls option: ${(err as Error).message}`, { cause: err })
+    }
   }
 
-  handshake = (): Handshake<Negotiated> => {
-    const negotiation = new ServerNegotiation({ authenticate: this.#authenticate })
-    return { preambleBytes: PREAMBLE_BYTES, checkPreamble, onFrame: (frame) => negotiation.onFrame(frame) }
+  handshake = (remoteAddress: string): Handshake<Negotiated> => {
+    const options = this.#options
+    const secureContext = this.#secureContext
+    const negotiation = new ServerNegotiation({
+      authenticate: this.#authenticate,
+      tls: secureContext === null ? undefined : (requestCert) => TlsTunnel.server(secureContext, requestCert),
+      verifiesClientCerts: options.tls?.ca !== undefined,
+      requireTls: options.requireTls,
+      requireClientCert: options.requireClientCert,
+      // remoteAddress is host:port.
+      authOnlyLoopback: options.encryptLoopback !== true && isLoopbackHost(remoteAddress.slice(0, remoteAddress.lastIndexOf(':')))
+    })
+    return { preambleBytes: PREAMBLE_BYTES, checkPreamble, onFrame: (frame) => negotiation.onFrame(frame), abort: () => negotiation.abort() }
   }
 
   decodeHead (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null {

@@ -102,7 +102,9 @@ export class Server extends ProtocolServer {
   readonly #defaults: ServerOptions
 
   constructor (options: KrpcServerOptions = {}) {
-    super(new KrpcServerProtocol({ authenticate: options.authenticate }), options)
+    const { authenticate, tls, requireTls, requireClientCert, encryptLoopback } = options
+    // KRPC's TLS starts inside negotiation, not at the first byte: the generic server gets no `tls`.
+    super(new KrpcServerProtocol({ authenticate, tls, requireTls, requireClientCert, encryptLoopback }), { ...options, tls: undefined })
     this.#defaults = options
   }
 

@@ -21,6 +21,7 @@ import { RpcError, ErrorCode } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
 import { CLI, LOADER, cliCases } from '../helpers/cli-cases.js'
+import { haveOpenssl, makeCerts } from '../helpers/tls-certs.js'
 
 t.setTimeout(240_000)
 
@@ -146,6 +147,31 @@ t.test('nyala serve --reactors 2 --password-file F; nyala call --user --password
   client.close()
   refused.close()
 
+  server.child.kill('SIGTERM')
+  t.equal(await server.exit, 0, server.stderr())
+})
+
+t.test('nyala serve --tls-cert --tls-key --tls-ca --require-tls --encrypt-loopback; nyala call with and without TLS, and by client certificate', { skip: haveOpenssl() ? false : 'the openssl command is missing (apt-get install openssl)' }, async (t) => {
+  const certs = makeCerts()
+  t.teardown(() => certs.remove())
+  const f = certs.files
+  const server = nyala(t, ['serve', '--reactors', '1', '--port', '0', '--tls-cert', f.serverCert, '--tls-key', f.serverKey, '--tls-ca', f.ca, '--require-tls', '--encrypt-loopback'])
+  const [, endpoint] = await waitFor(server, /listening on (127\.0\.0\.1:\d+)/)
+  const finished = async (run: Run): Promise<Run> => { await run.exit; return run }
+  const [tls, mtls, plain, wrongCa, insecure] = await Promise.all([
+    finished(nyala(t, ['call', endpoint!, ADD, '{"x":1,"y":2}', '--tls-ca', f.ca])),
+    finished(nyala(t, ['call', endpoint!, ADD, '{"x":2,"y":2}', '--tls-ca', f.ca, '--tls-cert', f.clientCert, '--tls-key', f.clientKey])),
+    finished(nyala(t, ['call', endpoint!, ADD, '{"x":1,"y":2}'])),
+    finished(nyala(t, ['call', endpoint!, ADD, '{"x":1,"y":2}', '--tls-ca', f.otherCa])),
+    finished(nyala(t, ['call', endpoint!, ADD, '{"x":3,"y":2}', '--tls-insecure']))
+  ])
+  t.same([tls.child.exitCode, tls.stdout()], [0, '{"result": 3}\n'], `TLS: ${tls.stderr()}`)
+  t.same([mtls.child.exitCode, mtls.stdout()], [0, '{"result": 4}\n'], `client certificate: ${mtls.stderr()}`)
+  t.same([insecure.child.exitCode, insecure.stdout()], [0, '{"result": 5}\n'], `unchecked server certificate: ${insecure.stderr()}`)
+  t.equal(plain.child.exitCode, 1)
+  t.match(plain.stderr(), /FATAL_UNAUTHORIZED: [^\n]*client does not support required TLS encryption/, 'plain text refused')
+  t.equal(wrongCa.child.exitCode, 1)
+  t.match(wrongCa.stderr(), /TLS handshake failed/, `a server certificate from another CA is refused: ${wrongCa.stderr()}`)
   server.child.kill('SIGTERM')
   t.equal(await server.exit, 0, server.stderr())
 })

@@ -78,12 +78,12 @@ t.test('client negotiation writes the transcript bytes', async t => {
   t.equal(start.length, 2, 'preamble and NEGOTIATE')
   t.same(joinFrames(start).map(toHex), [toHex(PREAMBLE), toHex(C_NEGOTIATE)])
 
-  const afterNegotiate = client.onFrame(S_NEGOTIATE)
+  const afterNegotiate = client.onFrame(S_NEGOTIATE) as NegotiationStep
   t.equal(afterNegotiate.error, undefined)
   t.equal(afterNegotiate.done, undefined)
   t.same(joinFrames(afterNegotiate.send).map(toHex), [toHex(C_SASL_INITIATE)])
 
-  const afterSuccess = client.onFrame(S_SASL_SUCCESS)
+  const afterSuccess = client.onFrame(S_SASL_SUCCESS) as NegotiationStep
   t.equal(afterSuccess.error, undefined)
   t.same(joinFrames(afterSuccess.send).map(toHex), [toHex(C_CONNECTION_CONTEXT)])
   t.ok(afterSuccess.done)

@@ -327,7 +327,7 @@ t.test('an authenticator that refuses', async t => {
     const client = new ClientNegotiation({ user: 'user' })
     client.start()
     client.onFrame(S_NEGOTIATE)
-    const clientStep = client.onFrame(joinFrames(step.send)[0]!)
+    const clientStep = client.onFrame(joinFrames(step.send)[0]!) as NegotiationStep
     t.equal(clientStep.error?.code, ErrorCode.NEGOTIATION_FAILED)
     t.equal(clientStep.error?.remote?.code, KrpcCode.FATAL_UNAUTHORIZED)
     t.equal(clientStep.done, undefined)
@@ -442,8 +442,8 @@ t.test('feature negotiation is a set intersection', async t => {
   const serverReply = joinSlices(encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, NegotiateType.encode({
     step: 1, supported_features: [1, 2, 99], sasl_mechanisms: [{ mechanism: 'PLAIN' }], authn_types: [{ sasl: {} }]
   })))
-  t.equal(client.onFrame(serverReply).error, undefined)
-  const finish = client.onFrame(joinSlices(encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, NegotiateType.encode({ step: 0 }))))
+  t.equal((client.onFrame(serverReply) as NegotiationStep).error, undefined)
+  const finish = client.onFrame(joinSlices(encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, NegotiateType.encode({ step: 0 })))) as NegotiationStep
   t.same([...(finish.done?.features ?? [])], [1])
   t.equal(finish.done?.user, 'nyala', 'the default user')
   t.equal(toHex(NegotiateType.encode({ step: 0 })), '10 00')
@@ -452,7 +452,11 @@ t.test('feature negotiation is a set intersection', async t => {
 t.test('client negotiation refusals', async t => {
   const respond = (body: Record<string, unknown>, callId = NEGOTIATE_CALL_ID): Buffer =>
     joinSlices(encodeResponseFrame(callId, undefined, NegotiateType.encode(body)))
-  const fresh = (): ClientNegotiation => { const c = new ClientNegotiation(); c.start(); return c }
+  const fresh = (): { onFrame: (frame: Buffer) => NegotiationStep } => {
+    const c = new ClientNegotiation()
+    c.start()
+    return { onFrame: (frame) => c.onFrame(frame) as NegotiationStep }
+  }
   t.equal(fresh().onFrame(respond({ step: 1, sasl_mechanisms: [{ mechanism: 'GSSAPI' }] })).error?.code, ErrorCode.NEGOTIATION_FAILED, 'no PLAIN')
   t.equal(fresh().onFrame(respond({ step: 0 })).error?.code, ErrorCode.NEGOTIATION_FAILED, 'SASL_SUCCESS first')
   t.equal(fresh().onFrame(respond({ step: 1, sasl_mechanisms: [{ mechanism: 'PLAIN' }] }, 0)).error?.code,
@@ -478,7 +482,7 @@ t.test('authentication types other than SASL are refused', async t => {
     const reply = joinSlices(encodeResponseFrame(NEGOTIATE_CALL_ID, undefined, NegotiateType.encode({
       step: 1, sasl_mechanisms: [{ mechanism: 'PLAIN' }], authn_types: [{ token: {} }]
     })))
-    const step = client.onFrame(reply)
+    const step = client.onFrame(reply) as NegotiationStep
     t.equal(step.error?.code, ErrorCode.NEGOTIATION_FAILED, 'the client refuses')
     t.equal(step.send, undefined, 'and sends no SASL_INITIATE')
   })

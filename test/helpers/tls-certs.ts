@@ -3,7 +3,8 @@
  * command in a temporary directory: a CA, a server certificate for
  * localhost and 127.0.0.1 signed by it, a client certificate (CN alice)
  * signed by it, and a second CA that signed only a client certificate
- * (CN mallory). No key is
+ * (CN mallory), and a server certificate for localhost that expired in
+ * 2020. No key is
  * kept in the repository; `remove()` deletes the directory.
  */
 import { execFileSync } from 'node:child_process'
@@ -25,6 +26,8 @@ export interface TestCerts {
   /** A client certificate (CN mallory) signed by the other CA, and its key. */
   otherClientCert: Buffer
   otherClientKey: Buffer
+  /** The server's key certified for January 2020 only (expired), by the CA. */
+  expiredServerCert: Buffer
   remove: () => void
 }
 
@@ -54,6 +57,11 @@ export function makeCerts (): TestCerts {
     leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1')
     leaf('client', 'alice', 'extendedKeyUsage=clientAuth')
     leaf('other-client', 'mallory', 'extendedKeyUsage=clientAuth', 'other-ca')
+    // `openssl ca` can date a certificate in the past; `x509 -req` cannot.
+    writeFileSync(at('index.txt'), '')
+    writeFileSync(at('serial'), '1000\n')
+    writeFileSync(at('ca.cnf'), '[ca]\ndefault_ca = test\n[test]\ndatabase = index.txt\nserial = serial\nnew_certs_dir = .\ndefault_md = sha256\npolicy = any\ncopy_extensions = copy\n[any]\ncommonName = supplied\n')
+    openssl('ca', '-config', 'ca.cnf', '-batch', '-notext', '-cert', 'ca.crt', '-keyfile', 'ca.key', '-startdate', '20200101000000Z', '-enddate', '20200102000000Z', '-in', 'server.csr', '-out', 'expired.crt')
   } catch (err) {
     rmSync(dir, { recursive: true, force: true })
     throw err
@@ -70,6 +78,7 @@ export function makeCerts (): TestCerts {
     otherCa: readFileSync(files.otherCa),
     otherClientCert: readFileSync(at('other-client.crt')),
     otherClientKey: readFileSync(at('other-client.key')),
+    expiredServerCert: readFileSync(at('expired.crt')),
     remove: () => rmSync(dir, { recursive: true, force: true })
   }
 }
