@@ -18,13 +18,15 @@ import { fileURLToPath } from 'node:url'
  * awaits each call's promise (SyncRequest), async mode re-issues each chain's
  * call from the last one's callback (AsyncRequest, the stub's callback
  * form). `nyala-promise` awaits promises in both modes (the same server).
+ * `nyala-tls` is `nyala` with every call encrypted: KRPC's TLS inside
+ * negotiation, `encryptLoopback` on the server and its clients.
  */
-export const SYSTEMS = ['nyala', 'nyala-promise', 'raw', 'grpc'] as const
+export const SYSTEMS = ['nyala', 'nyala-promise', 'nyala-tls', 'raw', 'grpc'] as const
 export type System = typeof SYSTEMS[number]
 
 /** The server a system's runs use. */
 export function serverOf (system: System): 'nyala' | 'raw' | 'grpc' {
-  return system === 'nyala-promise' ? 'nyala' : system
+  return system === 'nyala-promise' || system === 'nyala-tls' ? 'nyala' : system
 }
 
 /** `nyala serve`'s IPC contract: sent once the server accepts connections. */
@@ -50,6 +52,8 @@ export interface LoadPlan {
   busyPollUs: number
   /** How a nyala load calls: awaiting the stub's promise, or through its callback form. */
   api: 'promise' | 'callback'
+  /** nyala-tls: the CA (PEM) the server's certificate is checked against; the connections are encrypted. null: plain. */
+  tlsCa: string | null
 }
 
 /** The measured window, in epoch milliseconds (`performance.timeOrigin + performance.now()`), and the go signal. */

@@ -19,7 +19,7 @@ import type { RpcError } from '../codec/errors.js'
 import { CalculatorService } from '../examples/calculator/index.js'
 import { createLatencyHistogram, encodeLatencies, recordLatency } from './latency.js'
 import { loadGrpc } from './grpc-calculator.js'
-import { epochNow, type LoadDone, type LoadGo, type LoadPlan } from './bench-ipc.js'
+import { epochNow, serverOf, type LoadDone, type LoadGo, type LoadPlan } from './bench-ipc.js'
 
 /** A chain stops the run for its process after this many failed calls (a broken server, not a slow one). */
 const MAX_ERRORS = 1000
@@ -60,7 +60,8 @@ interface LoadConnection {
 }
 
 function nyalaConnection (plan: LoadPlan, chains: number): LoadConnection {
-  const client = new Client({ endpoint: `${plan.host}:${plan.port}`, defaultTimeoutMs: plan.callTimeoutMs, busyPollUs: plan.busyPollUs })
+  const tls = plan.tlsCa === null ? {} : { tls: { ca: plan.tlsCa }, requireTls: true, encryptLoopback: true }
+  const client = new Client({ endpoint: `${plan.host}:${plan.port}`, defaultTimeoutMs: plan.callTimeoutMs, busyPollUs: plan.busyPollUs, ...tls })
   const calc = client.service(CalculatorService)
   const data = 'x'.repeat(plan.payloadBytes)
   const echo = plan.payloadBytes > 0
@@ -255,7 +256,7 @@ async function main (): Promise<void> {
   const plan = await new Promise<LoadPlan>((resolve) => process.once('message', (m) => resolve(m as LoadPlan)))
   const connections: LoadConnection[] = []
   for (const chains of plan.chains) {
-    connections.push(plan.system === 'nyala' || plan.system === 'nyala-promise'
+    connections.push(serverOf(plan.system) === 'nyala'
       ? nyalaConnection(plan, chains)
       : plan.system === 'raw' ? rawConnection(plan, chains) : await grpcConnection(plan, chains))
   }

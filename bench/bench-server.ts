@@ -2,11 +2,13 @@
  * The server process of one `nyala bench` run (forked by bench/rpc-bench.ts):
  *
  *   bench-server nyala|raw|grpc [--workers W] [--reactors R] [--busy-poll-us U]
+ *                [--tls-cert FILE --tls-key FILE]
  *
  * - `nyala`: the demo CalculatorService (`Add`, `Echo`) as `nyala serve
  *   --workers W --reactors R` serves it: `serveReactors` (reactor/cluster.ts),
  *   in this process for R = 1, else in R node:cluster reactor processes
- *   supervised by this one.
+ *   supervised by this one. With `--tls-cert` and `--tls-key` (nyala-tls):
+ *   KRPC's TLS inside negotiation, required and with `encryptLoopback`.
  * - `raw`: bench/raw-echo.ts's node:net echo server.
  * - `grpc`: the same calculator.proto served by @grpc/grpc-js (a
  *   devDependency), `Add` and `Echo`, unary.
@@ -16,6 +18,7 @@
  * usage of every server process (the primary and each reactor). SIGTERM or
  * the end of the IPC channel stops it.
  */
+import { readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { serveReactors, type ProcessUsage } from '../reactor/cluster.js'
@@ -38,8 +41,12 @@ const ownUsage = async (): Promise<ProcessUsage[]> => [{ pid: process.pid, usage
 
 // `reactors` > 1: this script runs again in every reactor process, where
 // `serveReactors` builds the server and never resolves.
-async function startNyala (workers: number | undefined, reactors: number, busyPollUs: number): Promise<Started> {
-  const options = { ...(workers === undefined ? {} : { workers }), ...(busyPollUs > 0 ? { busyPollUs } : {}) }
+async function startNyala (workers: number | undefined, reactors: number, busyPollUs: number, tls: { cert: Buffer, key: Buffer } | undefined): Promise<Started> {
+  const options = {
+    ...(workers === undefined ? {} : { workers }),
+    ...(busyPollUs > 0 ? { busyPollUs } : {}),
+    ...(tls === undefined ? {} : { tls, requireTls: true, encryptLoopback: true })
+  }
   const served = await serveReactors({
     reactors,
     host: HOST,
@@ -73,13 +80,16 @@ async function startGrpc (): Promise<Started> {
 
 async function main (): Promise<void> {
   const { values, positionals } = parseArgs({
-    options: { workers: { type: 'string' }, reactors: { type: 'string', default: '1' }, 'busy-poll-us': { type: 'string', default: '0' } },
+    options: { workers: { type: 'string' }, reactors: { type: 'string', default: '1' }, 'busy-poll-us': { type: 'string', default: '0' }, 'tls-cert': { type: 'string' }, 'tls-key': { type: 'string' } },
     allowPositionals: true,
     strict: true
   })
   const system = positionals[0] as System
   const workers = values.workers === undefined ? undefined : Number(values.workers)
-  const started = system === 'nyala' ? await startNyala(workers, Number(values.reactors), Number(values['busy-poll-us'])) : system === 'raw' ? await startRaw() : await startGrpc()
+  const certFile = values['tls-cert']
+  const keyFile = values['tls-key']
+  const tls = certFile === undefined || keyFile === undefined ? undefined : { cert: readFileSync(certFile), key: readFileSync(keyFile) }
+  const started = system === 'nyala' ? await startNyala(workers, Number(values.reactors), Number(values['busy-poll-us']), tls) : system === 'raw' ? await startRaw() : await startGrpc()
   let stopping = false
   const stop = (): void => {
     if (stopping) return

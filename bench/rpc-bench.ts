@@ -20,8 +20,10 @@
  * The bench process itself only orchestrates; it does no I/O on the
  * measured connections.
  */
-import { availableParallelism } from 'node:os'
-import type { ChildProcess } from 'node:child_process'
+import { availableParallelism, tmpdir } from 'node:os'
+import { execFileSync, type ChildProcess } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { join } from 'node:path'
 import { mergeLatencies, summarizeLatencies } from './latency.js'
 import {
   epochNow, forkSibling, nextMessage, ofType,
@@ -59,6 +61,37 @@ export interface BenchConfig {
   serverExecArgv?: string[]
   /** Node options of the load processes (e.g. `--cpu-prof`). */
   loadExecArgv?: string[]
+  /** nyala-tls's server certificate (`makeBenchCertificate`); nyala-tls runs need it. */
+  tls?: BenchCertificate
+}
+
+/** A self-signed certificate for localhost and 127.0.0.1 in a temporary directory. */
+export interface BenchCertificate {
+  certFile: string
+  keyFile: string
+  /** The certificate's PEM: the clients' CA. */
+  ca: string
+  /** Removes the directory. */
+  remove: () => void
+}
+
+/** Makes nyala-tls's certificate with the `openssl` command (RSA 2048, 2 days). */
+export function makeBenchCertificate (): BenchCertificate {
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-bench-tls-'))
+  const remove = (): void => rmSync(dir, { recursive: true, force: true })
+  const certFile = join(dir, 'cert.pem')
+  const keyFile = join(dir, 'key.pem')
+  try {
+    execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', keyFile, '-out', certFile, '-days', '2',
+      '-subj', '/CN=localhost', '-addext', 'subjectAltName=DNS:localhost,IP:127.0.0.1'], { stdio: ['ignore', 'ignore', 'pipe'] })
+    return { certFile, keyFile, ca: readFileSync(certFile, 'utf8'), remove }
+  } catch (err) {
+    remove()
+    const e = err as NodeJS.ErrnoException & { stderr?: Buffer }
+    throw new Error(e.code === 'ENOENT'
+      ? 'nyala-tls needs the openssl command to make its certificate, and there is none on the PATH'
+      : `nyala-tls: openssl could not make a certificate: ${e.stderr?.toString().trim().split('\n').pop() ?? e.message}`)
+  }
 }
 
 /** One row of the report; the `--json` shape. CPU and context switches are per request, over all server processes. */
@@ -129,6 +162,10 @@ async function startServer (system: System, config: BenchConfig): Promise<{ chil
     if ((config.busyPollUs ?? 0) > 0) args.push('--busy-poll-us', String(config.busyPollUs))
     args.push('--reactors', String(config.serverReactors))
   }
+  if (system === 'nyala-tls') {
+    if (config.tls === undefined) throw new Error('nyala-tls: no certificate (BenchConfig.tls)')
+    args.push('--tls-cert', config.tls.certFile, '--tls-key', config.tls.keyFile)
+  }
   const child = forkSibling('bench-server', args, config.serverExecArgv)
   try {
     const listening = await withTimeout(nextMessage(child, ofType<ListeningMessage>('nyala:listening'), `${system} server`), START_TIMEOUT_MS, `${system} server start`)
@@ -197,7 +234,8 @@ export async function runSystem (system: System, config: BenchConfig, hooks: Ben
         payloadBytes: config.payloadBytes,
         callTimeoutMs: CALL_TIMEOUT_MS,
         busyPollUs: config.busyPollUs ?? 0,
-        api: system === 'nyala' && config.mode === 'async' ? 'callback' : 'promise'
+        api: (system === 'nyala' || system === 'nyala-tls') && config.mode === 'async' ? 'callback' : 'promise',
+        tlsCa: system === 'nyala-tls' ? config.tls!.ca : null
       }
       child.send(plan)
     })

@@ -2,7 +2,7 @@ import { availableParallelism, cpus, platform } from 'node:os'
 import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
 import { SYSTEMS, type System } from '../bench/bench-ipc.js'
-import { chainsPerConnection, runBench, warmupSeconds, type BenchConfig, type BenchHooks, type BenchRow, type BenchRun } from '../bench/rpc-bench.js'
+import { chainsPerConnection, makeBenchCertificate, runBench, type BenchCertificate, warmupSeconds, type BenchConfig, type BenchHooks, type BenchRow, type BenchRun } from '../bench/rpc-bench.js'
 import { median, welchTest, type WelchResult } from '../bench/welch.js'
 
 export const BENCH_USAGE = `  nyala bench [--mode sync|async] [--client-threads 16]
@@ -14,14 +14,16 @@ export const BENCH_USAGE = `  nyala bench [--mode sync|async] [--client-threads 
               [--server-cpu-prof DIR] [--load-cpu-prof DIR]
       Kudu's rpc-bench for nyala, side by side with a raw node:net echo and
       grpc-js (a devDependency), one system after the other in one run
-      (--against: comma-separated, of nyala, nyala-promise, raw, grpc;
-      default nyala,raw, in async mode nyala,nyala-promise,raw).
+      (--against: comma-separated, of nyala, nyala-promise, nyala-tls, raw,
+      grpc; default nyala,raw, in async mode nyala,nyala-promise,raw).
       Sync: N client connections with one call outstanding each. Async: C
       calls outstanding over N connections.
       nyala calls as rpc-bench does: sync awaits each call's promise, async
       re-issues each chain from the last call's callback (the stub's
       callback form, as the raw and grpc loads do); nyala-promise awaits
-      promises in both modes.
+      promises in both modes. nyala-tls is nyala with every call encrypted
+      (KRPC's TLS inside negotiation, encryptLoopback on both ends, a
+      self-signed certificate made with openssl for the run).
       Server and load run in separate processes (one load process per
       connection, at most one per core). One row per system: Reqs/sec,
       server user/sys CPU us and context switches per request (all server
@@ -141,13 +143,23 @@ export async function bench (args: string[]): Promise<number> {
   if (values['load-cpu-prof'] !== undefined) base = { ...base, loadExecArgv: ['--cpu-prof', '--cpu-prof-dir', values['load-cpu-prof']] }
   const repeat = values.repeat === undefined ? 1 : positiveInt(values.repeat, 'repeat')
   const progress = new ProgressBar()
-  try {
-    if (positionals.length > 0) throw invalid(`unexpected argument '${positionals[0]}'`)
-    if (compareFlags !== null) {
-      if (repeat < 2) throw invalid('--compare needs --repeat K with K >= 2 (Welch\'s t-test needs two runs of each)')
-      const [flagsA, flagsB] = compareFlags
-      return await compare(parseCompareFlags(base, flagsA), parseCompareFlags(base, flagsB), flagsA, flagsB, repeat, values.json, progress)
+  if (positionals.length > 0) throw invalid(`unexpected argument '${positionals[0]}'`)
+  if (compareFlags !== null && repeat < 2) throw invalid('--compare needs --repeat K with K >= 2 (Welch\'s t-test needs two runs of each)')
+  let configs = compareFlags === null ? [base] : compareFlags.map((flags) => parseCompareFlags(base, flags))
+  // nyala-tls's certificate: one for the whole command, removed at its end.
+  let certificate: BenchCertificate | undefined
+  if (configs.some((c) => c.against.includes('nyala-tls'))) {
+    try {
+      certificate = makeBenchCertificate()
+    } catch (err) {
+      process.stderr.write(`nyala bench: ${(err as Error).message}\n`)
+      return 1
     }
+    configs = configs.map((c) => ({ ...c, tls: certificate }))
+  }
+  try {
+    if (compareFlags !== null) return await compare(configs[0]!, configs[1]!, compareFlags[0], compareFlags[1], repeat, values.json, progress)
+    base = configs[0]!
     progress.plan(repeat * base.against.length)
     const rounds: BenchRun[][] = []
     for (let round = 0; round < repeat; round++) {
@@ -163,6 +175,7 @@ export async function bench (args: string[]): Promise<number> {
     return reportErrors(rounds.flat())
   } finally {
     progress.done()
+    certificate?.remove()
   }
 }
 
@@ -271,6 +284,9 @@ function machine (): string {
   return `Node ${process.version}, ${list[0]?.model.trim() ?? 'unknown CPU'} x${list.length}, ${platform()}, ${new Date().toISOString().slice(0, 10)}`
 }
 
+/** The systems the report gives ratios of, each to the systems after it here and to the others (raw, grpc). */
+const RATIOS_OF: readonly System[] = ['nyala-tls', 'nyala', 'nyala-promise']
+
 /** The text report: the rows, then nyala's ratios to the other systems. */
 export function formatReport (config: BenchConfig, rows: readonly BenchRow[], repeat: number, runs: readonly BenchRun[] = []): string {
   let out = `nyala bench: ${describeConfig(config)}${repeat > 1 ? `; medians of ${repeat} runs` : ''}\n${machine()}\n\n`
@@ -278,12 +294,13 @@ export function formatReport (config: BenchConfig, rows: readonly BenchRow[], re
     ['system', 'Reqs/sec', 'User CPU µs/req', 'Sys CPU µs/req', 'Ctx Sw./req', 'Client CPU µs/req', 'p50 µs', 'p99 µs', 'p99.9 µs'],
     rows.map((r) => [r.system, GROUP.format(r.reqsPerSec), fixed(r.userCpuUsPerReq, 2), fixed(r.sysCpuUsPerReq, 2), fixed(r.ctxSwPerReq, 3),
       fixed(r.clientCpuUsPerReq, 2), GROUP.format(r.p50Us), GROUP.format(r.p99Us), GROUP.format(r.p999Us)]))
-  // nyala against every other system; nyala-promise against the others that are not nyala.
+  // Each of RATIOS_OF against every other system but the ones before it there (nyala-tls / nyala, nyala / nyala-promise, nyala / raw, ...).
   let ratios = ''
   for (const mine of rows) {
-    if (mine.system !== 'nyala' && mine.system !== 'nyala-promise') continue
+    const rank = RATIOS_OF.indexOf(mine.system)
+    if (rank === -1) continue
     for (const other of rows) {
-      if (other === mine || (mine.system === 'nyala-promise' && other.system === 'nyala')) continue
+      if (other === mine || RATIOS_OF.slice(0, rank).includes(other.system)) continue
       const cpu = (mine.userCpuUsPerReq + mine.sysCpuUsPerReq) / (other.userCpuUsPerReq + other.sysCpuUsPerReq)
       ratios += `\n${mine.system} / ${other.system}: ${fixed(mine.reqsPerSec / other.reqsPerSec, 2)}x Reqs/sec, ${fixed(cpu, 2)}x server CPU per request`
       // Rounds run every system back to back: a round's ratio shares its phase of the machine.

@@ -194,6 +194,14 @@ t.test('bench smoke, async: nyala (callback chains) and nyala-promise (awaiting 
   t.notMatch(out, /call\(s\) failed/)
 })
 
+t.test('bench smoke, nyala-tls: the encrypted nyala answers, beside nyala, with its ratio to it', async t => {
+  const { code, out, err } = await runNyala(['bench', '--run-seconds', '0.2', '--warmup-seconds', '0.2', '--client-threads', '1', '--against', 'nyala,nyala-tls'])
+  t.equal(code, 0, err)
+  for (const system of ['nyala', 'nyala-tls']) t.match(out, new RegExp(`^${system} +[1-9][\\d,]* `, 'm'), `${system}: a row with calls`)
+  t.match(out, /^nyala-tls \/ nyala: [\d.]+x Reqs\/sec/m)
+  t.notMatch(out, /^nyala \/ nyala-tls/m, 'the ratio is given one way only')
+})
+
 t.test('the report gives each nyala ratio as a ratio of medians and as the median of the rounds\' ratios', async t => {
   const row = (system: 'nyala' | 'nyala-promise' | 'raw', reqsPerSec: number) => ({ system, mode: 'async' as const, reqsPerSec, userCpuUsPerReq: 1, sysCpuUsPerReq: 1, ctxSwPerReq: 0, clientCpuUsPerReq: 1, p50Us: 1, p99Us: 2, p999Us: 3 })
   const run = (r: ReturnType<typeof row>) => ({ row: r, calls: 1, errors: 0, firstError: null, loadProcesses: 1, connections: 1, windowSeconds: 1 })
