@@ -137,7 +137,8 @@ export class Connection {
       this.#activity++
       this.#queue.onSocketDrain()
     })
-    stream.on('error', (err: Error) => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `${stream === this.socket ? 'socket' : 'TLS'} error: ${err.message}`, { cause: err })))
+    // An RpcError is already the reason (a secure channel that read the peer's refusal).
+    stream.on('error', (err: Error) => this.destroy(err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECTION_CLOSED, `${stream === this.socket ? 'socket' : 'TLS'} error: ${err.message}`, { cause: err })))
     stream.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
     stream.on('close', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')))
   }

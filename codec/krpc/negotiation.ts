@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../errors.js'
-import type { HandshakeStep, TlsEngine } from '../protocol.js'
+import type { HandshakeStep, SecureChannel, TlsEngine } from '../protocol.js'
 import { KrpcCode, krpcCodeName, krpcStatus } from './codes.js'
 import {
   CONNECTION_CONTEXT_CALL_ID, ErrorStatusType, KRPC_PREAMBLE, KRPC_VERSION, NEGOTIATE_CALL_ID, RequestHeaderType,
@@ -108,6 +108,59 @@ function featuresOf (tls: boolean, authOnly: boolean): number[] {
   if (tls && authOnly) features.push(RpcFeature.TLS_AUTHENTICATION_ONLY)
   return features
 }
+
+// The server's error frame during negotiation, as the client reports it.
+function refusalOf (body: Buffer): RpcError {
+  const status = ErrorStatusType.decode(body)
+  if (status instanceof RpcError) return negotiationError('negotiation failed, and the error could not be parsed')
+  const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
+  return negotiationError(`server refused negotiation: ${krpcCodeName(code)}: ${status.message}`, code)
+}
+
+/**
+ * The client's channel after its last TLS token. With TLS 1.3 the client is
+ * done before the server has checked its last flight (the client's
+ * certificate): a server that refuses it answers with a plain error frame
+ * where TLS records were expected. A TLS record's first byte is its type
+ * (20 to 24), a frame's the top of its length (0): the refusal is read as
+ * such and ends the stream with the server's own words.
+ */
+function watchForRefusal (channel: SecureChannel): SecureChannel {
+  let first: Buffer | null = Buffer.alloc(0)
+  return {
+    stream: channel.stream,
+    input: (chunk) => {
+      if (first === null) {
+        channel.input(chunk)
+        return
+      }
+      if (first.length === 0 && chunk.length > 0 && chunk[0] !== 0) {
+        first = null
+        channel.input(chunk)
+        return
+      }
+      first = Buffer.concat([first, chunk])
+      if (first.length < 4) return
+      const frameBytes = 4 + first.readUInt32BE(0)
+      if (frameBytes > MAX_REFUSAL_BYTES) {
+        first = null
+        channel.stream.destroy(negotiationError('the server answered TLS with bytes that are neither TLS nor a KRPC frame'))
+        return
+      }
+      if (first.length < frameBytes) return
+      const parts = splitFrame(first.subarray(0, frameBytes))
+      first = null
+      const header = parts instanceof RpcError ? parts : ResponseHeaderType.decode(parts.header)
+      const refusal = parts instanceof RpcError || header instanceof RpcError || header.is_error !== true
+        ? negotiationError('the server answered TLS with a KRPC frame that is no refusal')
+        : refusalOf(parts.body)
+      channel.stream.destroy(refusal)
+    }
+  }
+}
+
+// Largest error frame read in place of TLS records.
+const MAX_REFUSAL_BYTES = 64 * 1024
 
 function tlsFrame (token: Buffer, fromServer: boolean): Buffer[] {
   return negotiateFrame({ step: NegotiateStep.TLS_HANDSHAKE, tls_handshake: token }, fromServer)
@@ -396,12 +449,7 @@ export class ClientNegotiation {
     if (header instanceof RpcError) return this.#error(negotiationError(`bad response header during negotiation: ${header.message}`))
     if (header.call_id !== NEGOTIATE_CALL_ID) return this.#error(negotiationError(`unexpected call id ${header.call_id} during negotiation`))
     this.#heardKrpc = true
-    if (header.is_error === true) {
-      const status = ErrorStatusType.decode(parts.body)
-      if (status instanceof RpcError) return this.#error(negotiationError('negotiation failed, and the error could not be parsed'))
-      const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
-      return this.#error(negotiationError(`server refused negotiation: ${krpcCodeName(code)}: ${status.message}`, code))
-    }
+    if (header.is_error === true) return this.#error(refusalOf(parts.body))
     const message = NegotiateType.decode(parts.body)
     if (message instanceof RpcError) return this.#error(negotiationError(`bad NegotiatePB from server: ${message.message}`))
     if (this.#state === 'negotiate') return this.#negotiate(message)
@@ -465,7 +513,7 @@ export class ClientNegotiation {
       }
       this.#joined = true
       this.#tls = engine.protocol
-      const step: NegotiationStep = { send, upgrade: (raw) => engine.join(raw, null), sendUpgraded: [next] }
+      const step: NegotiationStep = { send, upgrade: (raw) => watchForRefusal(engine.join(raw, null)), sendUpgraded: [next] }
       if (certificate) step.done = this.#negotiated()
       return step
     }, (err: RpcError) => this.#error(err))
