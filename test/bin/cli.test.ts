@@ -7,40 +7,15 @@
  * per-file timeout on a loaded machine.
  */
 import t from 'tap'
-import { spawn, type ChildProcess } from 'node:child_process'
 import { Client } from '../../reactor/krpc/client.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
-import { CLI, LOADER, cliCases } from '../helpers/cli-cases.js'
+import { cliCases, runCli, waitForOutput, type CliRun } from '../helpers/cli-cases.js'
 
 // Several processes start here through the TypeScript loader.
 t.setTimeout(300_000)
 
-interface Run { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
-
-function nyala (args: string[]): Run {
-  return node(`import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`)
-}
-
-/** Runs module `script` with the TypeScript loader, its output collected. */
-function node (script: string): Run {
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-  let out = ''
-  let err = ''
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
-  // 'close', not 'exit': the output may still be in the pipes when the process exits.
-  const exit = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
-  return { child, stdout: () => out, stderr: () => err, exit }
-}
-
-async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
-  for (;;) {
-    const match = run.stdout().match(pattern)
-    if (match !== null) return match
-    if (run.child.exitCode !== null) throw new Error(`exited early: ${run.stderr()}`)
-    await new Promise((resolve) => setTimeout(resolve, 20))
-  }
-}
+const nyala = (args: string[]): CliRun => runCli(args)
+const waitFor = waitForOutput
 
 t.test('serve with scheduling flags and --metrics-port; call; SIGTERM exits 0', async t => {
   // One reactor: the gauges below are per process (test/reactor/cluster.test.ts sums several).

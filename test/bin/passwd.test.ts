@@ -7,28 +7,19 @@
  * are usage errors (exit 2, one line, nothing on stdout).
  */
 import t, { type Test } from 'tap'
-import { spawn } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { loadPasswordFile } from '../../reactor/krpc/password-file.js'
-import { CLI, LOADER, cliCases, type Outcome } from '../helpers/cli-cases.js'
+import { cliCases, runCli, type Outcome } from '../helpers/cli-cases.js'
 
 t.setTimeout(120_000)
 
 /** `nyala passwd ARGS` with `input` on its stdin. */
 async function passwd (t: Test, args: string[], input: string): Promise<Outcome> {
-  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(['passwd', ...args])})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['pipe', 'pipe', 'pipe'] })
-  t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
-  let stdout = ''
-  let stderr = ''
-  child.stdout.on('data', (d: Buffer) => { stdout += d.toString() })
-  child.stderr.on('data', (d: Buffer) => { stderr += d.toString() })
-  child.stdin.on('error', () => {}) // it may exit before reading all of it
-  child.stdin.end(input)
-  const code = await new Promise<number | null>((resolve) => child.once('close', resolve))
-  return { code: code ?? -1, stdout, stderr }
+  const run = runCli(['passwd', ...args], t, input)
+  const code = await run.exit
+  return { code: code ?? -1, stdout: run.stdout(), stderr: run.stderr() }
 }
 
 function fileOf (t: Test, text: string): string {

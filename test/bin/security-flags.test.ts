@@ -11,7 +11,6 @@
  * TLS in negotiation itself is tested elsewhere.
  */
 import t, { type Test } from 'tap'
-import { spawn, type ChildProcess } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
@@ -20,7 +19,7 @@ import { Client } from '../../reactor/krpc/client.js'
 import { RpcError, ErrorCode } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
-import { CLI, LOADER, cliCases } from '../helpers/cli-cases.js'
+import { cliCases, runCli, waitForOutput, type CliRun } from '../helpers/cli-cases.js'
 import { haveOpenssl, makeCerts } from '../helpers/tls-certs.js'
 
 t.setTimeout(240_000)
@@ -86,29 +85,9 @@ t.test('nyala serve and nyala call: security flag errors are one line, exit 2, n
   }
 })
 
-interface Run { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
-
-/** `nyala ARGS` from the sources in a child process, its output collected. */
-function nyala (t: Test, args: string[]): Run {
-  const script = `import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`
-  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] })
-  t.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
-  let out = ''
-  let err = ''
-  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
-  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
-  const exit = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
-  return { child, stdout: () => out, stderr: () => err, exit }
-}
-
-async function waitFor (run: Run, pattern: RegExp): Promise<RegExpMatchArray> {
-  for (;;) {
-    const match = run.stdout().match(pattern)
-    if (match !== null) return match
-    if (run.child.exitCode !== null) throw new Error(`exited early: ${run.stderr()}`)
-    await new Promise((resolve) => setTimeout(resolve, 20))
-  }
-}
+type Run = CliRun
+const nyala = (t: Test, args: string[]): Run => runCli(args, t)
+const waitFor = waitForOutput
 
 t.test('nyala serve --reactors 2 --password-file F; nyala call --user --password: right password answered, wrong refused', async (t) => {
   const dir = tempDir(t)

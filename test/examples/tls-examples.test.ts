@@ -9,7 +9,7 @@ import { fileURLToPath } from 'node:url'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { startListening } from '../helpers/listening-child.js'
 import { stopChild } from '../helpers/real-servers.js'
-import { haveOpenssl, makeCerts, type TestCerts } from '../helpers/tls-certs.js'
+import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
 import { RedisClient } from '../../examples/redis/client.js'
 import { MemcachedClient } from '../../examples/memcached/client.js'
 
@@ -26,13 +26,7 @@ function redisCli (args: string[]): Promise<{ code: number, out: string }> {
   })
 }
 
-if (!haveOpenssl()) {
-  t.plan(0, 'skip: the openssl command is missing (apt-get install openssl)')
-} else {
-  const certs = makeCerts()
-  t.teardown(() => certs.remove())
-  tests(certs)
-}
+withCerts(t, tests)
 
 function tests (certs: TestCerts): void {
   const serverFlags = ['--port', '0', '--tls-cert', certs.files.serverCert, '--tls-key', certs.files.serverKey]

@@ -3,7 +3,7 @@
  * process (through the same loader tap uses), for the bin tests.
  */
 import type { Test } from 'tap'
-import { spawn } from 'node:child_process'
+import { spawn, type ChildProcess } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 
 export const CLI = fileURLToPath(new URL('../../bin/cli.ts', import.meta.url))
@@ -40,4 +40,43 @@ export async function cliCases (t: Test, cases: string[][]): Promise<Outcome[]> 
   const code = await new Promise<number | null>((resolve) => child.once('close', resolve))
   if (code !== 0) throw new Error(`the CLI case runner exited with ${code}: ${stderr}`)
   return JSON.parse(stdout) as Outcome[]
+}
+
+/** A child process of the bin tests, its output collected as it comes. */
+export interface CliRun { child: ChildProcess, stdout: () => string, stderr: () => string, exit: Promise<number | null> }
+
+/**
+ * Runs module `script` with the TypeScript loader in a child process, with
+ * `input` (if any) on its stdin; with `t`, it is killed at the test's end
+ * if still running.
+ */
+export function runModule (script: string, t?: Test, input?: string): CliRun {
+  const child = spawn(process.execPath, [...LOADER, '--input-type=module', '-e', script], { stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] })
+  if (input !== undefined) {
+    child.stdin!.on('error', () => {}) // it may exit before reading all of it
+    child.stdin!.end(input)
+  }
+  t?.teardown(() => { if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
+  let out = ''
+  let err = ''
+  child.stdout!.on('data', (d: Buffer) => { out += d.toString() })
+  child.stderr!.on('data', (d: Buffer) => { err += d.toString() })
+  // 'close', not 'exit': the output may still be in the pipes when the process exits.
+  const exit = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
+  return { child, stdout: () => out, stderr: () => err, exit }
+}
+
+/** `nyala ARGS` from the sources in a child process (see `runModule`). */
+export function runCli (args: string[], t?: Test, input?: string): CliRun {
+  return runModule(`import(${JSON.stringify(CLI)}).then((cli) => cli.main(${JSON.stringify(args)})).then((code) => { process.exitCode = code }, (err) => { console.error(err); process.exitCode = 1 })`, t, input)
+}
+
+/** Resolves with the first match of `pattern` in the run's stdout; rejects if it exits first. */
+export async function waitForOutput (run: CliRun, pattern: RegExp): Promise<RegExpMatchArray> {
+  for (;;) {
+    const match = run.stdout().match(pattern)
+    if (match !== null) return match
+    if (run.child.exitCode !== null) throw new Error(`exited early: ${run.stderr()}`)
+    await new Promise((resolve) => setTimeout(resolve, 20))
+  }
 }

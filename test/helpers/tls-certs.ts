@@ -7,6 +7,7 @@
  * 2020. No key is
  * kept in the repository; `remove()` deletes the directory.
  */
+import type { Test } from 'tap'
 import { execFileSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -39,6 +40,17 @@ export function haveOpenssl (): boolean {
   } catch {
     return false
   }
+}
+
+/** Runs `tests` with throw-away certificates (removed at the end), or skips the file when openssl is missing. */
+export function withCerts (t: Test, tests: (certs: TestCerts) => void): void {
+  if (!haveOpenssl()) {
+    t.plan(0, 'skip: the openssl command is missing (apt-get install openssl)')
+    return
+  }
+  const certs = makeCerts()
+  t.teardown(() => certs.remove())
+  tests(certs)
 }
 
 export function makeCerts (): TestCerts {

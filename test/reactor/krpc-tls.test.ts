@@ -18,17 +18,11 @@ import type { KrpcServerOptions } from '../../reactor/krpc/server.js'
 import { TlsTunnel } from '../../transport/tls-tunnel.js'
 import { joinSlices } from '../helpers/bytes.js'
 import { CalculatorService, calculatorHandlers, newClient, rejection, settle, startServer, tally } from '../helpers/reactor-harness.js'
-import { haveOpenssl, makeCerts, type TestCerts } from '../helpers/tls-certs.js'
+import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
 
 const NegotiateType = headerSchema.type<Record<string, unknown>>('kudu.rpc.NegotiatePB')
 
-if (!haveOpenssl()) {
-  t.plan(0, 'skip: the openssl command is missing (apt-get install openssl)')
-} else {
-  const certs = makeCerts()
-  t.teardown(() => certs.remove())
-  tests(certs)
-}
+withCerts(t, tests)
 
 /** Lets I/O run until `ready()` holds (at most `limit` turns); returns whether it did. */
 async function until (ready: () => boolean, limit = 2000): Promise<boolean> {

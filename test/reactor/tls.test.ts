@@ -15,15 +15,9 @@ import type { CallContext } from '../../reactor/inbound-call.js'
 import type { LogFields } from '../../reactor/logger.js'
 import { linesProtocol, taggedProtocol } from '../helpers/toy-protocols.js'
 import { linesClientProtocol, taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
-import { haveOpenssl, makeCerts, type TestCerts } from '../helpers/tls-certs.js'
+import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
 
-if (!haveOpenssl()) {
-  t.plan(0, 'skip: the openssl command is missing (apt-get install openssl)')
-} else {
-  const certs = makeCerts()
-  t.teardown(() => certs.remove())
-  tests(certs)
-}
+withCerts(t, tests)
 
 /** Lets I/O run until `ready()` holds (at most `limit` turns); returns whether it did. */
 async function until (ready: () => boolean, limit = 2000): Promise<boolean> {
