@@ -96,6 +96,8 @@ export class Connection {
   // applied (the step may switch the stream: they are then its input).
   #held: Buffer[] | null = null
   #holdRest = false
+  // The held bytes are the socket's (set-up before the stream switched), not the secure channel's.
+  #heldRaw = false
   #closed = false
   /** Ending (endAfterFlush): no frame is delivered any more, though the socket still flushes. */
   #ending = false
@@ -470,6 +472,7 @@ export class Connection {
     }
     this.#held = []
     this.#holdRest = true
+    this.#heldRaw = this.#channel === null
     this.socket.pause()
     const apply = (s: HandshakeStep<unknown>): void => {
       this.#applyStep(setup, s)
@@ -486,6 +489,12 @@ export class Connection {
     this.#held = null
     if (held === null || this.#closed) return
     if (!this.#readingPaused) this.socket.resume()
+    if (this.#heldRaw && this.#channel !== null) {
+      // The socket's bytes, read before the switch: the channel's input,
+      // all of them (what it decrypts meets any new hold on its own).
+      for (const chunk of held) this.#channel.input(chunk)
+      return
+    }
     for (let i = 0; i < held.length; i++) {
       if (this.#closed || this.#ending) return
       if (this.#held !== null) {
@@ -493,20 +502,13 @@ export class Connection {
         for (let j = i; j < held.length; j++) (this.#held as Buffer[]).push(held[j]!)
         return
       }
-      if (this.#channel !== null) this.#channel.input(held[i]!)
-      else this.#decode(held[i]!)
+      this.#decode(held[i]!)
     }
   }
 
   #applyStep (setup: SetupState, step: HandshakeStep<unknown>): void {
     if (this.#closed) return
     if (step.send !== undefined) this.#writeRaw(step.send)
-    if (step.error !== undefined) {
-      this.#setup = null
-      setup.reject(step.error)
-      this.endAfterFlush(step.error)
-      return
-    }
     if (step.upgrade !== undefined) {
       try {
         this.#upgrade(step.upgrade(this.socket))
@@ -515,7 +517,14 @@ export class Connection {
         return
       }
     }
+    // Through the new stream: the first frames it carries, a refusal too.
     if (step.sendUpgraded !== undefined) this.#writeRaw(step.sendUpgraded)
+    if (step.error !== undefined) {
+      this.#setup = null
+      setup.reject(step.error)
+      this.endAfterFlush(step.error)
+      return
+    }
     if (step.done !== undefined) {
       this.#setup = null
       this.#decoder.maxFrameBytes = this.#maxFrameBytes
@@ -532,7 +541,10 @@ export class Connection {
     this.#queue.switchSink(stream)
     this.#watch(stream)
     stream.on('data', (chunk: Buffer) => {
-      if (!this.#closed) this.#decode(chunk)
+      if (this.#closed) return
+      // Decrypted bytes wait behind an asynchronous set-up step as the socket's do.
+      if (this.#held !== null) this.#held.push(chunk)
+      else this.#decode(chunk)
     })
   }
 

@@ -48,12 +48,14 @@ export class TlsTunnel implements TlsEngine {
       else raw.once('drain', () => callback())
     }
     this.#wire = new Duplex({
-      read: () => { this.#raw?.resume() },
+      // The connection pushes what it reads; it pauses the socket itself.
+      read: () => {},
       write: (chunk: Buffer, _encoding, callback) => writeOut([chunk], callback),
       writev: (chunks, callback) => writeOut(chunks.map(c => c.chunk as Buffer), callback),
+      // TLS ended (close_notify written): the socket ends once it has sent everything.
       final: (callback) => {
-        this.#raw?.end()
-        callback()
+        if (this.#raw === null) callback()
+        else this.#raw.end(() => callback())
       }
     })
     const socket = make(this.#wire)
@@ -172,10 +174,8 @@ export class TlsTunnel implements TlsEngine {
     const wire = this.#wire
     return {
       stream: this.socket,
-      input: (chunk: Buffer) => {
-        // TLS reads behind: stop the socket until it asks for more.
-        if (!wire.push(chunk)) raw.pause()
-      }
+      // The stream wrapper beneath TLS reads each chunk at once ('data' events).
+      input: (chunk: Buffer) => { wire.push(chunk) }
     }
   }
 

@@ -109,8 +109,8 @@ function featuresOf (tls: boolean, authOnly: boolean): number[] {
   return features
 }
 
-// The server's error frame during negotiation, as the client reports it.
-function refusalOf (body: Buffer): RpcError {
+/** The server's error frame during negotiation (its body), as the client reports it. */
+export function refusalOf (body: Buffer): RpcError {
   const status = ErrorStatusType.decode(body)
   if (status instanceof RpcError) return negotiationError('negotiation failed, and the error could not be parsed')
   const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
@@ -322,25 +322,34 @@ export class ServerNegotiation {
       // StorePendingData); TLS 1.2's last flight is a token.
       const tls13 = engine.protocol === 'TLSv1.3'
       const send = !tls13 && token.length > 0 ? [tlsFrame(token, true)] : undefined
+      // Checked after the handshake, as Kudu's AuthenticateByCertificate: a refusal goes out the way the client now reads.
+      let refusal: string | null = null
       if (this.#authentication === 'certificate') {
         const user = engine.peerName
-        if (user === '') return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, 'the client certificate names no user (its subject has no CN)')
-        if (Buffer.byteLength(user) > MAX_USER_BYTES) return this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, `client certificate CN of ${Buffer.byteLength(user)} bytes refused (at most ${MAX_USER_BYTES})`)
+        const bytes = Buffer.byteLength(user)
+        if (user === '') refusal = 'the client certificate names no user (its subject has no CN)'
+        else if (bytes > MAX_USER_BYTES) refusal = `client certificate CN of ${bytes} bytes refused (at most ${MAX_USER_BYTES})`
         this.#user = user
         this.#state = 'context'
       } else {
         this.#state = 'sasl'
       }
+      let step: NegotiationStep
       if (this.#features.has(RpcFeature.TLS_AUTHENTICATION_ONLY)) {
         // Both sides on loopback: TLS authenticated, the connection stays plain.
         engine.close()
         this.#engine = null
-        return { send }
+        step = { send }
+      } else {
+        this.#tls = engine.protocol
+        this.#joined = true
+        const pending = tls13 && token.length > 0 ? token : null
+        step = { send, upgrade: (raw) => engine.join(raw, pending) }
       }
-      this.#tls = engine.protocol
-      this.#joined = true
-      const pending = tls13 && token.length > 0 ? token : null
-      return { send, upgrade: (raw) => engine.join(raw, pending) }
+      if (refusal === null) return step
+      const fatal = this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, refusal)
+      if (step.upgrade === undefined) return { send: [...(send ?? []), ...fatal.send!], error: fatal.error }
+      return { ...step, sendUpgraded: fatal.send, error: fatal.error }
     }, (err: RpcError) => this.#fatal(KrpcCode.FATAL_UNAUTHORIZED, err.message))
   }
 

@@ -3,8 +3,8 @@ import type { SecureContext } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
-import { ErrorStatusType, krpcFraming, parseResponseInto, type ResponseParts } from '../../codec/krpc/frames.js'
-import { ClientNegotiation, QUOTED_FIRST_BYTES, notSpeakingKrpc, isLoopbackHost, type Negotiated, type NegotiationStep } from '../../codec/krpc/negotiation.js'
+import { ErrorStatusType, NEGOTIATE_CALL_ID, krpcFraming, parseResponseInto, type ResponseParts } from '../../codec/krpc/frames.js'
+import { ClientNegotiation, QUOTED_FIRST_BYTES, isLoopbackHost, notSpeakingKrpc, refusalOf, type Negotiated, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import type { Clock } from '../../scheduling/clock.js'
 import type { BusyPoller } from '../../transport/busy-poll.js'
 import { Connection } from '../../transport/connection.js'
@@ -229,8 +229,17 @@ export class ClientConnection {
     }
     // Out of the table at once (one probe): every path below finishes it.
     const call = this.outstanding.take(parts.callId)
-    // Unknown, timed out or cancelled: ignore.
-    if (call === undefined) return true
+    if (call === undefined) {
+      // A server that refused certificate authentication after the
+      // handshake (the client was done at its last TLS token) answers the
+      // negotiation's call id: its words close the connection.
+      if (parts.callId === NEGOTIATE_CALL_ID && parts.isError === true) {
+        this.connection.destroy(refusalOf(buf.subarray(parts.messageStart, parts.messageEnd)))
+        return false
+      }
+      // Unknown, timed out or cancelled: ignore.
+      return true
+    }
     if (parts.isError === true) {
       const status = ErrorStatusType.decodeRange(buf, parts.messageStart, parts.messageEnd)
       if (status instanceof RpcError) {

@@ -110,7 +110,20 @@ function parseHash (text: string): StoredHash {
  * its time does not say which users exist. The file is not re-read: restart
  * to change it.
  */
-export function loadPasswordFile (path: string): Authenticator {
+/** Bounds of a password file's checks (`loadPasswordFile`). */
+export interface PasswordCheckLimits {
+  /** Checks running at once (each on a libuv thread-pool thread); default 4, the pool's default size. */
+  maxRunning?: number
+  /** Checks waiting for one of those; default 64. A check over it is refused at once (FATAL_UNAUTHORIZED). */
+  maxWaiting?: number
+}
+
+export function loadPasswordFile (path: string, limits: PasswordCheckLimits = {}): Authenticator {
+  const maxRunning = limits.maxRunning ?? 4
+  const maxWaiting = limits.maxWaiting ?? 64
+  for (const [name, value] of [['maxRunning', maxRunning], ['maxWaiting', maxWaiting]] as const) {
+    if (!Number.isSafeInteger(value) || value < (name === 'maxRunning' ? 1 : 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} must be a whole number${name === 'maxRunning' ? ' of at least 1' : ''}, got ${value}`)
+  }
   let text: string
   try {
     text = readFileSync(path, 'utf8')
@@ -138,10 +151,28 @@ export function loadPasswordFile (path: string): Authenticator {
   const dummy: StoredHash = first === undefined
     ? { ...DEFAULT_PARAMS, salt: randomBytes(SALT_BYTES), key: randomBytes(KEY_BYTES) }
     : { ln: first.ln, r: first.r, p: first.p, salt: randomBytes(first.salt.length), key: randomBytes(first.key.length) }
+  // A flood of attempts waits here, not in the thread pool (which file
+  // system and DNS work share): at most maxRunning derive at once, at most
+  // maxWaiting wait, the rest are refused.
+  let running = 0
+  const waiting: Array<() => void> = []
   return async (user: string, password: string): Promise<boolean> => {
-    const stored = users.get(user)
-    const against = stored ?? dummy
-    const key = await derive(password, against.salt, against.key.length, against)
-    return timingSafeEqual(key, against.key) && stored !== undefined
+    if (running >= maxRunning) {
+      if (waiting.length >= maxWaiting) return false
+      await new Promise<void>((resolve) => waiting.push(resolve))
+    } else {
+      running++
+    }
+    try {
+      const stored = users.get(user)
+      const against = stored ?? dummy
+      const key = await derive(password, against.salt, against.key.length, against)
+      return timingSafeEqual(key, against.key) && stored !== undefined
+    } finally {
+      // The slot passes to the next waiting check, or is freed.
+      const next = waiting.shift()
+      if (next !== undefined) next()
+      else running--
+    }
   }
 }

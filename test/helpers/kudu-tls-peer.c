@@ -17,7 +17,8 @@
  * (offer TLS_AUTHENTICATION_ONLY, as Kudu does on loopback unless
  * --rpc_encrypt_loopback_connections), --cert-authn (client: offer
  * CERTIFICATE authentication; server: require and verify the client
- * certificate). Exit 0 on success, 1 with a message on stderr otherwise.
+ * certificate), --pipeline (client: SASL_INITIATE, the connection context
+ * and the call in one TLS write, before the server's SASL_SUCCESS). Exit 0 on success, 1 with a message on stderr otherwise.
  *
  * Build: cc -o kudu-tls-peer kudu-tls-peer.c -lssl -lcrypto
  */
@@ -97,10 +98,11 @@ static int next_field (reader_t *r, int *field, uint64_t *value, const uint8_t *
 
 /* ---- I/O: plain socket or TLS on it ---- */
 
-typedef struct { int fd; SSL *ssl; } io_t;
+typedef struct { int fd; SSL *ssl; buf_t *batch; } io_t;
 
 static void io_write (io_t *io, const void *data, size_t n) {
   const uint8_t *p = data;
+  if (io->batch) { put(io->batch, data, n); return; }
   while (n > 0) {
     int w = io->ssl ? SSL_write(io->ssl, p, (int)n) : (int)write(io->fd, p, n);
     if (w <= 0) die("write failed");
@@ -341,6 +343,10 @@ static int run_client (int argc, char **argv) {
   const char *version = SSL_get_version(hs.ssl);
   if (!auth_only) handshake_finish(&hs, &io, NULL);
 
+  /* --pipeline: the rest goes out in one write, SASL_SUCCESS read after the call is sent. */
+  buf_t batch = {0};
+  int pipeline = flag(argc, argv, "--pipeline");
+  if (pipeline) io.batch = &batch;
   if (!certificate) {
     buf_t plain = {0};
     put(&plain, "\0", 1); put(&plain, user, strlen(user)); put(&plain, "\0", 1); put(&plain, password, strlen(password));
@@ -349,9 +355,11 @@ static int run_client (int argc, char **argv) {
     put_bytes(&b, 4, "\x12\x05PLAIN", 7);
     send_negotiate(&io, 0, &b);
     b.n = 0;
-    f = recv_negotiate(&io, 1, &m);
-    if (m.step != 0) die("expected SASL_SUCCESS, got step %d", m.step);
-    free(f);
+    if (!pipeline) {
+      f = recv_negotiate(&io, 1, &m);
+      if (m.step != 0) die("expected SASL_SUCCESS, got step %d", m.step);
+      free(f);
+    }
   }
   /* ConnectionContextPB{DEPRECATED_user_info{real_user}} with call id -3, no answer. */
   buf_t h = {0}, info = {0};
@@ -372,6 +380,15 @@ static int run_client (int argc, char **argv) {
   put_uint(&b, 1, 20);
   put_uint(&b, 2, 22);
   send_frame(&io, &h, &b);
+  if (pipeline) {
+    io.batch = NULL;
+    io_write(&io, batch.p, batch.n);
+    if (!certificate) {
+      f = recv_negotiate(&io, 1, &m);
+      if (m.step != 0) die("expected SASL_SUCCESS, got step %d", m.step);
+      free(f);
+    }
+  }
   reader_t rh, rb;
   f = recv_frame(&io, &rh, &rb);
   int field; uint64_t v; const uint8_t *d; size_t l;

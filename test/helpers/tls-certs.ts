@@ -27,6 +27,9 @@ export interface TestCerts {
   /** A client certificate (CN mallory) signed by the other CA, and its key. */
   otherClientCert: Buffer
   otherClientKey: Buffer
+  /** A client certificate signed by the CA whose subject has no CN, and its key. */
+  namelessClientCert: Buffer
+  namelessClientKey: Buffer
   /** The server's key certified for January 2020 only (expired), by the CA. */
   expiredServerCert: Buffer
   remove: () => void
@@ -62,13 +65,14 @@ export function makeCerts (): TestCerts {
     ca('ca')
     ca('other-ca')
     const leaf = (name: string, cn: string, ext: string, signer = 'ca'): void => {
-      openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', `/CN=${cn}`)
+      openssl('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', `${name}.key`, '-out', `${name}.csr`, '-subj', cn === '' ? '/O=nyala test' : `/CN=${cn}`)
       writeFileSync(at(`${name}.ext`), `${ext}\n`)
       openssl('x509', '-req', '-in', `${name}.csr`, '-CA', `${signer}.crt`, '-CAkey', `${signer}.key`, '-CAcreateserial', '-out', `${name}.crt`, '-days', '2', '-extfile', `${name}.ext`)
     }
     leaf('server', 'localhost', 'subjectAltName=DNS:localhost,IP:127.0.0.1')
     leaf('client', 'alice', 'extendedKeyUsage=clientAuth')
     leaf('other-client', 'mallory', 'extendedKeyUsage=clientAuth', 'other-ca')
+    leaf('nameless-client', '', 'extendedKeyUsage=clientAuth')
     // `openssl ca` can date a certificate in the past; `x509 -req` cannot.
     writeFileSync(at('index.txt'), '')
     writeFileSync(at('serial'), '1000\n')
@@ -91,6 +95,8 @@ export function makeCerts (): TestCerts {
     otherClientCert: readFileSync(at('other-client.crt')),
     otherClientKey: readFileSync(at('other-client.key')),
     expiredServerCert: readFileSync(at('expired.crt')),
+    namelessClientCert: readFileSync(at('nameless-client.crt')),
+    namelessClientKey: readFileSync(at('nameless-client.key')),
     remove: () => rmSync(dir, { recursive: true, force: true })
   }
 }

@@ -207,6 +207,14 @@ function tests (certs: TestCerts): void {
       t.equal(foreign.remote?.code, KrpcCode.FATAL_UNAUTHORIZED, `${maxVersion}: refused FATAL_UNAUTHORIZED`)
       t.match(foreign.message, /certificate/, foreign.message)
     }
+
+    // Signed by the CA but naming no user: refused after the handshake, through TLS.
+    for (const maxVersion of ['TLSv1.3', 'TLSv1.2'] as const) {
+      const strict = await serve(t, { tls: { ...serverTls, ca: certs.ca, maxVersion }, requireClientCert: true, encryptLoopback: true })
+      const nameless = await refused(t, strict, { tls: { ca: certs.ca, cert: certs.namelessClientCert, key: certs.namelessClientKey }, encryptLoopback: true })
+      t.equal(nameless.remote?.code, KrpcCode.FATAL_UNAUTHORIZED, `${maxVersion}: no CN, FATAL_UNAUTHORIZED`)
+      t.match(nameless.message, /names no user/)
+    }
   })
 
   t.test('an optional client certificate: certificate authentication when offered, SASL otherwise', async t => {

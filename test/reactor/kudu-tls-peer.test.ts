@@ -64,6 +64,29 @@ function tests (certs: TestCerts): void {
     }
   })
 
+  t.test('a client that sends SASL, the context and a call in one TLS record, to an asynchronous authenticator', async t => {
+    // The authenticator's step holds what TLS decrypted after SASL_INITIATE until it is answered.
+    const { port } = await startServer(t, {
+      idleTimeoutMs: 0,
+      logger: null,
+      handlers: handlers as never,
+      tls: { cert: certs.serverCert, key: certs.serverKey },
+      authenticate: async (user, password) => { await new Promise(resolve => setTimeout(resolve, 5)); return user === 'kudu' && password === 'pw' }
+    })
+    for (const args of [[], ['--tls12'], ['--loopback']]) {
+      users.length = 0
+      const r = await run(peer, ['client', '127.0.0.1', String(port), '--pipeline', '--password', 'pw', ...args])
+      t.equal(r.code, 0, `${args.join(' ')}: ${r.stderr}`)
+      t.match(r.stdout, /^result=42 /)
+      t.same(users, ['kudu'])
+    }
+    users.length = 0
+    const wrong = await run(peer, ['client', '127.0.0.1', String(port), '--pipeline', '--password', 'nope'])
+    t.equal(wrong.code, 1)
+    t.match(wrong.stderr, /server refused negotiation: .*SASL PLAIN authentication failed/, 'refused, in the server\'s words, through TLS')
+    t.same(users, [], 'no call ran')
+  })
+
   t.test('Kudu\'s client requiring TLS gives up on a nyala server without it', async t => {
     const { port } = await startServer(t, { idleTimeoutMs: 0, logger: null, handlers: handlers as never })
     const r = await run(peer, ['client', '127.0.0.1', String(port)])

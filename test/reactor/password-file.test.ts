@@ -115,6 +115,18 @@ t.test('an unknown user is checked against a dummy hash of the same cost (its ti
   t.ok(unknown > known / 10, `unknown user ${unknown.toFixed(1)} ms, known ${known.toFixed(1)} ms`)
 })
 
+t.test('checks are bounded: maxRunning at once, maxWaiting waiting, the rest refused at once', async (t) => {
+  const file = writeFile(t, `alice:${await hashPassword('secret', CHEAP)}\n`)
+  const check = loadPasswordFile(file, { maxRunning: 2, maxWaiting: 3 })
+  // 2 run, 3 wait, 5 are refused without a derivation; every one settles.
+  const verdicts = await Promise.all(Array.from({ length: 10 }, async () => await check('alice', 'secret')))
+  t.same([verdicts.filter(v => v).length, verdicts.filter(v => !v).length], [5, 5])
+  t.same(verdicts.slice(5), [false, false, false, false, false], 'the ones over the bound')
+  t.equal(await check('alice', 'secret'), true, 'the slots were given back')
+  t.throws(() => loadPasswordFile(file, { maxRunning: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
+  t.throws(() => loadPasswordFile(file, { maxWaiting: -1 }), { code: ErrorCode.INVALID_ARGUMENT })
+})
+
 t.test('bad lines are refused with the file and line number', async (t) => {
   const good = `$scrypt$ln=10,r=8,p=1$${SALT}$${KEY}`
   const cases: Array<[string, number, RegExp]> = [
