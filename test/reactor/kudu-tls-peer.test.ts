@@ -14,6 +14,7 @@ import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { runCli, waitForOutput } from '../helpers/cli-cases.js'
 import { CalculatorService, calculatorHandlers, newClient, startServer } from '../helpers/reactor-harness.js'
 import { haveOpenssl, makeCerts, type TestCerts } from '../helpers/tls-certs.js'
 
@@ -85,6 +86,17 @@ function tests (certs: TestCerts): void {
     t.equal(wrong.code, 1)
     t.match(wrong.stderr, /server refused negotiation: .*SASL PLAIN authentication failed/, 'refused, in the server\'s words, through TLS')
     t.same(users, [], 'no call ran')
+  })
+
+  t.test('Kudu\'s client with encryption required calls `nyala serve --tls-cert --tls-key --require-tls --reactors 2`', async t => {
+    const server = runCli(['serve', '--reactors', '2', '--port', '0', '--tls-cert', f.serverCert, '--tls-key', f.serverKey, '--require-tls'], t)
+    const [, endpoint] = await waitForOutput(server, /listening on (127\.0\.0\.1:\d+)/)
+    const port = endpoint!.split(':')[1]!
+    // Connections spread over both reactors; each one negotiates TLS.
+    const runs = await Promise.all(Array.from({ length: 6 }, async (_, i) => await run(peer, ['client', '127.0.0.1', port, ...(i % 2 === 0 ? [] : ['--tls12'])])))
+    t.same(runs.map(r => `${r.code} ${r.stdout.trim()}`), runs.map((_, i) => `0 result=42 tls=${i % 2 === 0 ? 'TLSv1.3' : 'TLSv1.2'}`), runs.map(r => r.stderr).join(''))
+    server.child.kill('SIGTERM')
+    t.equal(await server.exit, 0, server.stderr())
   })
 
   t.test('Kudu\'s client requiring TLS gives up on a nyala server without it', async t => {
