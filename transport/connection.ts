@@ -1,5 +1,6 @@
 import type { Socket } from 'node:net'
 import type { Duplex } from 'node:stream'
+import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
@@ -73,6 +74,8 @@ export interface ConnectionStats extends TransferQueueStats {
   bytesWritten: number
   /** How reads arrive: through a SocketReader (`onread`, the fast path) or as 'data' events. */
   readPath: 'onread' | 'data'
+  /** The TLS version frames travel under ('TLSv1.3'), or null in plain text (KRPC on loopback after TLS that only authenticated, too). */
+  tls: string | null
 }
 
 /**
@@ -358,7 +361,8 @@ export class Connection {
   }
 
   stats (): ConnectionStats {
-    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten, readPath: this.#readPath }
+    const tls = (this.#stream as Partial<Pick<TLSSocket, 'getProtocol'>>).getProtocol?.() ?? null
+    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten, readPath: this.#readPath, tls }
   }
 
   #onSocketData (chunk: Buffer): void {

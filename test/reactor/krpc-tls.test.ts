@@ -107,14 +107,14 @@ function tests (certs: TestCerts): void {
     return endpoint
   }
 
-  /** `n` calls and then `Echo`, which answers with ctx.user. */
-  async function calls (t: Test, endpoint: string, options: ClientOptions, n = 20): Promise<{ outcomes: Record<string, number>, user: string }> {
+  /** `n` calls and then `Echo`, which answers with ctx.user; and the TLS version the client's connection reports. */
+  async function calls (t: Test, endpoint: string, options: ClientOptions, n = 20): Promise<{ outcomes: Record<string, number>, user: string, tls: Array<string | null> }> {
     const client = newClient(t, { endpoint, retry: false, ...options })
     const calc = client.service(CalculatorService)
     const outcomes = tally(await Promise.all(Array.from({ length: n }, (_, i) => settle(calc.Add({ x: i, y: 1 })))))
     let user = ''
     try { user = (await calc.Echo({ data: '' })).data } catch {}
-    return { outcomes, user }
+    return { outcomes, user, tls: client.connectionStats().map(c => c.tls) }
   }
 
   async function refused (t: Test, endpoint: string, options: ClientOptions): Promise<RpcError> {
@@ -129,11 +129,13 @@ function tests (certs: TestCerts): void {
 
   t.test('encrypted: the handshake in TLS_HANDSHAKE steps, then nothing readable on the wire', async t => {
     for (const maxVersion of ['TLSv1.3', 'TLSv1.2'] as const) {
-      const endpoint = await serve(t, { tls: { ...serverTls, maxVersion }, encryptLoopback: true })
+      const { endpoint, server } = await startServer(t, { idleTimeoutMs: 0, logger: null, handlers: counted as never, tls: { ...serverTls, maxVersion }, encryptLoopback: true })
       const wire = await proxy(t, endpoint)
       const r = await calls(t, wire.endpoint, { tls: { ca: certs.ca }, requireTls: true, encryptLoopback: true, user: 'bob', password: 'sesame' })
       t.same(r.outcomes, { OK: 20 }, `${maxVersion}: every call answered`)
       t.equal(r.user, 'bob', 'SASL PLAIN inside TLS names the user')
+      t.same(r.tls, [maxVersion], 'the client\'s connection says it is encrypted')
+      t.same(server.connectionStats().map(c => c.tls), [maxVersion], 'and so does the server\'s')
       const up = wire.upBytes()
       const down = wire.downBytes()
       t.ok(up.subarray(0, 7).equals(KRPC_PREAMBLE), 'the preamble goes in clear')
@@ -155,6 +157,7 @@ function tests (certs: TestCerts): void {
     const r = await calls(t, wire.endpoint, { tls: { ca: certs.ca }, requireTls: true, user: 'carol' })
     t.same(r.outcomes, { OK: 20 })
     t.equal(r.user, 'carol')
+    t.same(r.tls, [null], 'plain text after the handshake')
     const up = wire.upBytes()
     const steps = negotiateSteps(up, 7, false)
     t.same([steps[0], steps.includes(5), steps.includes(2)], [1, true, true], `NEGOTIATE, TLS_HANDSHAKE and then SASL_INITIATE in clear (${steps.join(',')})`)

@@ -67,6 +67,8 @@ function tests (certs: TestCerts): void {
       t.same(answers, ['hello 1', 'hello 2', 'hello 3'], `${kind}: answers in plaintext`)
       t.equal(server.connectionStats()[0]?.readPath, 'data', `${kind}: the server reads TLS through 'data' events`)
       t.equal(c.stats().connections[0]?.readPath, 'data', `${kind}: so does the client`)
+      t.equal(server.connectionStats()[0]?.tls, 'TLSv1.3', `${kind}: the server's connection names its TLS version`)
+      t.equal(c.stats().connections[0]?.tls, 'TLSv1.3', `${kind}: so does the client's`)
       t.equal(server.stats().tlsHandshakeFailures, 0)
     }
   })
