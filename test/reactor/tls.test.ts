@@ -15,6 +15,7 @@ import type { CallContext } from '../../reactor/inbound-call.js'
 import type { LogFields } from '../../reactor/logger.js'
 import { linesProtocol, taggedProtocol } from '../helpers/toy-protocols.js'
 import { linesClientProtocol, taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
+import { rejection } from '../helpers/reactor-harness.js'
 import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
 
 withCerts(t, tests)
@@ -47,16 +48,6 @@ function tests (certs: TestCerts): void {
     const c = new ProtocolClient(kind === 'lines' ? linesClientProtocol() : taggedClientProtocol(), { endpoint: `127.0.0.1:${port}`, ...options })
     t.teardown(() => c.close())
     return c
-  }
-
-  async function failure (call: Promise<unknown>): Promise<RpcError> {
-    try {
-      await call
-    } catch (err) {
-      if (err instanceof RpcError) return err
-      throw err
-    }
-    throw new Error('the call succeeded')
   }
 
   t.test('happy path: both toy protocols through ProtocolServer and ProtocolClient over TLS', async t => {
@@ -97,7 +88,7 @@ function tests (certs: TestCerts): void {
   t.test('a server certificate from another CA: the client refuses, CONNECT_FAILED', async t => {
     const { port, server } = await start(t, 'lines', { tls: serverTls })
     const c = client(t, 'lines', port, { tls: { ca: certs.otherCa }, retry: false })
-    const err = await failure(c.call({ route: 'echo', payload: 'x' }))
+    const err = await rejection(c.call({ route: 'echo', payload: 'x' }))
     t.equal(err.code, ErrorCode.CONNECT_FAILED)
     t.match(err.message, /TLS: .*certificate/)
     t.ok(await until(() => server.stats().connectionsOpen === 0), 'the server closed its side')
@@ -106,7 +97,7 @@ function tests (certs: TestCerts): void {
   t.test('a host name the certificate does not name: CONNECT_FAILED', async t => {
     const { port } = await start(t, 'lines', { tls: serverTls })
     const c = client(t, 'lines', port, { tls: { ca: certs.ca, servername: 'wrong.example' }, retry: false })
-    const err = await failure(c.call({ route: 'echo', payload: 'x' }))
+    const err = await rejection(c.call({ route: 'echo', payload: 'x' }))
     t.equal(err.code, ErrorCode.CONNECT_FAILED)
     t.match(err.message, /TLS: .*wrong\.example/)
   })
@@ -114,7 +105,7 @@ function tests (certs: TestCerts): void {
   t.test('client certificate required but absent: refused, counted, CONNECT_FAILED', async t => {
     const { port, server, warnings } = await start(t, 'lines', { tls: mtls })
     const c = client(t, 'lines', port, { tls: { ca: certs.ca }, retry: false })
-    const err = await failure(c.call({ route: 'echo', payload: 'x' }))
+    const err = await rejection(c.call({ route: 'echo', payload: 'x' }))
     t.equal(err.code, ErrorCode.CONNECT_FAILED)
     t.match(err.message, /TLS: /)
     t.ok(await until(() => server.stats().tlsHandshakeFailures === 1), 'counted once')
@@ -127,7 +118,7 @@ function tests (certs: TestCerts): void {
   t.test('retried per the usual rules: a refused TLS connect is retried until the deadline', async t => {
     const { port } = await start(t, 'lines', { tls: serverTls })
     const c = client(t, 'lines', port, { tls: { ca: certs.otherCa }, retry: { backoff: { delayMs: () => 1 }, budget: null, maxAttempts: 3 } })
-    const err = await failure(c.call({ route: 'echo', payload: 'x' }, { timeoutMs: 5000 }))
+    const err = await rejection(c.call({ route: 'echo', payload: 'x' }, { timeoutMs: 5000 }))
     t.equal(err.code, ErrorCode.CONNECT_FAILED)
     t.equal(c.stats().retries, 2, 'two retries after the first attempt')
   })
@@ -295,7 +286,7 @@ function tests (certs: TestCerts): void {
     t.teardown(() => { for (const r of raws) r.destroy(); server.close() })
     const port = (server.address() as { port: number }).port
     const c = client(t, 'lines', port, { tls: { ca: certs.ca }, retry: { backoff: { delayMs: () => 1 }, budget: null, maxAttempts: 3 } })
-    const err = await failure(c.call({ route: 'echo', payload: 'once' }, { timeoutMs: 5000 }))
+    const err = await rejection(c.call({ route: 'echo', payload: 'once' }, { timeoutMs: 5000 }))
     t.not(err.code, ErrorCode.CONNECT_FAILED, `a failure of a sent call: ${err.code} ${err.message}`)
     t.equal(c.stats().retries, 0, 'not retried')
     t.equal(connections, 1, 'one connection, one request')
