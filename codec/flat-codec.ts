@@ -186,12 +186,14 @@ export function flatCodec<T = Record<string, unknown>> (type: protobuf.Type): Fl
     // The value as protobufjs's writer converts it, its bytes, and how they are written.
     let convert: string
     let size: string
-    let put = `at = wv(out, at, ${c})`
+    // Values under 128 (most) are one byte written in line: no call, whatever
+    // the inlining budget of the function these end up inlined into.
+    let put = `if (${c} < 0x80) out[at++] = ${c}; else at = wv(out, at, ${c})`
     switch (f.type) {
-      case 'uint32': convert = 'v >>> 0'; size = `vlen(${c})`; break
+      case 'uint32': convert = 'v >>> 0'; size = `(${c} < 0x80 ? 1 : vlen(${c}))`; break
       // protobufjs writes `v | 0`; a negative one takes ten bytes: left to it.
-      case 'int32': convert = 'v | 0'; size = `(${c} < 0 ? NaN : vlen(${c}))`; break
-      case 'sint32': convert = '(v << 1 ^ v >> 31) >>> 0'; size = `vlen(${c})`; break
+      case 'int32': convert = 'v | 0'; size = `(${c} < 0 ? NaN : ${c} < 0x80 ? 1 : vlen(${c}))`; break
+      case 'sint32': convert = '(v << 1 ^ v >> 31) >>> 0'; size = `(${c} < 0x80 ? 1 : vlen(${c}))`; break
       case 'bool': convert = 'v ? 1 : 0'; size = '1'; put = `out[at++] = ${c}`; break
       case 'fixed32': case 'sfixed32': convert = 'v >>> 0'; size = '4'; put = `at = wfixed(out, at, ${c})`; break
       case 'float': convert = '+v'; size = '4'; put = `at = wf32(out, at, ${c})`; break

@@ -56,7 +56,13 @@ export interface RouteGroupOptions {
   callType?: CallConstructor
 }
 
-/** What the call dispatch needs of the server around it. */
+/**
+ * What the call dispatch needs of the server around it. Plain data fields
+ * and functions, no accessors: an object literal with a getter is a
+ * dictionary-mode object in V8, and every load from it in optimized code
+ * is then a generic inline-cache call (~300 instructions per call, found
+ * with bench/server-instructions.ts).
+ */
 export interface DispatchHost {
   readonly clock: Clock
   readonly log: Logger
@@ -65,10 +71,8 @@ export interface DispatchHost {
   /** Every pool, or none (`scheduler: 'direct'`). */
   readonly pooled: boolean
   readonly defaults: { workers: number, queueLength: number, queue: QueueDiscipline, abandonAfterMs: number, maxAbandonedHandlers: number, burstLimit: number | undefined, requestTimeoutMs: number }
-  /** The server is closing: new calls are refused (`shutdown`). */
-  readonly closing: boolean
   /** Until ready, calls to unknown groups are refused `unavailable` rather than `no-service`. */
-  readonly ready: boolean
+  isReady: () => boolean
   /** The open connections (abandonment scans their calls). */
   readonly connections: Iterable<ServerConnection>
   /** A call was answered; the server may be drained. */
@@ -133,6 +137,8 @@ export class CallDispatch {
   #stampRead = -1
   #readAt = 0
   #lastNow = 0
+  // The server is closing (a field, not a getter on the host: read per frame).
+  #closing = false
   readonly #run = (call: InboundCall, worker: number): Promise<void> | void => {
     call.worker = worker
     return this.#runHandler(call)
@@ -221,8 +227,9 @@ export class CallDispatch {
     return n
   }
 
-  /** Stops taking calls: queued calls drain within `graceMs`, then get `shutdown`. */
+  /** Stops taking calls: new ones are refused `shutdown`, queued ones drain within `graceMs`, then get `shutdown`. */
   close (graceMs: number): void {
+    this.#closing = true
     for (const group of this.#groups.values()) void group.dispatcher?.close(graceMs)
   }
 
@@ -263,7 +270,7 @@ export class CallDispatch {
     const host = this.#host
     host.stats.callsReceived++
 
-    if (host.closing) return this.#refuseHead(sc, seq, 'shutdown', 'server is shutting down')
+    if (this.#closing) return this.#refuseHead(sc, seq, 'shutdown', 'server is shutting down')
     if (sc.retiredAt >= 0) return this.#refuseHead(sc, seq, 'shutdown', 'connection reached its maximum age; reconnect')
     const route = this.#route(head)
     if (route === undefined) return this.#unrouted(sc, seq)
@@ -324,7 +331,7 @@ export class CallDispatch {
   #unrouted (sc: ServerConnection, seq: number): boolean {
     const head = this.#head
     if (!this.#groups.has(head.service)) {
-      return this.#host.ready
+      return this.#host.isReady()
         ? this.#refuseHead(sc, seq, 'no-service', `service ${head.service} not registered on this server`)
         : this.#refuseHead(sc, seq, 'unavailable', `service unavailable: service ${head.service} not registered yet`)
     }

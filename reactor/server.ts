@@ -295,7 +295,6 @@ export class ProtocolServer {
         () => ({ protocol: protocol.name, unsentBytes: member.outboundBytes, totalUnsentBytes: total, budgetBytes: this.#outbound.maxBytes }))
     })
     this.metrics.limitCounters = () => this.#limitCounters()
-    const server = this
     const stats = this.#stats
     const host: DispatchHost = {
       clock: this.#clock,
@@ -312,8 +311,7 @@ export class ProtocolServer {
         burstLimit: options.burstLimit,
         requestTimeoutMs: options.requestTimeoutMs ?? 0
       },
-      get closing () { return server.#closing !== null },
-      get ready () { return server.#ready },
+      isReady: () => this.#ready,
       connections: this.#connections,
       answered: () => this.#maybeDrained()
     }

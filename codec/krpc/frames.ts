@@ -378,8 +378,9 @@ export function writeRequestFrameHead (out: Buffer, at: number, callId: number, 
 
 /** Bytes of a successful response frame without sidecars whose body PB is `bodyBytes` long (prefix included). */
 export function responseFrameBytes (callId: number, bodyBytes: number): number {
+  // The header (call_id, is_error) is at most 13 bytes: its length is one byte.
   const headerBytes = 3 + int32Bytes(callId)
-  return 4 + varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes
+  return 5 + headerBytes + (bodyBytes < 0x80 ? 1 : varintBytes(bodyBytes)) + bodyBytes
 }
 
 /**
@@ -396,12 +397,18 @@ export function writeResponseFrame (out: Buffer, at: number, callId: number, bod
 /** As `writeResponseFrame`, all but the body: returns where the caller writes its `bodyBytes`. */
 export function writeResponseFrameHead (out: Buffer, at: number, callId: number, bodyBytes: number): number {
   const headerBytes = 3 + int32Bytes(callId)
-  writeU32(out, at, varintBytes(headerBytes) + headerBytes + varintBytes(bodyBytes) + bodyBytes)
-  at = writeVarint(out, at + 4, headerBytes)
+  // headerBytes is under 128 (at most 13); small bodies' lengths are one byte, written in line.
+  writeU32(out, at, 1 + headerBytes + (bodyBytes < 0x80 ? 1 : varintBytes(bodyBytes)) + bodyBytes)
+  at += 4
+  out[at++] = headerBytes
   out[at++] = 0x08 // field 1, call_id
   at = writeInt32(out, at, callId)
   out[at++] = 0x10 // field 2, is_error: false
   out[at++] = 0
+  if (bodyBytes < 0x80) {
+    out[at++] = bodyBytes
+    return at
+  }
   return writeVarint(out, at, bodyBytes)
 }
 

@@ -145,10 +145,11 @@ function cachedRemoteMethod (buf: Uint8Array, start: number, stop: number): Remo
   return undefined
 }
 
-function rememberRemoteMethod (buf: Uint8Array, start: number, stop: number, service: string, method: string): RemoteMethod {
+function rememberRemoteMethod (buf: Uint8Array, start: number, stop: number, service: string, method: string, out: RequestHeaderFields): RemoteMethod {
   const value: RemoteMethod = Object.freeze({ service_name: service, method_name: method })
   // Long names are not worth keeping.
-  if (stop - start <= 256) {
+  out.remoteMethodCached = stop - start <= 256
+  if (out.remoteMethodCached) {
     remoteBytes[remoteNext] = Uint8Array.prototype.slice.call(buf, start, stop)
     remoteValues[remoteNext] = value
     remoteNext = (remoteNext + 1) % REMOTE_CACHE_SIZE
@@ -183,6 +184,12 @@ export class ResponseHeaderFields {
 export class RequestHeaderFields {
   callId = 0
   remoteMethod: RemoteMethod | undefined = undefined
+  /**
+   * `remoteMethod` is the decoder's cached object for that method: the same
+   * object every time the method is named (a route key by identity). False
+   * for names too long to keep (a new object each time).
+   */
+  remoteMethodCached = false
   /** `timeout_millis`, 0 when absent (`hasTimeout` tells an explicit 0 apart). */
   timeoutMillis = 0
   hasTimeout = false
@@ -242,6 +249,7 @@ export function decodeRequestHeaderInto (buf: Uint8Array, start: number, end: nu
   const r = headerReader.reset(buf, start, end)
   let hasCallId = false
   out.remoteMethod = undefined
+  out.remoteMethodCached = false
   out.timeoutMillis = 0
   out.hasTimeout = false
   out.requiredFeatureFlags = undefined
@@ -261,6 +269,7 @@ export function decodeRequestHeaderInto (buf: Uint8Array, start: number, end: nu
       const cached = cachedRemoteMethod(buf, start, stop)
       if (cached !== undefined) {
         out.remoteMethod = cached
+        out.remoteMethodCached = true
         continue
       }
       const inner = new Reader(buf, start, stop)
@@ -281,7 +290,7 @@ export function decodeRequestHeaderInto (buf: Uint8Array, start: number, end: nu
         r.error = `remote_method: missing required ${service === undefined ? 'service_name' : 'method_name'}`
         break
       }
-      out.remoteMethod = rememberRemoteMethod(buf, start, stop, service, method)
+      out.remoteMethod = rememberRemoteMethod(buf, start, stop, service, method, out)
     } else if (field === 10 && wireType === 0) {
       out.timeoutMillis = r.uint32()
       out.hasTimeout = true
@@ -336,6 +345,7 @@ function fastRequestHeader (buf: Uint8Array, start: number, end: number, out: Re
   }
   out.callId = callId
   out.remoteMethod = remoteValues[remoteLastHit]
+  out.remoteMethodCached = true
   out.timeoutMillis = timeout
   out.hasTimeout = hasTimeout
   out.requiredFeatureFlags = undefined

@@ -133,8 +133,8 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     head.service = remote.service_name
     head.method = remote.method_name
     head.timeoutMs = parts.timeoutMillis
-    // The codec hands out one frozen object per method it has cached; others are new each time.
-    if (Object.isFrozen(remote)) head.routeKey = remote
+    // The codec hands out one object per method it has cached; others are new each time.
+    if (parts.remoteMethodCached) head.routeKey = remote
     head.data = parts.sidecars
     head.bodyStart = parts.messageStart
     head.bodyEnd = parts.messageEnd

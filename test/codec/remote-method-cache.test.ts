@@ -5,7 +5,7 @@
  * decode without being cached.
  */
 import t from 'tap'
-import { encodeRemoteMethod, encodeRequestFrame, parseRequestFrame } from '../../codec/krpc/frames.js'
+import { RequestParts, encodeRemoteMethod, encodeRequestFrame, parseRequestFrame, parseRequestInto } from '../../codec/krpc/frames.js'
 
 function decode (service: string, method: string): { service_name: string, method_name: string } {
   const frame = Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod: encodeRemoteMethod(service, method), timeoutMs: 100 }, new Uint8Array(0)))
@@ -38,4 +38,27 @@ t.test('long and non-ASCII names decode', async t => {
   t.same(decode(long, 'M'), { service_name: long, method_name: 'M' })
   t.same(decode(long, 'M'), { service_name: long, method_name: 'M' })
   t.same(decode('pkg.Ünïcode', 'Méthode'), { service_name: 'pkg.Ünïcode', method_name: 'Méthode' })
+})
+
+t.test('remoteMethodCached says whether the object is the cache\'s (a route key by identity)', async t => {
+  const parts = new RequestParts()
+  const parse = (service: string, method: string): void => {
+    const frame = Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod: encodeRemoteMethod(service, method), timeoutMs: 100 }, new Uint8Array(0)))
+    t.equal(parseRequestInto(frame, 0, frame.length, parts), null)
+  }
+  parse('svc.Key', 'Get')
+  const first = parts.remoteMethod
+  t.equal(parts.remoteMethodCached, true, 'a short name is cached (general path)')
+  parse('svc.Key', 'Get')
+  t.equal(parts.remoteMethodCached, true, 'and again (fast path)')
+  t.equal(parts.remoteMethod, first, 'the same object')
+  const long = 'y'.repeat(300)
+  parse(long, 'M')
+  t.equal(parts.remoteMethodCached, false, 'a name too long to keep is not')
+  const once = parts.remoteMethod
+  parse(long, 'M')
+  t.equal(parts.remoteMethodCached, false)
+  t.not(parts.remoteMethod, once, 'a new object each time: no route key')
+  parse('svc.Key', 'Get')
+  t.equal(parts.remoteMethodCached, true, 'a cached name after a long one')
 })
