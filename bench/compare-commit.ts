@@ -66,6 +66,8 @@ export interface CompareSummary {
   medianUserRatio: number
   /** The same for calls/s (above 1: the working tree is faster). */
   medianReqsRatio: number
+  /** The same for the load's client CPU per call (both trees' clients are their own). */
+  medianClientRatio: number
   /** Pairs in which the working tree's server spent less CPU per call. */
   won: number
 }
@@ -80,6 +82,7 @@ export function summarise (base: string, pairs: PairResult[]): CompareSummary {
     medianRatio: median(pairs.map((p) => p.ratio)),
     medianUserRatio: median(pairs.map((p) => p.work.serverUserUs / p.base.serverUserUs)),
     medianReqsRatio: median(pairs.map((p) => p.work.reqsPerSec / p.base.reqsPerSec)),
+    medianClientRatio: median(pairs.map((p) => p.work.clientCpuUs / p.base.clientCpuUs)),
     won: pairs.filter((p) => p.ratio < 1).length
   }
 }
@@ -181,7 +184,7 @@ async function main (): Promise<number> {
   if (values.json) process.stdout.write(JSON.stringify(summary) + '\n')
   else {
     process.stdout.write(`server CPU per call, working tree / ${values.base}: median ${f3(summary.medianRatio)} over ${pairs} pairs, ` +
-      `working tree won ${summary.won} of ${pairs} (user CPU alone: ${f3(summary.medianUserRatio)}; calls/s: ${f3(summary.medianReqsRatio)})\n`)
+      `working tree won ${summary.won} of ${pairs} (user CPU alone: ${f3(summary.medianUserRatio)}; calls/s: ${f3(summary.medianReqsRatio)}; client CPU per call: ${f3(summary.medianClientRatio)})\n`)
   }
   const max = values['max-ratio'] === undefined ? Infinity : Number(values['max-ratio'])
   if (summary.medianRatio > max) {
