@@ -3,7 +3,7 @@
  * binary workload (64-byte keys, 1 KiB values, 1:9 set:get, 16 connections
  * from one client thread):
  *
- *   npx tsc -p tsconfig.json && node dist/bench/memcached.js [--rounds 3] [--seconds 5] [--reactors 1,2] [--raw]
+ *   npx tsc -p tsconfig.json && node dist/bench/memcached.js [--rounds 3] [--seconds 5] [--reactors 1,2] [--raw] [--native]
  *
  * It starts `memcached -t 1 -U 0 -l 127.0.0.1 -p <free port>` (with `-u
  * root` when run as root, which memcached requires) and, per reactors
@@ -18,7 +18,9 @@
  * With `--raw` each round also runs bench/raw-memcached.ts, a minimal
  * node:net GET/SET server with no framework (one process), third in the
  * round's order: the ceiling of a Node server under this load, printed as
- * its own TPS, µs/op and ratio to memcached.
+ * its own TPS, µs/op and ratio to memcached. With `--native` the same for
+ * bench/native-memcached.ts, the same GET/SET on the native reactor
+ * prototype (epoll in Node's loop, one JS call per loop turn), after raw.
  *
  * It also reports each server's CPU time per operation (µs/op): utime +
  * stime from /proc/PID/stat of the server process and of its live children
@@ -37,6 +39,7 @@ import { CLOCK_TICKS, HOST, cpuTicks, median, runBounded, startMemcached, startN
 const TARGET_RATIO = 0.8
 const EXAMPLE = fileURLToPath(new URL('../examples/memcached/main.js', import.meta.url))
 const RAW = fileURLToPath(new URL('./raw-memcached.js', import.meta.url))
+const NATIVE = fileURLToPath(new URL('./native-memcached.js', import.meta.url))
 
 async function startExample (reactors: number): Promise<{ child: ChildProcess, port: number }> {
   return startNode([EXAMPLE, '--port', '0', '--reactors', String(reactors)])
@@ -61,7 +64,8 @@ async function main (): Promise<void> {
       rounds: { type: 'string', default: '3' },
       seconds: { type: 'string', default: '5' },
       reactors: { type: 'string', default: '1' },
-      raw: { type: 'boolean', default: false }
+      raw: { type: 'boolean', default: false },
+      native: { type: 'boolean', default: false }
     },
     strict: true
   })
@@ -75,10 +79,12 @@ async function main (): Promise<void> {
     const memcached = await startMemcached()
     const examples = new Map<number, { child: ChildProcess, port: number }>()
     for (const reactors of reactorsList) examples.set(reactors, await startExample(reactors))
-    const raw = values.raw ? await startNode([RAW, '--port', '0']) : null
+    // The servers beside the pair, run after it each round: the node:net ceiling and the native reactor prototype.
+    const extras: Array<{ name: string, server: { child: ChildProcess, port: number }, ratios: number[] }> = []
+    if (values.raw) extras.push({ name: 'raw', server: await startNode([RAW, '--port', '0']), ratios: [] })
+    if (values.native) extras.push({ name: 'native', server: await startNode([NATIVE, '--port', '0']), ratios: [] })
     console.log(`memcaslap -T 1 -c 16 -t ${seconds}s -B; ${rounds} rounds; memcached pid ${memcached.child.pid}; ratio = example / memcached`)
-    console.log(`reactors round  memcached TPS  µs/op   example TPS  µs/op   ratio${raw === null ? '' : '       raw TPS  µs/op   raw ratio'}`)
-    const rawRatios: number[] = []
+    console.log(`reactors round  memcached TPS  µs/op   example TPS  µs/op   ratio${extras.map((x) => `  ${(x.name + ' TPS').padStart(12)}  µs/op  ${(x.name + ' ratio').padStart(12)}`).join('')}`)
     const summary: string[] = []
     for (const reactors of reactorsList) {
       const example = examples.get(reactors)!
@@ -90,18 +96,21 @@ async function main (): Promise<void> {
           const server = which === 'memcached' ? memcached : example
           runs[which] = await memcaslap(server.port, seconds, server.child.pid!)
         }
-        const r = raw === null ? null : await memcaslap(raw.port, seconds, raw.child.pid!)
         const m = runs.memcached!
         const e = runs.example!
         const ratio = e.tps / m.tps
         ratios.push(ratio)
-        if (r !== null) rawRatios.push(r.tps / m.tps)
-        const rawColumns = r === null ? '' : `  ${String(r.tps).padStart(12)}  ${r.cpuUsPerOp.toFixed(2).padStart(5)}   ${(r.tps / m.tps).toFixed(3).padStart(9)}`
-        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${rawColumns}${exampleFirst ? '  (example first)' : ''}`)
+        let extraColumns = ''
+        for (const x of extras) {
+          const r = await memcaslap(x.server.port, seconds, x.server.child.pid!)
+          x.ratios.push(r.tps / m.tps)
+          extraColumns += `  ${String(r.tps).padStart(12)}  ${r.cpuUsPerOp.toFixed(2).padStart(5)}  ${(r.tps / m.tps).toFixed(3).padStart(12)}`
+        }
+        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${extraColumns}${exampleFirst ? '  (example first)' : ''}`)
       }
       summary.push(`reactors ${reactors}: median ratio ${median(ratios).toFixed(3)}, ${ratios.filter((r) => r >= TARGET_RATIO).length}/${rounds} rounds at ≥ ${TARGET_RATIO}`)
     }
-    if (raw !== null) summary.push(`raw node:net server: median ratio ${median(rawRatios).toFixed(3)} of memcached over ${rawRatios.length} runs`)
+    for (const x of extras) summary.push(`${x.name === 'raw' ? 'raw node:net server' : 'native reactor prototype'}: median ratio ${median(x.ratios).toFixed(3)} of memcached over ${x.ratios.length} runs, ${x.ratios.filter((r) => r >= 0.9).length} at ≥ 0.9`)
     for (const line of summary) console.log(line)
   } finally {
     await stopAll()
