@@ -57,6 +57,7 @@ export function startNativeMemcached (port: number): { port: number, close: () =
   const store = new Map<string, Buffer>()
   const partial = new Map<number, Buffer>()
   let r: Reactor
+  let slab: Buffer = Buffer.alloc(0)
   const onTurn = (n: number): number => {
     const entries = r.entries
     const outEntries = r.out
@@ -68,14 +69,21 @@ export function startNativeMemcached (port: number): { port: number, close: () =
       const offset = entries[3 * i + 1]!
       const length = entries[3 * i + 2]!
       if (length < 0) { partial.delete(fd); continue }
-      let data = Buffer.from(r.inbound.buffer, r.inbound.byteOffset + offset, length)
+      // Parsed in place in the slab (one Buffer over it, made once); only a connection with a partial request gets a Buffer of its own.
+      let data = slab
+      let at = offset
+      let end = offset + length
       const before = partial.get(fd)
-      if (before !== undefined) { data = Buffer.concat([before, data]); partial.delete(fd) }
+      if (before !== undefined) {
+        data = Buffer.concat([before, slab.subarray(offset, end)])
+        partial.delete(fd)
+        at = 0
+        end = data.length
+      }
       const start = written
-      let at = 0
-      while (data.length - at >= HEADER) {
+      while (end - at >= HEADER) {
         const body = (data[at + 8]! << 24 | data[at + 9]! << 16 | data[at + 10]! << 8 | data[at + 11]!) >>> 0
-        if (data.length - at < HEADER + body) break
+        if (end - at < HEADER + body) break
         // Room for the largest answer (a GET of this size); a turn over the slab stops here and keeps the rest.
         if (SLAB - written < HEADER + 4 + (1 << 20)) break
         const opcode = data[at + 1]!
@@ -108,7 +116,7 @@ export function startNativeMemcached (port: number): { port: number, close: () =
         }
         at += HEADER + body
       }
-      if (at < data.length) partial.set(fd, Buffer.from(data.subarray(at)))
+      if (at < end) partial.set(fd, Buffer.from(data.subarray(at, end)))
       if (written > start) {
         outEntries[3 * answers] = fd
         outEntries[3 * answers + 1] = start
@@ -119,6 +127,7 @@ export function startNativeMemcached (port: number): { port: number, close: () =
     return answers
   }
   r = addon.listen(port, onTurn)
+  slab = Buffer.from(r.inbound.buffer, r.inbound.byteOffset, r.inbound.length)
   return { port: r.port, close: () => addon.close() }
 }
 

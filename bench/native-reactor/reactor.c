@@ -155,7 +155,14 @@ static void on_ready (uv_poll_t *handle, int status, int events) {
   napi_get_global(g_env, &global);
   napi_create_int32(g_env, n, &arg);
   int32_t answers = 0;
-  if (napi_make_callback(g_env, NULL, global, fn, 1, &arg, &result) == napi_ok) napi_get_value_int32(g_env, result, &answers);
+  /* napi_call_function, not napi_make_callback: no async-hooks scope and no
+   * microtask checkpoint per turn (the JS side is synchronous). The product
+   * would need the checkpoint for handlers that await. */
+  if (napi_call_function(g_env, global, fn, 1, &arg, &result) == napi_ok) napi_get_value_int32(g_env, result, &answers);
+  else {
+    napi_value error;
+    napi_get_and_clear_last_exception(g_env, &error);
+  }
   for (int j = 0; j < answers && j < MAX_ENTRIES; j++) {
     int32_t off = out_entries[3 * j + 1], len = out_entries[3 * j + 2];
     if (off < 0 || len <= 0 || (size_t)off + (size_t)len > SLAB_BYTES) continue;
