@@ -1,5 +1,5 @@
 /**
- * The go/no-go prototype of issue 27, its JS half: memcached's binary GET
+ * The JS half of the native reactor prototype (a go/no-go measurement): memcached's binary GET
  * and SET (what memcaslap's default workload sends; other opcodes get an
  * empty success) on the native reactor prototype (bench/native-reactor/
  * reactor.c), values in a Map, as bench/raw-memcached.ts does on node:net:

@@ -1,5 +1,5 @@
 /*
- * The go/no-go prototype of a native reactor (issue 27, part 1): one epoll
+ * The go/no-go prototype of a native reactor: one epoll
  * set, watched from Node's own libuv loop by one uv_poll_t, that accepts,
  * reads every ready socket of a loop turn into one shared slab and enters
  * JS once with (fd, offset, length) entries. The answers JS queues in that
