@@ -188,6 +188,53 @@ export interface RouteInfo {
 export type AnswerSlices = Uint8Array[] | null
 
 /**
+ * One open connection of a server, as a handler, a protocol's
+ * `connectionState` or `handshake`, and the application see it: for
+ * sending what no request asked for (pushes), closing, and flow control.
+ * It may be kept after the call that handed it over; once the connection
+ * has closed, `send` returns false and nothing else happens.
+ *
+ * Ordering: a push is queued at once, between whole frames. It leaves
+ * after every answer already sent or queued on the connection and before
+ * any answer not produced yet, so a push a handler sends goes before that
+ * handler's own answer, and a push never splits an answer. With
+ * `'in-order'` protocols, answers that wait for an earlier one (their
+ * handlers finished first) follow the push.
+ */
+export interface ConnectionHandle {
+  /** `ip:port` of the peer. */
+  readonly remoteAddress: string
+  /** Who the connection's set-up said the peer is; '' without one. */
+  readonly user: string
+  /** The protocol's own state of the connection (`ServerProtocol.connectionState`). */
+  readonly state: unknown
+  /** Resolves once the connection has closed (never rejects). */
+  readonly closed: Promise<void>
+  readonly isClosed: boolean
+  /**
+   * Encodes `message` with the protocol's `encodePush` and queues it (at
+   * once when the socket is free, coalesced with the turn's other frames).
+   * False when the connection is closed, or closed by this send for going
+   * over its limits (the message is dropped). Throws RPC_ERR_INVALID_ARGUMENT
+   * when the protocol has no `encodePush`.
+   */
+  send: (message: unknown) => boolean
+  /** Sends the queued bytes, then ends the connection; nothing more is read. `reason` is logged and reported to close listeners. */
+  close: (reason?: string) => void
+  /** False once `bufferedBytes` passed the high watermark, true again (with a `'drain'` event) once it fell to the low one. */
+  readonly writable: boolean
+  /** Bytes queued for the peer and not taken by the kernel yet (answers waiting for their turn included). */
+  readonly bufferedBytes: number
+  /** Stops reading the peer's requests (a broker holding back a publisher) until `resumeReading`. */
+  pauseReading: () => void
+  resumeReading: () => void
+  /** `'drain'`: writable again. `'close'`: the connection closed (its error, if any, as the argument). */
+  on: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
+  once: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
+  off: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
+}
+
+/**
  * A protocol, as the generic server sees it. `Req` is what handlers get,
  * `Res` what they return.
  */
@@ -209,13 +256,15 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * The connection's set-up, if the protocol has one; its result is the
    * connection's peer identity (`user`) for the calls that follow.
    */
-  handshake?: (remoteAddress: string) => Handshake<{ user?: string }>
+  handshake?: (remoteAddress: string, connection: ConnectionHandle) => Handshake<{ user?: string }>
   /**
    * State of the protocol's own per connection (RESP: the client's name),
    * made when the connection is accepted. `decodeHead` and
    * `protocolError` get it, handlers see it as `ctx.connectionState`.
+   * `connection` is the connection's handle (`ctx.connection`), which the
+   * state may keep to push to it later.
    */
-  connectionState?: (remoteAddress: string) => unknown
+  connectionState?: (remoteAddress: string, connection: ConnectionHandle) => unknown
   /**
    * Reads the head of the frame `buf[start, end)` into `head`. Return null
    * to go on, or an error to close the connection (the stream can no
@@ -264,4 +313,18 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * (`failed`) or the `InvalidRequest`'s detail (`invalid`).
    */
   refusal: (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
+  /**
+   * A message the server sends unasked (`ctx.connection.send`,
+   * `ConnectionGroup.send`: a publish/subscribe message, a notification),
+   * as bytes. Called once per message and protocol, however many
+   * connections it goes to: the same bytes are shared. May throw (the send
+   * then throws). Without it, pushes are refused.
+   */
+  encodePush?: (message: unknown) => Uint8Array[]
+  /**
+   * One part of a streamed answer (`ctx.write(part)`), sent before the
+   * handler's final answer, in the request's place in the order. May throw
+   * (`ctx.write` then throws). Without it, `ctx.write` is refused.
+   */
+  encodePart?: (call: AnsweredCall, part: unknown) => Uint8Array[]
 }

@@ -3,13 +3,13 @@ import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type Re
 import type { Clock } from '../scheduling/clock.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { ServiceDispatcher } from './dispatcher.js'
-import { InboundCall, type CallConstructor, type CallContext, type CallRoute } from './inbound-call.js'
+import { InboundCall, type CallConstructor, type CallRoute } from './inbound-call.js'
+import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter, type Handler } from './filters.js'
 import type { Logger } from './logger.js'
 import type { MethodMetrics, ServerMetrics } from './metrics.js'
 import type { ServerConnection } from './server-connection.js'
 
-/** A route's implementation. It may return the answer or a promise of it; a throw is answered as the refusal `failed`. */
-export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
+export type { Handler } from './filters.js'
 
 /** A route with something the protocol needs to know about it (KRPC: the method's message types). */
 export interface RouteDefinition<Req = unknown, Res = unknown> {
@@ -54,6 +54,8 @@ export interface RouteGroupOptions {
   executor?: CallExecutor
   /** The call objects' constructor (a protocol's subclass of InboundCall). */
   callType?: CallConstructor
+  /** Filters around this group's handlers, inside the server's own (`ProtocolServer.use`); the first is outermost. */
+  filters?: Filter[]
 }
 
 /**
@@ -92,10 +94,17 @@ interface RouteGroup {
   readonly maxAbandoned: number
   /** Abandoned handlers that have not settled yet. */
   abandoned: number
+  /** The group's own filters (inside the server's). */
+  readonly filters: readonly Filter[]
+  /** Executor groups: the server's and the group's filters, composed per call around the executor (empty: none). */
+  chain: readonly Filter[]
 }
 
 interface Route extends CallRoute {
   readonly group: RouteGroup
+  /** The handler as registered; `handler` is it inside the filters. */
+  readonly base: CallRoute['handler']
+  handler: CallRoute['handler']
 }
 
 // Routes remembered by the identity of the protocol's route keys
@@ -146,6 +155,10 @@ export class CallDispatch {
   }
 
   readonly #reject = (call: InboundCall, reason: RefusalReason, message: string): void => this.#refuse(call, reason, message)
+  /** The server's filters (`use`), outside every group's own. */
+  readonly #filters: Filter[] = []
+  /** `onCallEnd` observers; null while there is none (the common case costs one check per call). */
+  #observers: CallEndObserver[] | null = null
 
   constructor (protocol: ServerProtocol, host: DispatchHost) {
     this.#protocol = protocol
@@ -196,15 +209,62 @@ export class CallDispatch {
       newCall: callFactory(options.callType ?? InboundCall),
       abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
       maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,
-      abandoned: 0
+      abandoned: 0,
+      filters: checkFilters(options.filters ?? []),
+      chain: []
     }
     for (const [method, definition] of definitions) {
-      group.routes.set(method, { service: name, method, spec: definition.spec, handler: definition.handler as Route['handler'], metrics: metrics.get(method)!, group })
+      const handler = definition.handler as Route['handler']
+      group.routes.set(method, { service: name, method, spec: definition.spec, base: handler, handler, metrics: metrics.get(method)!, group })
     }
+    this.#compose(group)
     this.#groups.set(name, group)
     this.#routeKeys.length = 0
     this.#routes.length = 0
     this.#routesByKey.clear()
+  }
+
+  /** Adds a filter around every group's handlers, those registered later too (outside the groups' own filters; the first added is outermost). */
+  use (filter: Filter): void {
+    checkFilters([filter])
+    this.#filters.push(filter)
+    for (const group of this.#groups.values()) this.#compose(group)
+  }
+
+  // Composes the group's handlers inside their filters, once (not per call).
+  #compose (group: RouteGroup): void {
+    const chain = this.#filters.length === 0 ? group.filters : [...this.#filters, ...group.filters]
+    group.chain = group.executor === null ? [] : chain
+    for (const route of group.routes.values()) route.handler = group.executor !== null || chain.length === 0 ? route.base : composeFilters(chain, route.base)
+  }
+
+  /** Adds an observer of every call's end; returns a function that removes it. */
+  onCallEnd (observer: CallEndObserver): () => void {
+    (this.#observers ??= []).push(observer)
+    return () => {
+      const observers = this.#observers
+      if (observers === null) return
+      const at = observers.indexOf(observer)
+      if (at >= 0) observers.splice(at, 1)
+      if (observers.length === 0) this.#observers = null
+    }
+  }
+
+  #ended (call: EndedCall, reason: CallOutcome['reason'], message: string, detail?: unknown): void {
+    const outcome: CallOutcome = detail === undefined ? { reason, message } : { reason, message, detail }
+    for (const observer of this.#observers!) {
+      try {
+        observer(call, outcome)
+      } catch {
+        // An observer's mistake must not change the call's answer.
+      }
+    }
+  }
+
+  // A request refused before it became a call, as observers see it (the head is reused: copied).
+  #endedHead (sc: ServerConnection, reason: RefusalReason, message: string, detail: unknown): void {
+    const head = this.#head
+    this.#ended({ service: head.service, method: head.method, callId: head.callId, user: sc.peer.user, remoteAddress: sc.remoteAddress, receivedAt: this.#readAt }, reason, message, detail)
   }
 
   /** The executors of the groups that have one (their `ready` and `close`). */
@@ -342,6 +402,7 @@ export class CallDispatch {
   // Answers a request refused before it became a call (a method, not a closure per frame).
   #refuseHead (sc: ServerConnection, seq: number, reason: RefusalReason, message: string, detail?: unknown): boolean {
     this.#host.stats.callsFailed++
+    if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
     this.#emit(sc, seq, this.#protocol.refusal(this.#head, reason, message, detail))
     return !sc.connection.isClosed && !sc.closing
   }
@@ -435,7 +496,19 @@ export class CallDispatch {
     call.handledAt = now
     call.metrics = call.route.metrics
     call.metrics.queueTime.observe(now - call.receivedAt)
-    return executor.run(call, worker).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
+    const chain = (call.route as Route).group.chain
+    let result: Promise<unknown>
+    if (chain.length === 0) {
+      result = executor.run(call, worker)
+    } else {
+      // The filters run here, in the loop, around the executor (composed per call: executor groups only).
+      try {
+        result = Promise.resolve(composeFilters(chain, () => executor.run(call, worker))(call.request, call))
+      } catch (err) {
+        result = Promise.reject(err)
+      }
+    }
+    return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
   }
 
   /**
@@ -498,6 +571,7 @@ export class CallDispatch {
     }
     const sc = call.owner as ServerConnection | null
     if (sc === null || sc.connection.isClosed) {
+      if (sc !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
       this.#release(call)
       return
     }
@@ -521,6 +595,7 @@ export class CallDispatch {
       return
     }
     this.#host.stats.callsSucceeded++
+    if (this.#observers !== null) this.#ended(call, 'ok', '')
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
     this.#release(call, settledAt)
     if (inTurn && this.#inOrder) this.#advance(sc)
@@ -530,7 +605,9 @@ export class CallDispatch {
 
   // Answers the call in the protocol's words (the server answers it itself).
   #refuse (call: InboundCall, reason: RefusalReason, message: string, detail?: unknown): void {
+    const owned = call.owner !== null
     const sc = this.#release(call)
+    if (this.#observers !== null && owned) this.#ended(call, sc === undefined ? 'closed' : reason, sc === undefined ? 'the connection closed before the answer was sent' : message, detail)
     if (sc === undefined) return
     this.#host.stats.callsFailed++
     this.#emit(sc, call.seq, this.#protocol.refusal(call, reason, message, detail))
@@ -562,23 +639,37 @@ export class CallDispatch {
     this.#advance(sc)
   }
 
-  // The answer of sc.sendSeq went out: the ones held behind it follow, in order.
+  // The answer of sc.sendSeq went out: the ones held behind it follow, in
+  // order, each after the parts of its streamed answer written before its turn.
   #advance (sc: ServerConnection): void {
-    sc.sendSeq++
-    if (sc.closeAfterSeq >= 0 && sc.sendSeq > sc.closeAfterSeq) {
-      sc.connection.endAfterFlush()
-      return
-    }
     for (;;) {
-      const slices = sc.takeNext()
-      if (slices === undefined) return
-      if (slices !== null && slices.length > 0) this.#send(sc, slices)
       sc.sendSeq++
       if (sc.closeAfterSeq >= 0 && sc.sendSeq > sc.closeAfterSeq) {
         sc.connection.endAfterFlush()
         return
       }
+      if (sc.heldBytes === 0) return
+      const parts = sc.takeParts()
+      if (parts !== undefined) for (const part of parts) this.#send(sc, part)
+      const slices = sc.takeNext()
+      if (slices === undefined) return
+      if (slices !== null && slices.length > 0) this.#send(sc, slices)
     }
+  }
+
+  /** One part of `call`'s streamed answer (`ctx.write`): sent now in its turn, else held until it comes. */
+  writePart (sc: ServerConnection, call: InboundCall, part: unknown): boolean {
+    const encode = this.#protocol.encodePart
+    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
+    if (sc.connection.isClosed || call.abandoned) return false
+    const slices = encode(call, part)
+    if (!this.#inOrder || call.seq === sc.sendSeq) {
+      if (slices.length > 0) this.#send(sc, slices)
+    } else {
+      sc.holdPart(call.seq, slices)
+      this.#afterHold(sc)
+    }
+    return !sc.connection.isClosed
   }
 
   // A call that asked to close its connection (requestClose: nothing more
@@ -639,6 +730,11 @@ export class CallDispatch {
 }
 
 type CallFactory = (...args: ConstructorParameters<CallConstructor>) => InboundCall
+
+function checkFilters (filters: readonly Filter[]): readonly Filter[] {
+  for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
+  return filters
+}
 
 // A call object's constructor behind a small function of its own, made once
 // per group: `new group.callType(...)` in onFrame went through V8's generic

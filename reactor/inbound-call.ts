@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { CallInfo, RouteInfo } from '../codec/protocol.js'
+import type { CallInfo, ConnectionHandle, RouteInfo } from '../codec/protocol.js'
 import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import type { MethodMetrics } from './metrics.js'
 
@@ -29,6 +29,18 @@ export interface CallContext {
   closeConnection: () => void
   /** The protocol's own state of the connection (`ServerProtocol.connectionState`; RESP: the client's name); undefined without one. */
   readonly connectionState: unknown
+  /** The call's connection, for pushes, closing and flow control; it may be kept after the call (see `ConnectionHandle`). */
+  readonly connection: ConnectionHandle
+  /**
+   * Sends one part of a streamed answer now, before the final answer (the
+   * handler's result), encoded with the protocol's `encodePart`: in the
+   * request's place in the order (`'in-order'` protocols hold it until the
+   * answers before it have gone). Parts count against the connection's
+   * outbound bound like answers. False when the connection has closed (the
+   * part is dropped). Throws when the call is already answered, or the
+   * protocol has no `encodePart`.
+   */
+  write: (part: unknown) => boolean
 }
 
 /** A route as the server resolved it: names, what was registered with it, handler and metrics. Internal. */
@@ -43,6 +55,13 @@ export interface CallPeer {
   readonly remoteAddress: string
   /** The connection's protocol state (`ServerProtocol.connectionState`). */
   readonly state?: unknown
+  /** The connection's handle (`ctx.connection`). */
+  readonly connection?: ConnectionHandle | undefined
+}
+
+/** Where a call's streamed parts go: its connection's state. Internal. */
+export interface PartSink {
+  writePart: (call: InboundCall, part: unknown) => boolean
 }
 
 /**
@@ -130,6 +149,16 @@ export class InboundCall implements CallContext, CallInfo {
 
   get remoteAddress (): string {
     return this._peer.remoteAddress
+  }
+
+  get connection (): ConnectionHandle {
+    return this._peer.connection!
+  }
+
+  write (part: unknown): boolean {
+    const owner = this.owner as PartSink | null
+    if (owner === null) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `ctx.write on call ${this.callId} after its answer`)
+    return owner.writePart(this, part)
   }
 
   remainingMs (): number {

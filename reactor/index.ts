@@ -6,7 +6,11 @@
  * results name (test/public-types.test.ts checks that none is missing).
  */
 export { ProtocolServer, type CallExecutor, type Handler, type RouteDefinition, type RouteGroupOptions, type RouteHandlers, type ServerConnectionStats, type ServerOptions, type ServerStats } from './server.js'
-export { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type CallInfo, type Handshake, type HandshakeStep, type RefusalReason, type RouteInfo, type SecureChannel, type ServerProtocol, type TlsEngine, type TlsEngineStep } from '../codec/protocol.js'
+export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
+export { ConnectionGroup } from './connection-group.js'
+export type { WriteWatermarks } from './connection-handle.js'
+export type { PushOutputLimitOptions } from './push-output-limit.js'
+export { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type CallInfo, type ConnectionHandle, type Handshake, type HandshakeStep, type RefusalReason, type RouteInfo, type SecureChannel, type ServerProtocol, type TlsEngine, type TlsEngineStep } from '../codec/protocol.js'
 export type { Framing, FrameScanner, ScanFraming } from '../codec/frame-decoder.js'
 export { InboundCall, type CallConstructor, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
 export type { HistogramSnapshot, LimitCounters, MethodMetrics, MethodSnapshot, ServerMetrics, ServiceSnapshot } from './metrics.js'

@@ -145,6 +145,12 @@ export interface LimitCounters {
    * (Node reports no error), so this is how running out shows.
    */
   descriptorsExhausted: number
+  /** Messages pushed (`ConnectionHandle.send`, one per member of a group send). */
+  pushesSent: number
+  /** Connections closed at once for unsent bytes over the hard push limit (`pushOutputLimit.hardBytes`). */
+  pushHardLimitClosed: number
+  /** Connections closed for unsent bytes over the soft push limit for `pushOutputLimit.softMs`. */
+  pushSoftLimitClosed: number
 }
 
 const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
@@ -156,7 +162,10 @@ const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
   ['connectionsEvicted', 'nyala_connections_evicted_total', 'Idle connections closed to admit a newcomer at the connection limit.'],
   ['negotiatingEvicted', 'nyala_connections_negotiating_evicted_total', 'Negotiating connections closed to admit a newcomer at their limit.'],
   ['acceptErrors', 'nyala_accept_errors_total', 'accept() failures (EMFILE, ENFILE) and accepted connections whose set-up failed.'],
-  ['descriptorsExhausted', 'nyala_descriptors_exhausted_total', 'Scans that found the process at its file descriptor limit (new connections are then dropped by libuv unseen).']
+  ['descriptorsExhausted', 'nyala_descriptors_exhausted_total', 'Scans that found the process at its file descriptor limit (new connections are then dropped by libuv unseen).'],
+  ['pushesSent', 'nyala_pushes_sent_total', 'Messages pushed to connections (one per member of a group send).'],
+  ['pushHardLimitClosed', 'nyala_connections_push_hard_limit_closed_total', 'Connections closed at once for unsent pushed bytes over the hard limit.'],
+  ['pushSoftLimitClosed', 'nyala_connections_push_soft_limit_closed_total', 'Connections closed for unsent pushed bytes over the soft limit for its whole period.']
 ]
 
 /** All metrics of one server. */

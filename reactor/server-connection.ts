@@ -2,14 +2,20 @@ import type { AnswerSlices } from '../codec/protocol.js'
 import type { Connection } from '../transport/connection.js'
 import type { AdmissionCandidate } from './admission.js'
 import { CallTable } from './call-table.js'
-import type { CallPeer, InboundCall } from './inbound-call.js'
+import type { ServerConnectionHandle } from './connection-handle.js'
+import type { CallPeer, InboundCall, PartSink } from './inbound-call.js'
+
+/** Where the parts of streamed answers are encoded and sent (the server's call dispatch). */
+export interface PartWriter {
+  writePart: (sc: ServerConnection, call: InboundCall, part: unknown) => boolean
+}
 
 /**
  * The server's state of one open connection: its calls in flight, its
  * set-up, its place in the idle, frame and age scans, and, for in-order
  * protocols, the answers that are ready but wait for an earlier one.
  */
-export class ServerConnection implements AdmissionCandidate {
+export class ServerConnection implements AdmissionCandidate, PartSink {
   readonly connection: Connection
   readonly remoteAddress: string
   /** Calls in flight, by call id (protocols that match by id) or by `seq` (in-order protocols). */
@@ -34,8 +40,14 @@ export class ServerConnection implements AdmissionCandidate {
   retiredAt = -1
   /** Who its calls come from: a small object of its own, so a kept call context does not keep the connection. */
   peer: CallPeer
-  /** The protocol's own state for this connection (`ServerProtocol.connectionState`). */
-  readonly state: unknown
+  /** The protocol's own state for this connection (`ServerProtocol.connectionState`); set once, at accept. */
+  state: unknown
+  /** Its public handle (`ctx.connection`), made at accept. */
+  handle: ServerConnectionHandle | null = null
+  /** Something was pushed to it (`ConnectionHandle.send`, a group): the push output limits apply. */
+  pushed = false
+  /** Since when its unsent bytes have been over the soft push limit; -1: not over it. */
+  softSince = -1
 
   // In-order protocols: every request takes the next `seq`; answers leave
   // in `seq` order. An answer ready before its turn waits in #held (by
@@ -44,18 +56,32 @@ export class ServerConnection implements AdmissionCandidate {
   nextSeq = 0
   sendSeq = 0
   #held: Map<number, AnswerSlices> | null = null
+  // Parts of streamed answers (`ctx.write`) whose request's turn has not come, by seq, in writing order.
+  #parts: Map<number, Uint8Array[][]> | null = null
   heldBytes = 0
   /** The seq after which the connection closes (a call asked); -1: none. */
   closeAfterSeq = -1
   /** Protocols matched by id: the protocolError answer that goes out once the calls in flight are answered. */
   lastWords: Uint8Array[] | null = null
 
-  constructor (connection: Connection, remoteAddress: string, now: number, state?: unknown) {
+  readonly #writer: PartWriter
+
+  constructor (connection: Connection, remoteAddress: string, now: number, writer: PartWriter) {
     this.connection = connection
+    this.#writer = writer
     this.remoteAddress = remoteAddress
     this.lastActiveAt = now
-    this.state = state
-    this.peer = Object.freeze({ user: '', remoteAddress, state })
+    this.state = undefined
+    this.peer = NO_PEER
+  }
+
+  writePart (call: InboundCall, part: unknown): boolean {
+    return this.#writer.writePart(this, call, part)
+  }
+
+  /** Who its calls come from, from now on (at accept, and when set-up or TLS names the user). */
+  setPeer (user: string, connection: CallPeer['connection']): void {
+    this.peer = Object.freeze({ user, remoteAddress: this.remoteAddress, state: this.state, connection })
   }
 
   /** Set up, nothing in flight or unsent, and no activity since the last idle scan. */
@@ -88,6 +114,26 @@ export class ServerConnection implements AdmissionCandidate {
     this.heldBytes += heldBytesOf(slices)
   }
 
+  /** Keeps a part of the streamed answer of `seq` until its turn comes; counted as held answers are. */
+  holdPart (seq: number, slices: Uint8Array[]): void {
+    const parts = (this.#parts ??= new Map())
+    const list = parts.get(seq)
+    if (list === undefined) parts.set(seq, [slices])
+    else list.push(slices)
+    this.heldBytes += heldBytesOf(slices)
+  }
+
+  /** The held parts of the request whose turn it is now, in writing order; undefined when none. */
+  takeParts (): Uint8Array[][] | undefined {
+    const parts = this.#parts
+    if (parts === null || parts.size === 0) return undefined
+    const list = parts.get(this.sendSeq)
+    if (list === undefined) return undefined
+    parts.delete(this.sendSeq)
+    for (const slices of list) this.heldBytes -= heldBytesOf(slices)
+    return list
+  }
+
   /** The held answer whose turn it is now, if it is ready; `undefined` when it is not. */
   takeNext (): AnswerSlices | undefined {
     const held = this.#held
@@ -99,6 +145,8 @@ export class ServerConnection implements AdmissionCandidate {
     return slices
   }
 }
+
+const NO_PEER: CallPeer = Object.freeze({ user: '', remoteAddress: '', state: undefined, connection: undefined })
 
 /** What one held answer costs at least: its map entry and slot. */
 const HELD_ENTRY_BYTES = 64

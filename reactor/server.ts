@@ -9,6 +9,9 @@ import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type ConnectionStats, type Handshake } from '../transport/connection.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CallDispatch, type DispatchHost, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
+import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type PushHost, type WriteWatermarks } from './connection-handle.js'
+import type { CallEndObserver, Filter } from './filters.js'
+import { PushOutputLimit, type PushOutputLimitOptions } from './push-output-limit.js'
 import { ServerMetrics, type LimitCounters } from './metrics.js'
 import { RateLimitedLog, resolveLogger, type LogFields, type Logger } from './logger.js'
 import { ServerConnection } from './server-connection.js'
@@ -17,6 +20,9 @@ import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-
 import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, longestIdle } from './admission.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
+export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
+export type { PushOutputLimitOptions } from './push-output-limit.js'
+export type { WriteWatermarks } from './connection-handle.js'
 
 export interface ServerOptions {
   /** Largest inbound frame, checked as early as the framing allows; default: the protocol's `maxFrameBytes`, else 50 MiB. */
@@ -47,6 +53,18 @@ export interface ServerOptions {
   maxInboundBufferedBytes?: number
   /** Bound on a connection's unsent response bytes (default 100 MiB); a client that reads slower than that is disconnected. */
   maxOutboundBytes?: number
+  /**
+   * The slow-consumer limits of connections that have received a push
+   * (`ConnectionHandle.send`, `ConnectionGroup.send`), as Redis's
+   * `client-output-buffer-limit pubsub`: past `hardBytes` unsent bytes
+   * (default 32 MiB) the connection is closed at once; above `softBytes`
+   * (default 8 MiB) for `softMs` (default 60 000 ms) without a break, it
+   * is closed then. 0 turns either limit off. Closes are counted
+   * (`pushHardLimitClosed`, `pushSoftLimitClosed`) and logged, rate-limited.
+   */
+  pushOutputLimit?: PushOutputLimitOptions
+  /** When `ConnectionHandle.writable` turns false (past `highBytes` unsent, default 64 KiB) and true again with a `'drain'` event (at `lowBytes`, default 32 KiB). */
+  writeWatermarks?: WriteWatermarks
   /**
    * Budget for unsent response bytes over all connections (default 512 MiB):
    * while over it, the server stops reading requests from the connections
@@ -235,8 +253,13 @@ export class ProtocolServer {
   #stats = {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
     frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0,
-    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0
+    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0, pushesSent: 0, pushHardLimitClosed: 0, pushSoftLimitClosed: 0
   }
+  readonly #pushLimit: PushOutputLimit
+  readonly #pushHost: PushHost
+  /** Connections that received a push and are over the soft limit: the scan watches them. */
+  readonly #overSoft = new Set<ServerConnection>()
+  readonly #logPushLimit: RateLimitedLog
 
   /** The process's descriptor limit (Linux), and whether a count of open descriptors is under way. */
   readonly #fdLimit = descriptorLimit()
@@ -269,6 +292,20 @@ export class ProtocolServer {
     this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logPushLimit = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#pushLimit = new PushOutputLimit(options.pushOutputLimit)
+    const highBytes = options.writeWatermarks?.highBytes ?? DEFAULT_HIGH_WATERMARK_BYTES
+    const lowBytes = options.writeWatermarks?.lowBytes ?? Math.min(DEFAULT_LOW_WATERMARK_BYTES, highBytes)
+    if (!(Number.isSafeInteger(highBytes) && Number.isSafeInteger(lowBytes) && lowBytes >= 0 && lowBytes <= highBytes)) {
+      throw new RpcError(ErrorCode.INVALID_ARGUMENT, `writeWatermarks needs integers 0 <= lowBytes <= highBytes, got ${lowBytes} and ${highBytes}`)
+    }
+    this.#pushHost = {
+      protocol,
+      highBytes,
+      lowBytes,
+      push: (sc, slices, bytes) => this.#push(sc, slices, bytes),
+      closeByApplication: (sc, reason) => this.#closeByApplication(sc, reason)
+    }
     const handshakeMs = options.tlsHandshakeTimeoutMs
     if (handshakeMs !== undefined && !(Number.isSafeInteger(handshakeMs) && handshakeMs > 0)) {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `tlsHandshakeTimeoutMs must be a positive integer, got ${handshakeMs}`)
@@ -347,6 +384,28 @@ export class ProtocolServer {
   addRoutes (name: string, handlers: RouteHandlers, options?: RouteGroupOptions): this {
     this.#dispatch.addRoutes(name, handlers, options)
     return this
+  }
+
+  /**
+   * Adds a filter around the handlers of every group, those registered
+   * later too: `(request, ctx, next) => answer`, outside each group's own
+   * filters (`RouteGroupOptions.filters`); the first added is outermost.
+   * Composed now, not per call. Filters of a group with an executor (worker
+   * threads) run in the event loop around the executor.
+   */
+  use (filter: Filter): this {
+    this.#dispatch.use(filter)
+    return this
+  }
+
+  /**
+   * Calls `observer(call, outcome)` once for every call's end: answered
+   * (`ok`), refused by the server (busy, expired, shutdown, invalid,
+   * no-method, ... and `failed` when a handler threw), or dropped with its
+   * connection (`closed`). Returns a function that removes it.
+   */
+  onCallEnd (observer: CallEndObserver): () => void {
+    return this.#dispatch.onCallEnd(observer)
   }
 
   /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
@@ -435,6 +494,49 @@ export class ProtocolServer {
     }
   }
 
+  // Pushed bytes for `sc`: queued (closed past its outbound bound), then judged by the push limits.
+  #push (sc: ServerConnection, slices: Uint8Array[], bytes: number): boolean {
+    const connection = sc.connection
+    if (connection.isClosed) return false
+    sc.pushed = true
+    if (!connection.send({ slices: slices as Buffer[], bytes })) {
+      this.#log.warn(`closing ${sc.remoteAddress}: it reads slower than it is sent to (outbound bound exceeded)`, { protocol: this.#protocol.name, remote: sc.remoteAddress })
+      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+      return false
+    }
+    this.#stats.pushesSent++
+    return this.#judgePushed(sc, this.#clock.now())
+  }
+
+  // The push limits for a connection that received pushes; false: closed for them.
+  #judgePushed (sc: ServerConnection, now: number): boolean {
+    const unsent = sc.connection.outboundBytes + sc.heldBytes
+    const verdict = this.#pushLimit.judge(sc, unsent, now)
+    if (sc.softSince >= 0) this.#overSoft.add(sc)
+    else if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
+    if (verdict === null) return true
+    const limit = this.#pushLimit
+    const why = verdict === 'hard'
+      ? `${unsent} unsent bytes, over the hard push limit of ${limit.hardBytes}`
+      : `over the soft push limit of ${limit.softBytes} bytes for ${Math.round(now - sc.softSince)} ms (${unsent} unsent bytes)`
+    if (verdict === 'hard') this.#stats.pushHardLimitClosed++
+    else this.#stats.pushSoftLimitClosed++
+    this.#overSoft.delete(sc)
+    this.#logPushLimit.log(this.#warn, () => `closing ${sc.remoteAddress}: it does not read what is pushed to it: ${why}`,
+      () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, limit: verdict }))
+    sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, `closed as a slow consumer: ${why}`))
+    return false
+  }
+
+  // ConnectionHandle.close(reason): what is queued goes out, then the connection ends.
+  #closeByApplication (sc: ServerConnection, reason: string | undefined): void {
+    const connection = sc.connection
+    if (connection.isClosed) return
+    if (reason !== undefined) this.#log.info(`closing ${sc.remoteAddress}: ${reason}`, { protocol: this.#protocol.name, remote: sc.remoteAddress })
+    sc.requestClose(-1)
+    connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`))
+  }
+
   #limitCounters (): LimitCounters {
     const s = this.#stats
     return {
@@ -446,7 +548,10 @@ export class ProtocolServer {
       connectionsEvicted: s.connectionsEvicted,
       negotiatingEvicted: s.negotiatingEvicted,
       acceptErrors: s.acceptErrors,
-      descriptorsExhausted: s.descriptorsExhausted
+      descriptorsExhausted: s.descriptorsExhausted,
+      pushesSent: s.pushesSent,
+      pushHardLimitClosed: s.pushHardLimitClosed,
+      pushSoftLimitClosed: s.pushSoftLimitClosed
     }
   }
 
@@ -551,10 +656,8 @@ export class ProtocolServer {
     this.#stats.connectionsAccepted++
     const remoteAddress = `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`
     let secure: TLSSocket | null
-    let state: unknown
     try {
-      // The protocol's code and node:tls may throw: the connection goes, the server stays.
-      state = this.#connectionState(remoteAddress)
+      // node:tls may throw: the connection goes, the server stays.
       // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
       secure = this.#secureContext === null ? null : this.#tlsSocket(accepted, this.#secureContext)
     } catch (err) {
@@ -575,7 +678,21 @@ export class ProtocolServer {
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), state)
+    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch)
+    const handle = new ServerConnectionHandle(this.#pushHost, sc)
+    sc.handle = handle
+    sc.setPeer('', handle)
+    try {
+      // The protocol's code may throw: the connection goes, the server stays.
+      sc.state = this.#connectionState(remoteAddress, handle)
+      sc.setPeer('', handle)
+    } catch (err) {
+      connection.destroy()
+      this.#stats.acceptErrors++
+      this.#logAcceptError.log(this.#error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
+        () => ({ protocol: this.#protocol.name, remote: remoteAddress }))
+      return
+    }
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
     // Jitter keeps connections opened together from all reconnecting together.
     if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
@@ -666,7 +783,7 @@ export class ProtocolServer {
       // As tls.Server does once the client is accepted: later TLS errors are 'error' events too.
       (socket as unknown as { _releaseControl?: () => void })._releaseControl?.()
       this.#negotiating.delete(sc)
-      if (user !== '') sc.peer = Object.freeze({ user, remoteAddress, state: sc.state })
+      if (user !== '') sc.setPeer(user, sc.handle!)
       this.#setUp(sc, remoteAddress)
     })
   }
@@ -680,7 +797,7 @@ export class ProtocolServer {
       return
     }
     this.#negotiating.add(sc)
-    const protocolHandshake = setUp(remoteAddress)
+    const protocolHandshake = setUp(remoteAddress, sc.handle!)
     const handshake: Handshake<{ user?: string }> = {
       ...protocolHandshake,
       maxFrameBytes: Math.min(protocolHandshake.maxFrameBytes ?? Infinity, this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES),
@@ -689,7 +806,7 @@ export class ProtocolServer {
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
             sc.ready = true
-            sc.peer = Object.freeze({ user: s.done.user ?? sc.peer.user, remoteAddress, state: sc.state })
+            sc.setPeer(s.done.user ?? sc.peer.user, sc.handle!)
             this.#negotiating.delete(sc)
           }
           return s
@@ -747,9 +864,9 @@ export class ProtocolServer {
   }
 
   // The protocol's own state for a new connection (undefined without a connectionState hook).
-  #connectionState (remoteAddress: string): unknown {
+  #connectionState (remoteAddress: string, handle: ServerConnectionHandle): unknown {
     const make = this.#protocol.connectionState
-    return make === undefined ? undefined : make(remoteAddress)
+    return make === undefined ? undefined : make(remoteAddress, handle)
   }
 
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
@@ -762,7 +879,9 @@ export class ProtocolServer {
       this.#stats.badFrames++
       this.#logBadData.log(this.#warn, () => `received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`, () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, code: error.code }))
     }
+    if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
     this.#dispatch.connectionClosed(sc, error)
+    sc.handle?.connectionClosed(error)
     this.#maybeDrained()
   }
 
@@ -775,13 +894,16 @@ export class ProtocolServer {
     const abandonMs = this.#dispatch.shortestAbandonMs
     this.#abandoning = abandonMs !== Infinity
     const positive = (ms: number): number => ms > 0 ? ms : Infinity
-    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs)
+    const softMs = this.#pushLimit.softBytes > 0 ? Math.max(this.#pushLimit.softMs, 40) : Infinity
+    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs, softMs)
     if (shortest === Infinity || this.#idleTimer !== null) return
     const periodMs = Math.max(10, Math.min(1000, shortest / 4))
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
       if (this.#abandoning) this.#dispatch.abandonOverdue(now)
+      // Over the soft push limit: closed once there for softMs, forgotten once below (pushes may have stopped).
+      if (this.#overSoft.size > 0) for (const sc of [...this.#overSoft]) this.#judgePushed(sc, now)
       this.#checkDescriptors()
       for (const sc of this.#connections) {
         const connection = sc.connection
@@ -836,7 +958,7 @@ export class ProtocolServer {
       sc.partialSince = -1
       return false
     }
-    if (connection.isReadingPaused) {
+    if (connection.isReadingPaused || connection.isReadingHeld) {
       // We stopped reading it (outbound budget): the rest of its frame cannot arrive; its clock restarts.
       sc.partialSince = now
       return false

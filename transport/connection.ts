@@ -111,7 +111,13 @@ export class Connection {
   #reads = 0
   #activity = 0
   #maxFrameBytes: number
+  // Two reasons to stop reading, kept apart: the server's outbound budget
+  // (pauseReading) and the application (holdReading, a broker holding back
+  // a publisher). The socket reads again only when neither holds it.
   #readingPaused = false
+  #readingHeld = false
+  /** Called on each 'drain' of the stream (the kernel took what was buffered), after the queue wrote more; null: none. */
+  onDrain: (() => void) | null = null
   readonly #budget: InboundBudget | null
   #heldReported = 0
   readonly #poller: BusyPoller | null
@@ -141,6 +147,7 @@ export class Connection {
       // The peer read what we sent: progress, for the owner's idle scan.
       this.#activity++
       this.#queue.onSocketDrain()
+      this.onDrain?.()
     })
     // An RpcError is already the reason (a secure channel that read the peer's refusal).
     stream.on('error', (err: Error) => this.destroy(err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECTION_CLOSED, `${stream === this.socket ? 'socket' : 'TLS'} error: ${err.message}`, { cause: err })))
@@ -218,15 +225,35 @@ export class Connection {
     this.socket.pause()
   }
 
-  /** Reads again after `pauseReading`. */
+  /** Reads again after `pauseReading` (unless `holdReading` holds it too). */
   resumeReading (): void {
     if (!this.#readingPaused || this.#closed) return
     this.#readingPaused = false
-    this.socket.resume()
+    if (!this.#readingHeld) this.socket.resume()
   }
 
+  /** Paused by `pauseReading` (the outbound budget's reason). */
   get isReadingPaused (): boolean {
     return this.#readingPaused
+  }
+
+  /** Stops reading for the application's reason (`ConnectionHandle.pauseReading`), independent of `pauseReading`. */
+  holdReading (): void {
+    if (this.#readingHeld || this.#closed) return
+    this.#readingHeld = true
+    this.socket.pause()
+  }
+
+  /** Ends `holdReading`; the socket reads again unless `pauseReading` holds it. */
+  releaseReading (): void {
+    if (!this.#readingHeld || this.#closed) return
+    this.#readingHeld = false
+    if (!this.#readingPaused) this.socket.resume()
+  }
+
+  /** Held by `holdReading`. */
+  get isReadingHeld (): boolean {
+    return this.#readingHeld
   }
 
   get isClosed (): boolean {
@@ -492,7 +519,7 @@ export class Connection {
     const held = this.#held
     this.#held = null
     if (held === null || this.#closed) return
-    if (!this.#readingPaused) this.socket.resume()
+    if (!this.#readingPaused && !this.#readingHeld) this.socket.resume()
     if (this.#heldRaw && this.#channel !== null) {
       // The socket's bytes, read before the switch: the channel's input,
       // all of them (what it decrypts meets any new hold on its own).

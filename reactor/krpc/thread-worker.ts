@@ -126,6 +126,15 @@ class ThreadContext implements KrpcCallContext {
     this.sidecars = sidecars
   }
 
+  /** The connection lives in the reactor's main thread: a handler here cannot push to it. */
+  get connection (): never {
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a handler in a worker thread cannot reach its connection (ctx.connection)')
+  }
+
+  write (): never {
+    throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a handler in a worker thread cannot stream its answer (ctx.write)')
+  }
+
   remainingMs (): number {
     return Math.max(0, this.deadline - performance.now())
   }

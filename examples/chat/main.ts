@@ -1,0 +1,118 @@
+/**
+ * A chat server on nyala's generic protocol server, to show pushes,
+ * groups and filters in a hundred lines:
+ *
+ *   node dist/examples/chat/main.js [--port 7380] [--host 127.0.0.1] [--rate 10]
+ *
+ * One command per line: `NICK name`, `JOIN room`, `LEAVE room`,
+ * `SAY room text` (answered with how many members received it) and
+ * `WHO room`. Members of a room receive `> room nick: text` lines, pushed
+ * between the answers of their own commands. A user (its nick, or its
+ * address before NICK) may send `--rate` commands a second; the rest are
+ * answered `-ERR rate limited` by a filter, without reaching a handler.
+ * Prints `listening on HOST:PORT` once it serves.
+ */
+import { pathToFileURL } from 'node:url'
+import { parseArgs } from 'node:util'
+import { ConnectionGroup, ProtocolServer, type CallContext, type ServerProtocol } from '../../reactor/index.js'
+import { rateLimit } from './rate-limit.js'
+
+const NEWLINE = 0x0a
+const MAX_LINE = 4096
+
+/** Per connection: the nick, and the rooms joined. */
+interface ChatState { nick: string, rooms: Set<string>, watched: boolean }
+
+export const chatProtocol: ServerProtocol<string[], string> = {
+  name: 'chat',
+  ordering: 'in-order',
+  maxFrameBytes: MAX_LINE,
+  framing: {
+    scanner: () => ({
+      scan: (buf, start, end) => { const at = buf.indexOf(NEWLINE, start); return at >= 0 && at < end ? at + 1 - start : 0 },
+      reset: () => {}
+    })
+  },
+  connectionState: (): ChatState => ({ nick: '', rooms: new Set(), watched: false }),
+  decodeHead (buf, start, end, head) {
+    const words = buf.toString('utf8', start, end - 1).trim().split(/\s+/)
+    head.service = 'chat'
+    head.method = words[0]!.toUpperCase()
+    head.data = words.slice(1)
+    head.skip = words[0] === ''
+    return null
+  },
+  decodeRequest: (_route, _buf, head) => head.data as string[],
+  encodedLength: (_call, answer) => Buffer.byteLength(answer) + 1,
+  encodeInto: (_call, answer, out, at) => { out.write(`${answer}\n`, at) },
+  encodePush: (line) => [Buffer.from(`> ${String(line)}\n`)],
+  refusal: (_call, reason, message) => [Buffer.from(`-ERR ${reason}: ${message.split('\n')[0]}\n`)]
+}
+
+export interface ChatServerOptions {
+  /** Commands per user per second; default 10. */
+  rate?: number
+  /** The rate limit's clock (tests); default Date.now. */
+  now?: () => number
+}
+
+export function chatServer (options: ChatServerOptions = {}): ProtocolServer {
+  const rooms = new Map<string, ConnectionGroup>()
+  const stateOf = (ctx: CallContext): ChatState => ctx.connectionState as ChatState
+  const nickOf = (ctx: CallContext): string => stateOf(ctx).nick || ctx.remoteAddress
+  const server = new ProtocolServer(chatProtocol, { idleTimeoutMs: 0, pushOutputLimit: { hardBytes: 1024 * 1024, softBytes: 256 * 1024, softMs: 10_000 } })
+  server.use(rateLimit({ calls: options.rate ?? 10, windowMs: 1000, now: options.now, userOf: nickOf, refuse: () => '-ERR rate limited' }))
+  server.addRoutes('chat', {
+    NICK: ([nick]: string[], ctx: CallContext) => {
+      if (nick === undefined || !/^\w{1,32}$/.test(nick)) return '-ERR a nick is 1 to 32 letters, digits or _'
+      stateOf(ctx).nick = nick
+      return 'OK'
+    },
+    JOIN: ([room]: string[], ctx: CallContext) => {
+      if (room === undefined) return '-ERR JOIN needs a room'
+      let group = rooms.get(room)
+      if (group === undefined) rooms.set(room, group = new ConnectionGroup())
+      group.add(ctx.connection)
+      const state = stateOf(ctx)
+      state.rooms.add(room)
+      if (!state.watched) {
+        // The groups drop a closed member themselves; rooms left empty by it are forgotten here.
+        state.watched = true
+        ctx.connection.once('close', () => { for (const name of state.rooms) if (rooms.get(name)?.size === 0) rooms.delete(name) })
+      }
+      return `joined ${room} (${group.size})`
+    },
+    LEAVE: ([room]: string[], ctx: CallContext) => {
+      const group = room === undefined ? undefined : rooms.get(room)
+      if (group === undefined || !group.delete(ctx.connection)) return '-ERR not in that room'
+      stateOf(ctx).rooms.delete(room!)
+      if (group.size === 0) rooms.delete(room!)
+      return 'OK'
+    },
+    SAY: ([room, ...words]: string[], ctx: CallContext) => {
+      const group = room === undefined ? undefined : rooms.get(room)
+      if (group === undefined || !group.has(ctx.connection)) return '-ERR join the room first'
+      return String(group.send(`${room} ${nickOf(ctx)}: ${words.join(' ')}`, member => member !== ctx.connection))
+    },
+    WHO: ([room]: string[]) => {
+      const group = room === undefined ? undefined : rooms.get(room)
+      return group === undefined ? '' : [...group].map(member => (member.state as ChatState).nick || member.remoteAddress).join(' ')
+    }
+  })
+  return server
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  const { values } = parseArgs({ options: { port: { type: 'string', default: '7380' }, host: { type: 'string', default: '127.0.0.1' }, rate: { type: 'string', default: '10' } } })
+  const rate = Number(values.rate)
+  if (!Number.isSafeInteger(rate) || rate < 1) {
+    console.error(`--rate must be a positive integer, got ${values.rate}`)
+    process.exit(2)
+  }
+  const server = chatServer({ rate })
+  const address = await server.listen(Number(values.port), values.host)
+  console.log(`listening on ${address.address}:${address.port}`)
+  const stop = (): void => { void server.close({ graceMs: 1000 }).then(() => process.exit(0)) }
+  process.once('SIGINT', stop)
+  process.once('SIGTERM', stop)
+}

@@ -1,0 +1,166 @@
+import { EventEmitter } from 'node:events'
+import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
+import type { ServerConnection } from './server-connection.js'
+
+/** High and low watermarks of a connection's unsent bytes (`ConnectionHandle.writable`). */
+export interface WriteWatermarks {
+  /** Past this many unsent bytes `writable` turns false; default 64 KiB. */
+  highBytes?: number
+  /** At or below this many it turns true again and `'drain'` is emitted; default 32 KiB. */
+  lowBytes?: number
+}
+
+export const DEFAULT_HIGH_WATERMARK_BYTES = 64 * 1024
+export const DEFAULT_LOW_WATERMARK_BYTES = 32 * 1024
+
+/** What a handle needs of its server. */
+export interface PushHost {
+  readonly protocol: ServerProtocol
+  readonly highBytes: number
+  readonly lowBytes: number
+  /** Queues pushed bytes on `sc` and applies the push limits; false when the connection is closed (or was, for them). */
+  push: (sc: ServerConnection, slices: Uint8Array[], bytes: number) => boolean
+  /** `close(reason)` was called. */
+  closeByApplication: (sc: ServerConnection, reason: string | undefined) => void
+}
+
+/**
+ * The server's `ConnectionHandle` of one connection (see its interface in
+ * codec/protocol.ts): made at accept, handed to handlers as
+ * `ctx.connection`, to `connectionState` and to `handshake`. Once the
+ * connection closes it lets go of it, so a handle kept by the application
+ * holds no socket or buffer.
+ */
+export class ServerConnectionHandle extends EventEmitter implements ConnectionHandle {
+  readonly remoteAddress: string
+  readonly closed: Promise<void>
+  readonly #host: PushHost
+  #sc: ServerConnection | null
+  #user = ''
+  #state: unknown = undefined
+  #resolveClosed: () => void = noop
+  #writable = true
+  #checkArmed = false
+  /** The groups it belongs to: it leaves them when it closes. Internal. */
+  readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
+  readonly #check = (): void => this.#checkWritable()
+
+  constructor (host: PushHost, sc: ServerConnection) {
+    super()
+    this.#host = host
+    this.#sc = sc
+    this.remoteAddress = sc.remoteAddress
+    this.closed = new Promise((resolve) => { this.#resolveClosed = resolve })
+  }
+
+  get user (): string {
+    return this.#sc?.peer.user ?? this.#user
+  }
+
+  get state (): unknown {
+    return this.#sc?.state ?? this.#state
+  }
+
+  get isClosed (): boolean {
+    return this.#sc === null
+  }
+
+  /** The protocol that encodes its pushes (groups encode once per protocol). Internal. */
+  get protocol (): ServerProtocol {
+    return this.#host.protocol
+  }
+
+  send (message: unknown): boolean {
+    const encode = this.#host.protocol.encodePush
+    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#host.protocol.name} protocol has no encodePush: it cannot push`)
+    if (this.#sc === null) return false
+    const slices = encode(message)
+    return this.sendEncoded(slices, byteLengthOf(slices))
+  }
+
+  /** Sends bytes already encoded by this handle's protocol (shared by a group's members). Internal. */
+  sendEncoded (slices: Uint8Array[], bytes: number): boolean {
+    const sc = this.#sc
+    if (sc === null) return false
+    const sent = this.#host.push(sc, slices, bytes)
+    if (sent && this.#writable && this.bufferedBytes > this.#host.highBytes) this.#becameUnwritable()
+    return sent
+  }
+
+  close (reason?: string): void {
+    const sc = this.#sc
+    if (sc === null) return
+    this.#host.closeByApplication(sc, reason)
+  }
+
+  get writable (): boolean {
+    if (this.#writable && this.#sc !== null && this.bufferedBytes > this.#host.highBytes) this.#becameUnwritable()
+    return this.#writable
+  }
+
+  get bufferedBytes (): number {
+    const sc = this.#sc
+    return sc === null ? 0 : sc.connection.outboundBytes + sc.heldBytes
+  }
+
+  pauseReading (): void {
+    this.#sc?.connection.holdReading()
+  }
+
+  resumeReading (): void {
+    this.#sc?.connection.releaseReading()
+  }
+
+  // Past the high watermark: watch the bytes fall, on each 'drain' of the
+  // socket, and once a turn while the queue still has to hand bytes to it
+  // (a socket that takes everything at once emits no 'drain').
+  #becameUnwritable (): void {
+    this.#writable = false
+    const sc = this.#sc!
+    sc.connection.onDrain = this.#check
+    this.#armCheck()
+  }
+
+  #armCheck (): void {
+    if (this.#checkArmed) return
+    this.#checkArmed = true
+    setImmediate(this.#check)
+  }
+
+  #checkWritable (): void {
+    this.#checkArmed = false
+    const sc = this.#sc
+    if (sc === null || this.#writable) return
+    if (this.bufferedBytes <= this.#host.lowBytes) {
+      this.#writable = true
+      sc.connection.onDrain = null
+      this.emit('drain')
+      return
+    }
+    // Waiting for 'drain' means the socket's own buffer is full: its 'drain' calls back.
+    if (!sc.connection.isBackedUp) this.#armCheck()
+  }
+
+  /** The connection closed: leave every group, resolve `closed`, emit 'close', and let go of the connection. Internal. */
+  connectionClosed (error: RpcError | undefined): void {
+    const sc = this.#sc
+    if (sc === null) return
+    this.#user = sc.peer.user
+    this.#state = sc.state
+    this.#sc = null
+    sc.connection.onDrain = null
+    for (const group of this.groups) group.delete(this)
+    this.groups.clear()
+    this.#resolveClosed()
+    this.emit('close', error)
+  }
+}
+
+function byteLengthOf (slices: Uint8Array[]): number {
+  let bytes = 0
+  for (const slice of slices) bytes += slice.length
+  return bytes
+}
+
+function noop (): void {}
