@@ -55,6 +55,8 @@ export interface TransferQueueOptions {
 export interface TransferQueueStats {
   /** Transfers waiting in the queue now. */
   queuedTransfers: number
+  /** Queue entries now: a run of frames encoded in place is one entry, however many frames it holds. */
+  queuedEntries: number
   /** Bytes waiting in the queue now (not yet handed to the socket). */
   queuedBytes: number
   /** Bytes handed to the socket that the kernel has not taken yet. */
@@ -106,6 +108,15 @@ export const MAX_IN_PLACE_FRAME_BYTES = 16 * 1024
 // written twice: it stays alive while runs of it are queued or in sockets.
 const SLAB_BYTES = 64 * 1024
 const slabs = { slab: null as Buffer | null, at: 0, reservation: 0 }
+// While a queue waits for 'drain', its small frames are encoded in place into
+// chunks of its own instead (a backed-up queue must not pin shared slabs that
+// other connections' written frames filled), so each costs its wire bytes,
+// not a buffer and a transfer object of its own (~190 bytes on the heap for
+// a 7-byte answer, which let tiny pipelined requests on a connection that
+// never reads grow the heap far past the outbound bounds).
+const OWN_CHUNK_BYTES = 16 * 1024
+// `#reservation` of a frame reserved in the queue's own chunk (shared reservations count from 1).
+const OWN_RESERVATION = 0
 
 /**
  * Frames encoded in place one after another in a slab: one queue entry, one
@@ -185,7 +196,10 @@ export class TransferQueue {
   // reserved in the shared slab (its place, and which reservation it was).
   #run: SlabRun | null = null
   #reservedAt = -1
-  #reservation = 0
+  #reservation = -1
+  // The chunk of its own frames are encoded into while waiting for 'drain', and the next free byte in it.
+  #own: Buffer | null = null
+  #ownAt = 0
   // The frame an idle queue holds for its checkpoint flush (coalesceMicrotasks):
   // it would have been written at once, so the outbound bound does not count it.
   #checkpointBytes = 0
@@ -249,21 +263,36 @@ export class TransferQueue {
    * hooks (a server's responses): the caller writes exactly `bytes` bytes
    * into the returned buffer from `reservedAt` on, then calls `commit`. The
    * frame costs no buffer, slice array or transfer object of its own, and a
-   * batch of such frames is written without a copy. Null when the frame must
-   * go through `enqueue` instead: too large, the queue held, waiting for
-   * 'drain' or closed, or the outbound bound reached (`enqueue` decides then).
+   * batch of such frames is written without a copy. While the queue waits
+   * for 'drain' the room is in a chunk of the queue's own. Null when the
+   * frame must go through `enqueue` instead: too large, the queue held
+   * (frames must stay droppable) or closed, or the outbound bound reached
+   * (`enqueue` decides then).
    */
   reserve (bytes: number): Buffer | null {
     // A reservation not committed is simply abandoned.
     this.#reservedAt = -1
-    if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#waitingDrain || this.#closedError !== null) return null
+    if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#closedError !== null) return null
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes) return null
+    if (this.#waitingDrain) return this.#reserveOwn(bytes)
     let slab = slabs.slab
     if (slab === null || slab.length - slabs.at < bytes) slab = newSlab()
     this.#reservedAt = slabs.at
     this.#reservation = ++slabs.reservation
     return slab
+  }
+
+  // Room in the queue's own chunk (out of line: only backed-up queues come here).
+  #reserveOwn (bytes: number): Buffer {
+    let chunk = this.#own
+    if (chunk === null || chunk.length - this.#ownAt < bytes) {
+      chunk = this.#own = Buffer.allocUnsafeSlow(OWN_CHUNK_BYTES)
+      this.#ownAt = 0
+    }
+    this.#reservedAt = this.#ownAt
+    this.#reservation = OWN_RESERVATION
+    return chunk
   }
 
   /** Where the reserved frame starts in the buffer `reserve` returned. */
@@ -274,11 +303,17 @@ export class TransferQueue {
   /** Queues the frame of `bytes` written at `reservedAt`; sent as `enqueue` would send a frame. */
   commit (bytes: number): void {
     const at = this.#reservedAt
-    // Only the latest reservation of the shared slab may commit: an older one's room may be another frame's now.
-    if (at < 0 || this.#reservation !== slabs.reservation) throw new Error('commit without reserve')
+    let slab: Buffer
+    if (this.#reservation === OWN_RESERVATION && at >= 0) {
+      slab = this.#own!
+      this.#ownAt = at + bytes
+    } else {
+      // Only the latest reservation of the shared slab may commit: an older one's room may be another frame's now.
+      if (at < 0 || this.#reservation !== slabs.reservation) throw new Error('commit without reserve')
+      slab = slabs.slab!
+      slabs.at = at + bytes
+    }
     this.#reservedAt = -1
-    const slab = slabs.slab!
-    slabs.at = at + bytes
     let run = this.#run
     if (run === null || run.slab !== slab || run.start + run.bytes !== at) {
       run = new SlabRun(slab, at)
@@ -288,8 +323,8 @@ export class TransferQueue {
     run.bytes += bytes
     run.frames++
     this.#queuedFrames++
-    this.#queuedBytes += bytes
-    this.#schedule(bytes)
+    // While waiting for 'drain', the owner hears of each MiB the queue grows (#queued).
+    this.#queued(bytes)
   }
 
   // A frame was queued: write it (or schedule it) as the queue's state says.
@@ -425,6 +460,8 @@ export class TransferQueue {
   onSocketDrain (): void {
     if (!this.#waitingDrain) return
     this.#waitingDrain = false
+    // Runs already in the chunk keep it alive until written; new frames go to the shared slab again.
+    this.#own = null
     this.#drainQueue()
   }
 
@@ -438,6 +475,7 @@ export class TransferQueue {
       transfer.onSent?.(error)
     }
     this.#run = null
+    this.#own = null
     this.#reservedAt = -1
     this.#queuedFrames = 0
     this.#queuedBytes = 0
@@ -462,6 +500,7 @@ export class TransferQueue {
   stats (): TransferQueueStats {
     return {
       queuedTransfers: this.#queuedFrames,
+      queuedEntries: this.#queue.length,
       queuedBytes: this.#queuedBytes,
       socketBufferedBytes: this.#sink.writableLength,
       ...this.#stats

@@ -433,7 +433,7 @@ t.test('stats counters', async t => {
   const sink = new FakeSink()
   const queue = new TransferQueue(sink)
   t.same(queue.stats(), {
-    queuedTransfers: 0, queuedBytes: 0, socketBufferedBytes: 0, immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0
+    queuedTransfers: 0, queuedEntries: 0, queuedBytes: 0, socketBufferedBytes: 0, immediateWrites: 0, batchedWrites: 0, batchedFrames: 0, partialWrites: 0, drainWaits: 0, dropped: 0
   })
   queue.enqueue(transfer(1))
   queue.enqueue(transfer(2))
@@ -449,6 +449,7 @@ t.test('stats counters', async t => {
   sink.writableLength = 16
   t.same(queue.stats(), {
     queuedTransfers: 0,
+    queuedEntries: 0,
     queuedBytes: 0,
     socketBufferedBytes: 16,
     immediateWrites: 2,
@@ -486,6 +487,7 @@ t.test('partialWrites counts writes the kernel did not take whole, drainWaits th
   queue.enqueue(big)
   t.same(queue.stats(), {
     queuedTransfers: 0,
+    queuedEntries: 0,
     queuedBytes: 0,
     socketBufferedBytes: 1024,
     immediateWrites: 2,
@@ -767,7 +769,7 @@ t.test('in-place frames keep their order among enqueued transfers, and batchFram
   t.match(queue.stats(), { batchedWrites: 1, batchedFrames: 4, immediateWrites: 1 })
 })
 
-t.test('reserve says to enqueue instead when the frame is large, the queue held, waiting for drain, closed or over its bound', async t => {
+t.test('reserve says to enqueue instead when the frame is large, the queue held, closed or over its bound', async t => {
   const sink = new FakeSink()
   const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
   t.equal(queue.reserve(MAX_IN_PLACE_FRAME_BYTES + 1), null, 'too large')
@@ -777,7 +779,7 @@ t.test('reserve says to enqueue instead when the frame is large, the queue held,
   queue.release()
   sink.writeReturns = false
   t.equal(inPlace(queue, 1), true)
-  t.equal(queue.reserve(8), null, 'waiting for drain')
+  t.not(queue.reserve(8), null, 'waiting for drain: in place, in a chunk of its own')
   sink.writeReturns = true
   queue.onSocketDrain()
   sink.writableLength = 95
@@ -832,4 +834,34 @@ t.test('queues share the slab: interleaved in-place frames reach each socket int
   t.not(b!.reserve(8), null)
   t.throws(() => a!.commit(8), /commit without reserve/)
   b!.commit(8)
+})
+
+t.test('while waiting for drain, small frames are encoded in place in a chunk of the queue\'s own: one entry for many frames, bytes intact', async t => {
+  const sink = new FakeSink()
+  const other = new TransferQueue(new FakeSink(), { coalesceMicrotasks: true })
+  const queue = new TransferQueue(sink, { coalesceMicrotasks: true, batchFrames: 1000 })
+  sink.writeReturns = false
+  t.equal(inPlace(queue, 1, 10), true)
+  await nextTick()
+  t.equal(queue.isWaitingDrain, true, 'backed up')
+  const expected: Buffer[] = []
+  // 5000 answers of 7 bytes, with another queue taking the shared slab between them.
+  for (let i = 0; i < 5000; i++) {
+    const value = (i % 250) + 1
+    t.equal(inPlace(queue, value, 7), true)
+    expected.push(Buffer.alloc(7, value))
+    if (i % 100 === 0) {
+      const shared = other.reserve(8)
+      t.not(shared, null)
+      t.not(shared, queue.reserve(8), 'not the shared slab')
+      other.commit(8)
+    }
+  }
+  const stats = queue.stats()
+  t.equal(stats.queuedTransfers, 5000)
+  t.ok(stats.queuedEntries <= Math.ceil(5000 * 7 / (16 * 1024)) + 1, `${stats.queuedEntries} entries for 5000 frames (a buffer and a transfer each before)`)
+  sink.writeReturns = true
+  queue.onSocketDrain()
+  t.ok(sink.bytes().subarray(10).equals(Buffer.concat(expected)), 'every byte in order')
+  t.equal(queue.stats().queuedEntries, 0)
 })
