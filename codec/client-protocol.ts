@@ -40,8 +40,24 @@ export type ClientMatching = 'id' | 'in-order'
  * - `no`: never an answer: the call settles with `silentResult` at once,
  *   as soon as its frame is handed to the connection (not when the peer
  *   has processed it).
+ * - `stream`: several answer frames (memcached's STAT: one packet per
+ *   statistic, then an empty one). Each frame matched to the call (by id,
+ *   or at the head of the in-order queue) goes through `decodePart`; the
+ *   call resolves with the array of the parts' values once a part says it
+ *   is the last. The call's deadline covers the whole stream, and a call
+ *   is not retried once any part of it has arrived.
  */
-export type AnswerKind = 'yes' | 'maybe' | 'no'
+export type AnswerKind = 'yes' | 'maybe' | 'no' | 'stream'
+
+/**
+ * One frame of a streamed answer, as `decodePart` reads it: its value
+ * (kept in the call's result unless it is `undefined`), and whether it
+ * ends the stream.
+ */
+export interface AnswerPart {
+  readonly value: unknown
+  readonly last: boolean
+}
 
 export interface ClientProtocol<Req = unknown, Res = unknown> {
   /** A short name for errors (`memcached`, `redis`). */
@@ -88,6 +104,33 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
    * as long as they are referenced. Must not throw.
    */
   decodeAnswer: (request: Req, buf: Buffer, start: number, end: number) => Res | RpcError
+  /**
+   * `stream` answers: one frame of the answer to `request` (see
+   * `AnswerKind`). An `RpcError` ends the stream: a remote error fails the
+   * call and the connection stays up; an error with a connection-fatal
+   * code fails the connection, as `decodeAnswer`'s does. Called for every
+   * frame of the stream, also after the call settled (deadline, abort), so
+   * that an `in-order` connection finds where the stream ends. Must not
+   * throw.
+   */
+  decodePart?: (request: Req, buf: Buffer, start: number, end: number) => AnswerPart | RpcError
+  /**
+   * Whether the frame `buf[start, end)` is a push: a message the peer sent
+   * unasked (a RESP3 push, a subscription's message), not an answer. A
+   * push is matched to no call, whatever the matching. Without it, every
+   * frame is an answer (and an unasked frame on an `in-order` connection
+   * fails it). Called first for every frame, so it should look at a byte
+   * or two only. Must not throw.
+   */
+  isPush?: (buf: Buffer, start: number, end: number) => boolean
+  /**
+   * The push `buf[start, end)` as a value for `ProtocolClient.onPush` and
+   * `pushes()`; without it, a push is a copy of its frame's bytes. An
+   * `RpcError` with a connection-fatal code fails the connection, as
+   * `decodeAnswer`'s does; another `RpcError` drops the push. Views of
+   * `buf` stay valid as long as they are referenced. Must not throw.
+   */
+  decodePush?: (buf: Buffer, start: number, end: number) => unknown | RpcError
   /**
    * Whether a call that failed with `error` may be tried again (on another
    * connection, after a backoff): remote errors that say the request did

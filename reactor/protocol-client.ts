@@ -12,6 +12,8 @@ import { Connection, type ConnectionStats } from '../transport/connection.js'
 import { SocketReader } from '../transport/socket-reader.js'
 import type { OutboundTransfer } from '../transport/transfer-queue.js'
 import { Balancer, type BalancePolicy, type Slot } from './balancer.js'
+import { RateLimitedLog, resolveLogger, type Logger } from './logger.js'
+import { PushIterator } from './push-iterator.js'
 
 /** `host:port`, or its parts. */
 export type ClientEndpoint = string | { host: string, port: number }
@@ -54,7 +56,48 @@ export interface ProtocolClientOptions {
    * TLS: <reason>`, and are retried by the usual rules. See docs/security.md.
    */
   tls?: TlsConnectionOptions
+  /**
+   * `stream` answers: the most parts one call gathers (values that are not
+   * `undefined`); default 100000. One more fails the call with
+   * RPC_ERR_QUEUE_FULL and closes its connection (RPC_ERR_CONNECTION_CLOSED
+   * for the other calls on it), since the rest of that stream can no
+   * longer be told from the answers after it.
+   */
+  maxStreamParts?: number
+  /** Where a push handler's error is reported (rate-limited warnings); default warnings on stderr, null: nowhere. */
+  logger?: Logger | null
   clock?: Clock
+}
+
+/** Where a push came from, for `ProtocolClient.onPush` handlers. */
+export interface PushInfo {
+  /** The connection's endpoint, `host:port`. */
+  readonly endpoint: string
+}
+
+export interface ProtocolPushOptions {
+  /**
+   * Pushes held for an iterator that is not reading; default 1024. Past it
+   * the oldest held push is dropped and `stats().pushesDropped` rises.
+   */
+  maxBuffered?: number
+}
+
+/**
+ * A step around `ProtocolClient.call`, as undici's `dispatcher.compose`
+ * takes them: given the next step, it returns its own. It may change the
+ * request or the options, settle the call itself, or look at the outcome.
+ */
+export type ClientInterceptor<Req, Res> = (next: (request: Req, options: ProtocolCallOptions) => Promise<Res>) => (request: Req, options: ProtocolCallOptions) => Promise<Res>
+
+/** A `ProtocolClient` seen through interceptors (`compose`): `call` goes through them, the rest is the client's. */
+export interface ComposedProtocolClient<Req, Res> {
+  /** The call through every interceptor, the first outermost; options default to `{}`. */
+  call: (request: Req, options?: ProtocolCallOptions) => Promise<Res>
+  close: () => Promise<void>
+  stats: () => ProtocolClientStats
+  onPush: (handler: (push: unknown, info: PushInfo) => void) => () => void
+  pushes: (options?: ProtocolPushOptions) => AsyncIterableIterator<unknown>
 }
 
 export interface ProtocolCallOptions {
@@ -81,6 +124,10 @@ export interface ProtocolClientStats {
   /** Calls that failed with a retryable error after their last attempt. */
   exhausted: number
   budget: RetryBudgetStats | null
+  /** Pushes received (`ClientProtocol.isPush`), decoded ones only. */
+  pushesReceived: number
+  /** Pushes dropped because an iterator (`pushes()`) held `maxBuffered` already. */
+  pushesDropped: number
 }
 
 // Where a call is. Only QUEUED calls (and calls on a connection that never
@@ -103,8 +150,11 @@ interface PendingCall<Req, Res> extends OutboundTransfer {
   stamp: Stamp<PendingCall<Req, Res>>
   timer: TimerHandle | null
   readonly timeoutMs: number
+  /** `stream` answers: the values gathered, from the first part on (null: no part yet). */
+  parts: unknown[] | null
   readonly resolve: (response: Res) => void
-  readonly reject: (error: RpcError, sent: boolean) => void
+  /** `streamed`: a part of the call's answer had arrived (the call is then not retried). */
+  readonly reject: (error: RpcError, sent: boolean, streamed?: boolean) => void
   signal: AbortSignal | undefined
   onAbort: (() => void) | undefined
   readonly beforeWrite: (this: PendingCall<Req, Res>) => boolean
@@ -150,15 +200,18 @@ class PeerConnection<Req, Res> {
   nextSeq = 0
   /** `id` matching: calls by id (quiet ones included). */
   readonly byId = new Map<number, PendingCall<Req, Res>>()
-  /** `in-order` matching: calls in the order their answers will come, settled ones included (their answers are dropped). */
+  /** `in-order` matching: calls in the order their answers will come, settled ones included (their answers are dropped; a stream's call stays at the front until its last part). */
   readonly inOrder = new Denque<PendingCall<Req, Res>>()
   /** `id` matching: calls with `maybe` answers, in writing order. */
   readonly quiet = new Denque<PendingCall<Req, Res>>()
   flushNeeded = false
   flushScheduled = false
+  /** What push handlers are told about this connection. */
+  readonly pushInfo: PushInfo
 
   constructor (key: string, slot: Slot, connection: Connection, inOrder: boolean, maxId: number) {
     this.key = key
+    this.pushInfo = Object.freeze({ endpoint: key })
     this.slot = slot
     this.connection = connection
     this.inOrderMatching = inOrder
@@ -185,6 +238,9 @@ const NOT_RUN_UNSENT: ReadonlySet<string> = new Set([ErrorCode.CONNECT_FAILED, E
 const DEFAULT_TIMEOUT_MS = 30_000
 const DEFAULT_CONNECT_TIMEOUT_MS = 3000
 const DEFAULT_MAX_IN_FLIGHT = 100_000
+const DEFAULT_MAX_STREAM_PARTS = 100_000
+const DEFAULT_MAX_BUFFERED_PUSHES = 1024
+const LOG_INTERVAL_MS = 10_000
 
 function parseEndpoint (endpoint: ClientEndpoint): { host: string, port: number } {
   if (typeof endpoint !== 'string') {
@@ -230,6 +286,14 @@ function parseEndpoint (endpoint: ClientEndpoint): { host: string, port: number 
  *
  * An `in-order` call cancelled or timed out after it was queued is still
  * written (its place in the answer order is taken) and its answer dropped.
+ *
+ * Beyond one answer per request:
+ * - Pushes (`ClientProtocol.isPush`): frames the peer sends unasked go to
+ *   the `onPush` handlers and to every `pushes()` iterator, never to a call.
+ * - Streamed answers (`answerOf` says `stream`): a call gathers its parts
+ *   (`decodePart`) and resolves with their values, within `maxStreamParts`.
+ * - Interceptors: `compose(...)` wraps `call` in steps such as logging or
+ *   rewriting requests.
  */
 export class ProtocolClient<Req, Res> {
   readonly #protocol: ClientProtocol<Req, Res>
@@ -245,6 +309,15 @@ export class ProtocolClient<Req, Res> {
   readonly #defaultTimeoutMs: number
   readonly #closing = new AbortController()
   #closed = false
+  /** The protocol's `isPush`: undefined for protocols without pushes, so that their answers pay one check. */
+  readonly #isPush: ((buf: Buffer, start: number, end: number) => boolean) | undefined
+  readonly #maxStreamParts: number
+  /** The push handlers, replaced (never changed) when one is added or removed, so that a handler may remove itself. */
+  #pushHandlers: ReadonlyArray<(push: unknown, info: PushInfo) => void> = []
+  readonly #pushIterators = new Set<PushIterator>()
+  readonly #pushCounts = { received: 0, dropped: 0 }
+  readonly #log: Required<Logger>
+  readonly #logPushHandler: RateLimitedLog
   /** With `tls`: the options of every connect, their secure context built once. */
   readonly #tls: TlsConnectionOptions | undefined
 
@@ -258,6 +331,11 @@ export class ProtocolClient<Req, Res> {
     this.#inOrder = protocol.matching === 'in-order'
     this.#maxInFlight = options.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT
     this.#defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_TIMEOUT_MS
+    this.#isPush = protocol.isPush
+    this.#maxStreamParts = options.maxStreamParts ?? DEFAULT_MAX_STREAM_PARTS
+    if (!(this.#maxStreamParts >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxStreamParts must be at least 1, got ${options.maxStreamParts}`)
+    this.#log = resolveLogger(options.logger)
+    this.#logPushHandler = new RateLimitedLog(LOG_INTERVAL_MS, () => this.#clock.now())
     const endpoints = (Array.isArray(options.endpoint) ? options.endpoint : [options.endpoint]) as readonly ClientEndpoint[]
     if (endpoints.length === 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: the list is empty')
     this.#balancer = new Balancer(endpoints.map(parseEndpoint), {
@@ -289,14 +367,86 @@ export class ProtocolClient<Req, Res> {
     return this.#callWithRetries(request, options, timeoutMs)
   }
 
-  /** Counters: connections, retries. */
+  /**
+   * `call` through `interceptors`, the first outermost (undici's
+   * `dispatcher.compose`): `compose(a, b).call(r)` runs `a`, which calls
+   * `b`, which calls this client. The chain is built once, here.
+   */
+  compose (...interceptors: Array<ClientInterceptor<Req, Res>>): ComposedProtocolClient<Req, Res> {
+    let call = (request: Req, options: ProtocolCallOptions): Promise<Res> => this.call(request, options)
+    for (let i = interceptors.length - 1; i >= 0; i--) {
+      const interceptor = interceptors[i]
+      if (typeof interceptor !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `interceptor ${i} is not a function`)
+      const next = interceptor(call)
+      if (typeof next !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `interceptor ${i} did not return a function`)
+      call = next
+    }
+    return {
+      call (request: Req, options: ProtocolCallOptions = {}): Promise<Res> {
+        // An interceptor that throws rejects the call, as the client's own errors do.
+        try {
+          return call(request, options)
+        } catch (err) {
+          return Promise.reject(err)
+        }
+      },
+      close: () => this.close(),
+      stats: () => this.stats(),
+      onPush: (handler) => this.onPush(handler),
+      pushes: (options) => this.pushes(options)
+    }
+  }
+
+  /**
+   * Calls `handler` with each push (`ClientProtocol.isPush`), decoded by
+   * `decodePush`, on any of the client's connections (which open with the
+   * first calls), synchronously as its frame is read. A handler that throws
+   * is reported to the logger and the others still run. Returns the
+   * function that removes the handler.
+   */
+  onPush (handler: (push: unknown, info: PushInfo) => void): () => void {
+    if (typeof handler !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'onPush needs a function')
+    // A wrapper of its own, so that the same function added twice is removed once per remover.
+    const entry = (push: unknown, info: PushInfo): void => handler(push, info)
+    this.#pushHandlers = [...this.#pushHandlers, entry]
+    return () => { this.#pushHandlers = this.#pushHandlers.filter((h) => h !== entry) }
+  }
+
+  /**
+   * The pushes from now on, as an async iterator (`for await`). It holds
+   * at most `maxBuffered` (default 1024) pushes not yet read: past that
+   * the oldest is dropped and `stats().pushesDropped` rises. It ends (done)
+   * with its `return()` (a `break` out of `for await`), which drops what it
+   * holds, or with `close()`, after the pushes it holds.
+   */
+  pushes (options: ProtocolPushOptions = {}): AsyncIterableIterator<unknown> {
+    const maxBuffered = options.maxBuffered ?? DEFAULT_MAX_BUFFERED_PUSHES
+    if (!Number.isInteger(maxBuffered) || maxBuffered < 1) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxBuffered must be a positive integer, got ${options.maxBuffered}`)
+    const iterator = new PushIterator(maxBuffered, this.#pushCounts, this.#pushIterators)
+    if (this.#closed) iterator.end(false)
+    else this.#pushIterators.add(iterator)
+    return iterator
+  }
+
+  /** Counters: connections, retries, pushes. */
   stats (): ProtocolClientStats {
     const connections: ProtocolClientConnectionStats[] = []
     for (const cc of this.#connections.values()) connections.push({ endpoint: cc.key, pendingCalls: cc.inFlight, ...cc.connection.stats() })
-    return { connections, retries: this.#retryCounts.retries, exhausted: this.#retryCounts.exhausted, budget: this.#retry?.budget?.stats ?? null }
+    return {
+      connections,
+      retries: this.#retryCounts.retries,
+      exhausted: this.#retryCounts.exhausted,
+      budget: this.#retry?.budget?.stats ?? null,
+      pushesReceived: this.#pushCounts.received,
+      pushesDropped: this.#pushCounts.dropped
+    }
   }
 
-  /** Settles every pending call with RPC_ERR_CLIENT_CLOSED and closes every connection; later calls reject with it at once. */
+  /**
+   * Settles every pending call with RPC_ERR_CLIENT_CLOSED and closes every
+   * connection; later calls reject with it at once. Push iterators end
+   * after the pushes they hold; push handlers are removed.
+   */
   async close (): Promise<void> {
     if (this.#closed) return
     this.#closed = true
@@ -304,6 +454,8 @@ export class ProtocolClient<Req, Res> {
     this.#closing.abort(error)
     for (const cc of [...this.#connections.values()]) this.#connectionClosed(cc, error)
     this.#deadlines.close()
+    for (const iterator of [...this.#pushIterators]) iterator.end(false)
+    this.#pushHandlers = []
   }
 
   async #callWithRetries (request: Req, options: ProtocolCallOptions, timeoutMs: number): Promise<Res> {
@@ -315,16 +467,18 @@ export class ProtocolClient<Req, Res> {
     for (let attempt = 1; ; attempt++) {
       // The first attempt gets the whole (whole-millisecond) timeout, to share a deadline list; later ones what is left.
       const attemptTimeout = attempt === 1 ? timeoutMs : Number.isFinite(deadline) ? Math.max(1, deadline - clock.now()) : 0
-      const outcome = await new Promise<{ ok: true, response: Res } | { ok: false, error: RpcError, sent: boolean }>((resolve) => {
-        this.#attempt(request, options, attemptTimeout, (response) => resolve({ ok: true, response }), (error, sent) => resolve({ ok: false, error, sent }))
+      const outcome = await new Promise<{ ok: true, response: Res } | { ok: false, error: RpcError, sent: boolean, streamed: boolean }>((resolve) => {
+        this.#attempt(request, options, attemptTimeout, (response) => resolve({ ok: true, response }),
+          (error, sent, streamed) => resolve({ ok: false, error, sent, streamed: streamed === true }))
       })
       if (outcome.ok) return outcome.response
-      const { error, sent } = outcome
+      const { error, sent, streamed } = outcome
       if (previous !== null && error.code === ErrorCode.DEADLINE_EXCEEDED) {
         this.#retryCounts.exhausted++
         throw this.#timedOut(timeoutMs, attempt, previous)
       }
-      if (this.#closed || !this.#isRetryable(error, sent, request, options.idempotent === true)) throw error
+      // Part of a streamed answer was delivered: a second run could not be told from the first.
+      if (this.#closed || streamed || !this.#isRetryable(error, sent, request, options.idempotent === true)) throw error
       const refusedBefore = retry.budget?.stats.refused ?? 0
       const delay = nextRetryDelay({ backoff: retry.backoff, maxAttempts: retry.maxAttempts, budget: retry.budget, retryable: () => true }, attempt, deadline - clock.now())
       if (delay === null) {
@@ -360,7 +514,7 @@ export class ProtocolClient<Req, Res> {
   }
 
   // One attempt: a connection, a deadline, the write.
-  #attempt (request: Req, options: ProtocolCallOptions, timeoutMs: number, resolve: (response: Res) => void, reject: (error: RpcError, sent: boolean) => void): void {
+  #attempt (request: Req, options: ProtocolCallOptions, timeoutMs: number, resolve: (response: Res) => void, reject: (error: RpcError, sent: boolean, streamed?: boolean) => void): void {
     if (this.#closed) return reject(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), false)
     const signal = options.signal
     if (signal?.aborted === true) return reject(new RpcError(ErrorCode.CANCELLED, `${this.#protocol.name} call was cancelled`), false)
@@ -371,7 +525,10 @@ export class ProtocolClient<Req, Res> {
     } catch (err) {
       return reject(invalid(err), false)
     }
-    if (answer === 'maybe' && this.#inOrder) return reject(new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'maybe' answers need 'id' matching`), false)
+    if (answer !== 'yes') {
+      const problem = this.#answerProblem(answer)
+      if (problem !== null) return reject(problem, false)
+    }
     const cc = this.#connectionFor()
     if (cc instanceof RpcError) return reject(cc, false)
     if (cc.inFlight >= this.#maxInFlight) {
@@ -389,6 +546,7 @@ export class ProtocolClient<Req, Res> {
       stamp: NO_DEADLINE,
       timer: null,
       timeoutMs,
+      parts: null,
       resolve,
       reject,
       signal,
@@ -402,6 +560,21 @@ export class ProtocolClient<Req, Res> {
       signal.addEventListener('abort', call.onAbort, { once: true })
     }
     this.#write(cc, call)
+  }
+
+  // Why `answerOf` said something this protocol or client cannot do, or null.
+  #answerProblem (answer: AnswerKind): RpcError | null {
+    const protocol = this.#protocol
+    switch (answer) {
+      case 'maybe':
+        return this.#inOrder ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'maybe' answers need 'id' matching`) : null
+      case 'stream':
+        return protocol.decodePart === undefined ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'stream' answers need decodePart`) : null
+      case 'no':
+        return null
+      default:
+        return new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: answerOf said ${String(answer)}, not yes, maybe, no or stream`)
+    }
   }
 
   #write (cc: PeerConnection<Req, Res>, call: PendingCall<Req, Res>): void {
@@ -474,7 +647,7 @@ export class ProtocolClient<Req, Res> {
       this.#succeed(call, this.#protocol.silentResult!(call.request))
       return
     }
-    if (call.answer === 'yes') {
+    if (call.answer !== 'maybe') {
       cc.flushNeeded = false
       return
     }
@@ -504,6 +677,7 @@ export class ProtocolClient<Req, Res> {
       stamp: NO_DEADLINE,
       timer: null,
       timeoutMs: 0,
+      parts: null,
       resolve: ignore,
       reject: ignore,
       signal: undefined,
@@ -525,7 +699,7 @@ export class ProtocolClient<Req, Res> {
     // Bytes handed to a socket that never connected did not reach the peer.
     const sent = call.state !== QUEUED && call.conn !== null && call.conn.connected
     this.#finish(call)
-    call.reject(error, sent)
+    call.reject(error, sent, call.parts !== null)
   }
 
   #finish (call: PendingCall<Req, Res>): void {
@@ -642,8 +816,10 @@ export class ProtocolClient<Req, Res> {
     cc.connection.destroy(error)
   }
 
-  // One answer frame: match it to its call and settle that.
+  // One answer frame (or push): match it to its call and settle that.
   #onAnswer (cc: PeerConnection<Req, Res>, buf: Buffer, start: number, end: number): boolean {
+    const isPush = this.#isPush
+    if (isPush !== undefined && isPush(buf, start, end)) return this.#onPush(cc, buf, start, end)
     const protocol = this.#protocol
     let call: PendingCall<Req, Res> | undefined
     if (this.#inOrder) {
@@ -658,6 +834,7 @@ export class ProtocolClient<Req, Res> {
       cc.byId.delete(id)
       this.#settleQuietBefore(cc, call.seq)
     }
+    if (call.answer === 'stream') return this.#onPart(cc, call, buf, start, end)
     const result = protocol.decodeAnswer(call.request, buf, start, end)
     if (result instanceof RpcError && result.remote === undefined && result.fatal) {
       // Garbage: the stream can no longer be trusted.
@@ -668,6 +845,57 @@ export class ProtocolClient<Req, Res> {
     if (result instanceof RpcError) this.#fail(call, result)
     else this.#succeed(call, result)
     return true
+  }
+
+  // One part of `call`'s streamed answer; the call was taken off its
+  // connection's queue (or map) and goes back unless the stream ended.
+  #onPart (cc: PeerConnection<Req, Res>, call: PendingCall<Req, Res>, buf: Buffer, start: number, end: number): boolean {
+    const result = this.#protocol.decodePart!(call.request, buf, start, end)
+    if (result instanceof RpcError) {
+      // The stream ends with the error.
+      this.#fail(call, result)
+      return result.remote === undefined && result.fatal ? this.#broken(cc, result) : true
+    }
+    if (call.state === FINISHED) {
+      // Settled already (deadline, abort; in-order only, as a settled call
+      // leaves the id map): its parts are read to find where it ends.
+      if (!result.last) cc.inOrder.unshift(call)
+      return true
+    }
+    const parts = call.parts ?? (call.parts = [])
+    if (result.value !== undefined) {
+      if (parts.length >= this.#maxStreamParts) {
+        const name = this.#protocol.name
+        this.#fail(call, new RpcError(ErrorCode.QUEUE_FULL, `${name} call to ${cc.key}: its streamed answer went over ${this.#maxStreamParts} parts (maxStreamParts)`))
+        return this.#broken(cc, new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${cc.key} closed: a ${name} streamed answer went over maxStreamParts, and the rest of it cannot be told from the answers after it`))
+      }
+      parts.push(result.value)
+    }
+    if (result.last) {
+      this.#succeed(call, parts as Res)
+      return true
+    }
+    if (this.#inOrder) cc.inOrder.unshift(call)
+    else cc.byId.set(call.id, call)
+    return true
+  }
+
+  // A push: to every handler, then to every iterator.
+  #onPush (cc: PeerConnection<Req, Res>, buf: Buffer, start: number, end: number): boolean {
+    const decodePush = this.#protocol.decodePush
+    const push = decodePush === undefined ? Buffer.from(buf.subarray(start, end)) : decodePush(buf, start, end)
+    if (push instanceof RpcError) return push.remote === undefined && push.fatal ? this.#broken(cc, push) : true
+    this.#pushCounts.received++
+    for (const handler of this.#pushHandlers) {
+      try {
+        handler(push, cc.pushInfo)
+      } catch (err) {
+        this.#logPushHandler.log((m, f) => this.#log.warn(m, f), () => `a push handler threw (the push from ${cc.key} still went to the others): ${(err as Error)?.message ?? String(err)}`,
+          () => ({ endpoint: cc.key }))
+      }
+    }
+    for (const iterator of this.#pushIterators) iterator.offer(push)
+    return !cc.closed
   }
 
   // An answer to the request written `seq`-th arrived: the quiet requests written before it were processed without an answer.

@@ -11,12 +11,15 @@
  *   await mc.set('k', 'v', { flags: 7, expiry: 60 })
  *   const item = await mc.get('k') // { value: <Buffer 76>, flags: 7, cas: 1n } or null
  *
+ * STAT is a streamed answer (one packet per statistic, then an empty one):
+ * `stats(group?)` gathers it into a Map.
+ *
  * Errors the server answers reject with an RpcError of code RPC_ERR_REMOTE
  * whose `remote` is { protocol: 'memcached', code: the status,
  * name: KEY_EEXISTS, NOT_STORED, … }; a miss is not an error where the
  * command has a natural "nothing" (get: null, delete and touch: false).
  */
-import type { ClientProtocol } from '../../codec/client-protocol.js'
+import type { AnswerPart, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { ProtocolClient, type ProtocolCallOptions, type ProtocolClientOptions } from '../../reactor/index.js'
 import { HEADER_BYTES, Opcode, ResponseStatus } from './protocol.js'
@@ -35,8 +38,10 @@ const MISS_IS_RESULT: ReadonlySet<number> = new Set([Opcode.GET, Opcode.GETQ, Op
 // Quiet commands: no answer on success (quiet gets: on a miss); errors are answered.
 const QUIET: ReadonlySet<number> = new Set([Opcode.GETQ, Opcode.GETKQ, Opcode.SETQ, Opcode.ADDQ, Opcode.REPLACEQ, Opcode.DELETEQ,
   Opcode.INCREMENTQ, Opcode.DECREMENTQ, Opcode.APPENDQ, Opcode.PREPENDQ, Opcode.FLUSHQ])
-// Safe to send again after a lost connection: they change nothing.
-const IDEMPOTENT: ReadonlySet<number> = new Set([Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, Opcode.NOOP, Opcode.VERSION])
+// Safe to send again after a lost connection: they change nothing (STAT
+// reset zeroes counters, which twice is as once). A streamed STAT is not
+// repeated once part of it has come, whatever this says.
+const IDEMPOTENT: ReadonlySet<number> = new Set([Opcode.GET, Opcode.GETQ, Opcode.GETK, Opcode.GETKQ, Opcode.NOOP, Opcode.VERSION, Opcode.STAT])
 
 /** One request. `extras` says which extras the opcode carries. */
 export class MemcachedCommand {
@@ -156,27 +161,50 @@ export function memcachedClientProtocol (): ClientProtocol<MemcachedCommand, Mem
       return [head, command.value]
     },
     answerId: (buf, start) => buf.readUInt32BE(start + 12),
-    answerOf: (command) => QUIET.has(command.opcode) ? 'maybe' : 'yes',
+    answerOf: (command) => command.opcode === Opcode.STAT ? 'stream' : QUIET.has(command.opcode) ? 'maybe' : 'yes',
     silentResult: () => SILENT,
     flushRequest: () => new MemcachedCommand(Opcode.NOOP),
     decodeAnswer (command, buf, start, end): MemcachedAnswer | RpcError {
       const extras = buf[start + 4]!
       const keyBytes = buf.readUInt16BE(start + 2)
       const status = buf.readUInt16BE(start + 6)
-      if (HEADER_BYTES + extras + keyBytes > end - start) return new RpcError(ErrorCode.MALFORMED_FRAME, 'memcached answer whose extras and key are longer than its body')
+      if (HEADER_BYTES + extras + keyBytes > end - start) return bodyTooShort()
       const cas = buf.readBigUInt64BE(start + 16)
       const value = buf.subarray(start + HEADER_BYTES + extras + keyBytes, end)
       if (status === ResponseStatus.SUCCESS || (status === ResponseStatus.KEY_ENOENT && MISS_IS_RESULT.has(command.opcode))) {
         const flags = extras >= 4 ? buf.readUInt32BE(start + HEADER_BYTES) : 0
         return new MemcachedAnswer(status, cas, flags, value)
       }
-      const name = STATUS_NAME.get(status) ?? `0x${status.toString(16)}`
-      return new RpcError(ErrorCode.REMOTE, value.toString('latin1') || name, { remote: { protocol: 'memcached', code: status, name, fatal: false } })
+      return remoteError(status, value)
+    },
+    // STAT: a packet per statistic (its name in the key, its value in the
+    // value), then one with no key, which ends the answer; an error (an
+    // unknown group: KEY_ENOENT) is a single packet.
+    decodePart (_command, buf, start, end): AnswerPart | RpcError {
+      const extras = buf[start + 4]!
+      const keyBytes = buf.readUInt16BE(start + 2)
+      const status = buf.readUInt16BE(start + 6)
+      const keyStart = start + HEADER_BYTES + extras
+      if (keyStart + keyBytes > end) return bodyTooShort()
+      if (status !== ResponseStatus.SUCCESS) return remoteError(status, buf.subarray(keyStart + keyBytes, end))
+      if (keyBytes === 0) return STAT_END
+      return { value: [buf.toString('latin1', keyStart, keyStart + keyBytes), buf.toString('latin1', keyStart + keyBytes, end)], last: false }
     },
     retryable: (error, command) => error.remote !== undefined
       ? error.remote.code === ResponseStatus.EBUSY || error.remote.code === ResponseStatus.ETMPFAIL
       : IDEMPOTENT.has(command.opcode)
   }
+}
+
+const STAT_END: AnswerPart = Object.freeze({ value: undefined, last: true })
+
+function bodyTooShort (): RpcError {
+  return new RpcError(ErrorCode.MALFORMED_FRAME, 'memcached answer whose extras and key are longer than its body')
+}
+
+function remoteError (status: number, value: Buffer): RpcError {
+  const name = STATUS_NAME.get(status) ?? `0x${status.toString(16)}`
+  return new RpcError(ErrorCode.REMOTE, value.toString('latin1') || name, { remote: { protocol: 'memcached', code: status, name, fatal: false } })
 }
 
 /** An item as `get` returns it. */
@@ -297,6 +325,19 @@ export class MemcachedClient {
 
   async noop (call?: ProtocolCallOptions): Promise<void> {
     await this.client.call(new MemcachedCommand(Opcode.NOOP), call)
+  }
+
+  /**
+   * STAT: the server's statistics of `group` (none: the general ones;
+   * `settings`, `items`, `slabs`, ... as the server knows them; `reset`
+   * zeroes the counters and gives an empty map), by name, in the order
+   * sent. A group the server does not know rejects with KEY_ENOENT.
+   */
+  async stats (group?: string, call?: ProtocolCallOptions): Promise<Map<string, string>> {
+    const command = new MemcachedCommand(Opcode.STAT, group === undefined || group === '' ? EMPTY : Buffer.from(group, 'latin1'))
+    // A stream call resolves with its parts' values: here, [name, value] pairs.
+    const parts = await this.client.call(command, call) as unknown as Array<[string, string]>
+    return new Map(parts)
   }
 
   // The quiet variants: nothing on success; an error answer rejects.

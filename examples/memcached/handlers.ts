@@ -10,9 +10,16 @@ import type { Item, MemcachedStore, Status, StoreMode } from './store.js'
  * returns a shared object rather than one made to be dropped.
  */
 
-/** What a handler needs of its call: closing the connection once this call's answer (or non-answer) is written. */
+/**
+ * What a handler needs of its call: closing the connection once this
+ * call's answer (or non-answer) is written, and sending the parts of a
+ * streamed answer before it (the server's `ctx.write`: STAT sends a packet
+ * per statistic). A context without `write` (a test driving the handlers
+ * directly) gets STAT's packets in its one answer instead.
+ */
 export interface MemcachedCallContext {
   closeConnection (): void
+  write? (part: StatEntry): boolean
 }
 
 export type MemcachedHandler = (request: MemcachedRequest, ctx: MemcachedCallContext) => MemcachedResponse
@@ -23,6 +30,12 @@ export interface MemcachedHandlerOptions {
    * `major.minor.patch` to pick features, so keep those numbers first.
    */
   version?: string
+  /**
+   * The server's connection counts, for STAT's `curr_connections` and
+   * `total_connections` (the store cannot know them); without it, STAT
+   * leaves them out.
+   */
+  connections?: () => { open: number, accepted: number }
 }
 
 const NOT_FOUND = errorResponse(ResponseStatus.KEY_ENOENT)
@@ -84,15 +97,18 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
   // STAT: no key for the general statistics, `reset` to zero the counters
   // (its answer is the end packet alone), `settings`; anything else is
   // "Not found", as memcached answers a sub-command it does not know.
-  const stat: MemcachedHandler = request => {
+  // Each statistic is a part of the streamed answer (a packet of its own,
+  // sent as it is written), and the final answer is the empty packet that
+  // ends them: `OK`, encoded with the STAT opcode and the request's opaque.
+  const stat: MemcachedHandler = (request, ctx) => {
     switch (request.key.toString('latin1')) {
       case '':
-        return statsAnswer(generalStats(store, version, startedAt))
+        return statsAnswer(ctx, generalStats(store, version, startedAt, options.connections?.()))
       case 'reset':
         store.resetStats()
-        return statsAnswer([])
+        return OK
       case 'settings':
-        return statsAnswer([
+        return statsAnswer(ctx, [
           ['maxbytes', String(store.memoryBytes)],
           ['item_size_max', String(store.maxItemBytes)],
           ['evictions', 'on'],
@@ -159,13 +175,20 @@ function stored (result: Item | Status, quiet: boolean): MemcachedResponse {
   return quiet ? OK : new MemcachedResponse(ResponseStatus.SUCCESS, result.cas)
 }
 
-function statsAnswer (entries: readonly StatEntry[]): MemcachedResponse {
-  return new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, EMPTY, EMPTY, entries)
+// Writes each entry as a part, and answers the end packet; without `ctx.write`, every packet in one answer.
+function statsAnswer (ctx: MemcachedCallContext, entries: readonly StatEntry[]): MemcachedResponse {
+  if (ctx.write === undefined) return new MemcachedResponse(ResponseStatus.SUCCESS, 0, -1, EMPTY, EMPTY, entries)
+  for (const entry of entries) {
+    // False: the connection has closed, and nothing more will be sent.
+    if (!ctx.write(entry)) break
+  }
+  return OK
 }
 
 // memcached's general statistics that this server can know, under its
-// names and in its order (connections are the server's, not the store's).
-function generalStats (store: MemcachedStore, version: string, startedAt: number): StatEntry[] {
+// names and in its order (connections are the server's, not the store's:
+// given when the server tells them).
+function generalStats (store: MemcachedStore, version: string, startedAt: number, connections?: { open: number, accepted: number }): StatEntry[] {
   const now = store.now()
   const cpu = process.cpuUsage()
   const s = store.stats
@@ -177,6 +200,7 @@ function generalStats (store: MemcachedStore, version: string, startedAt: number
     ['pointer_size', 64],
     ['rusage_user', seconds(cpu.user)],
     ['rusage_system', seconds(cpu.system)],
+    ...(connections === undefined ? [] : [['curr_connections', connections.open], ['total_connections', connections.accepted]] as [string, number][]),
     ['cmd_get', s.cmd_get],
     ['cmd_set', s.cmd_set],
     ['cmd_flush', s.cmd_flush],

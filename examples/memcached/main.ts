@@ -43,7 +43,10 @@ export function memcachedServer (options: MemcachedServerOptions = {}): Protocol
     tls: options.tls
   })
   // The handlers are synchronous: the group's default workers and queue suffice.
-  server.addRoutes('memcached', memcachedHandlers(store))
+  server.addRoutes('memcached', memcachedHandlers(store, {
+    // STAT's curr_connections and total_connections.
+    connections: () => { const stats = server.stats(); return { open: stats.connectionsOpen, accepted: stats.connectionsAccepted } }
+  }))
   return server
 }
 

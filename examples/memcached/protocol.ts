@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Framing } from '../../codec/frame-decoder.js'
-import { InvalidRequest, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
+import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
 import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES, SLAB_VALUE_BYTES, Status } from './store.js'
 
 /**
@@ -188,7 +188,10 @@ export class MemcachedRequest {
   }
 }
 
-/** A name and value of a STAT answer. */
+/**
+ * A name and value of a STAT answer: what a STAT handler writes as each
+ * part of its streamed answer (`ctx.write`), sent as one packet.
+ */
 export type StatEntry = readonly [name: string, value: string]
 
 /**
@@ -209,7 +212,11 @@ export class MemcachedResponse {
   readonly key: Uint8Array
   /** The value: the item's, an error's text, the version, an INCREMENT's 8-byte result. */
   readonly value: Uint8Array
-  /** A STAT answer: one packet per entry, then the empty one that ends it. Null for other answers. */
+  /**
+   * A STAT answer in one piece: one packet per entry, then the empty one
+   * that ends it, for a context that cannot stream parts. Null for other
+   * answers (a streamed STAT's final answer included: `OK`, the empty packet).
+   */
   readonly stats: readonly StatEntry[] | null
 
   constructor (status: number, cas = 0, flags = -1, key: Uint8Array = EMPTY, value: Uint8Array = EMPTY, stats: readonly StatEntry[] | null = null) {
@@ -482,6 +489,19 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
       const head = Buffer.allocUnsafe(HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length)
       encodeHead(head, 0, opcodeOf(call.data), opaqueOf(call.data), response)
       return [head, response.value]
+    },
+
+    // A part of a streamed STAT answer: one packet with the entry's name as
+    // its key and its value as its value, CAS 0, the request's opaque.
+    encodePart: (call: AnsweredCall, part: unknown): Uint8Array[] => {
+      const [name, value] = part as StatEntry
+      const keyBytes = Buffer.byteLength(name, 'latin1')
+      const bodyBytes = keyBytes + Buffer.byteLength(value, 'latin1')
+      const out = Buffer.allocUnsafe(HEADER_BYTES + bodyBytes)
+      writeHeader(out, 0, opcodeOf(call.data), keyBytes, 0, ResponseStatus.SUCCESS, bodyBytes, opaqueOf(call.data), 0)
+      out.write(name, HEADER_BYTES, 'latin1')
+      out.write(value, HEADER_BYTES + keyBytes, 'latin1')
+      return [out]
     },
 
     refusal: (call: CallInfo, reason: RefusalReason): AnswerSlices => {
