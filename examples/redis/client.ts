@@ -14,210 +14,21 @@
  * an RpcError of code RPC_ERR_REMOTE, its message Redis's error text and
  * `remote` { protocol: 'redis', name: the first word (ERR, WRONGTYPE…) };
  * an error inside an array (EXEC) is an RpcError element.
+ *
+ * Pub/Sub: `subscribe(...channels)` and `psubscribe(...patterns)` give a
+ * `Subscription` (subscription.ts) on a connection of its own, as RESP2
+ * requires: a subscribed connection runs nothing else.
+ *
+ *   const sub = await redis.subscribe('news')
+ *   for await (const { channel, message } of sub) { ... }   // until sub.unsubscribe()
  */
-import type { ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import type { FrameScanner } from '../../codec/frame-decoder.js'
-import { ProtocolClient, type ProtocolCallOptions, type ProtocolClientOptions } from '../../reactor/index.js'
-import { CR, LF } from './resp.js'
+import { ProtocolClient, type ClientEndpoint, type ProtocolCallOptions, type ProtocolClientOptions } from '../../reactor/index.js'
+import { RedisCommand, redisClientProtocol, type RedisArg, type RedisReply } from './resp-client.js'
+import { Subscription, type SubscriptionOptions } from './subscription.js'
 
-/** A reply, decoded. */
-export type RedisReply = string | number | bigint | Buffer | null | RpcError | readonly RedisReply[]
-
-/** A command argument: strings are sent as UTF-8, numbers in decimal. */
-export type RedisArg = string | Buffer | Uint8Array | number | bigint
-
-/** Arguments above this size go out as their own slice (writev, no copy). */
-const SLICE_ARG_BYTES = 16 * 1024
-/** Arrays nest at most this deep in a reply. */
-const MAX_DEPTH = 64
-
-/** One command, its arguments as bytes (converted once, when made). */
-export class RedisCommand {
-  readonly args: readonly Buffer[]
-  /** The frame's size: `*N\r\n` and `$len\r\n…\r\n` per argument. */
-  readonly bytes: number
-  readonly large: boolean
-
-  constructor (args: readonly RedisArg[]) {
-    if (args.length === 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a Redis command needs at least its name')
-    const buffers = args.map(toBuffer)
-    let bytes = headerBytes(buffers.length)
-    let large = false
-    for (const b of buffers) {
-      bytes += headerBytes(b.length) + b.length + 2
-      if (b.length > SLICE_ARG_BYTES) large = true
-    }
-    this.args = buffers
-    this.bytes = bytes
-    this.large = large
-  }
-}
-
-function toBuffer (arg: RedisArg): Buffer {
-  if (Buffer.isBuffer(arg)) return arg
-  if (arg instanceof Uint8Array) return Buffer.from(arg.buffer, arg.byteOffset, arg.byteLength)
-  return Buffer.from(String(arg))
-}
-
-// `*N\r\n` or `$N\r\n`.
-function headerBytes (n: number): number {
-  return 3 + String(n).length
-}
-
-function writeHeader (out: Buffer, at: number, type: string, n: number): number {
-  return at + out.write(`${type}${n}\r\n`, at, 'latin1')
-}
-
-function writeCommand (command: RedisCommand, out: Buffer, at: number): void {
-  let p = writeHeader(out, at, '*', command.args.length)
-  for (const arg of command.args) {
-    p = writeHeader(out, p, '$', arg.length)
-    p += arg.copy(out, p)
-    out[p++] = CR
-    out[p++] = LF
-  }
-}
-
-function malformed (message: string): RpcError {
-  return new RpcError(ErrorCode.MALFORMED_FRAME, `malformed RESP reply: ${message}`)
-}
-
-// The end of the line that starts at p (the index after its LF), -1 if it has not arrived, or an error.
-function lineEnd (buf: Buffer, p: number, end: number): number | RpcError {
-  const lf = buf.indexOf(LF, p)
-  if (lf < 0 || lf >= end) return -1
-  if (lf === p || buf[lf - 1] !== CR) return malformed('a line not ended by CRLF')
-  return lf + 1
-}
-
-function lengthOf (buf: Buffer, p: number, stop: number): number | RpcError {
-  const text = buf.toString('latin1', p + 1, stop - 2)
-  if (!/^-?\d+$/.test(text)) return malformed(`bad length ${JSON.stringify(text.slice(0, 20))}`)
-  const n = Number(text)
-  if (n < -1) return malformed(`bad length ${n}`)
-  return n
-}
-
-// The end of the value that starts at p; -1 when it has not all arrived.
-function scanValue (buf: Buffer, p: number, end: number, depth: number): number | RpcError {
-  if (p >= end) return -1
-  const stop = lineEnd(buf, p, end)
-  if (typeof stop !== 'number' || stop < 0) return stop
-  switch (buf[p]) {
-    case 0x2b: // +
-    case 0x2d: // -
-    case 0x3a: // :
-      return stop
-    case 0x24: { // $
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (n === -1) return stop
-      if (stop + n + 2 > end) return -1
-      if (buf[stop + n] !== CR || buf[stop + n + 1] !== LF) return malformed('a bulk string not ended by CRLF')
-      return stop + n + 2
-    }
-    case 0x2a: { // *
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (depth >= MAX_DEPTH) return malformed('arrays nested too deep')
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        q = scanValue(buf, q, end, depth + 1) as number
-        if (typeof q !== 'number' || q < 0) return q
-      }
-      return q
-    }
-    default:
-      return malformed(`unknown type byte 0x${buf[p]!.toString(16)}`)
-  }
-}
-
-/** Finds where one reply ends. */
-class ReplyScanner implements FrameScanner {
-  scan (buf: Buffer, start: number, end: number): number | RpcError {
-    const stop = scanValue(buf, start, end, 0)
-    if (typeof stop !== 'number') return stop
-    return stop < 0 ? 0 : stop - start
-  }
-
-  reset (): void {}
-}
-
-/** The RpcError of an error reply: Redis's text, its first word as the name. */
-export function redisError (text: string): RpcError {
-  const space = text.indexOf(' ')
-  const name = space < 0 ? text : text.slice(0, space)
-  return new RpcError(ErrorCode.REMOTE, text, { remote: { protocol: 'redis', code: 0, name, fatal: false } })
-}
-
-// Decodes the (complete, scanned) value at p; returns it and where it ends.
-function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
-  const stop = buf.indexOf(LF, p) + 1
-  const line = (): string => buf.toString('utf8', p + 1, stop - 2)
-  switch (buf[p]) {
-    case 0x2b: return [line(), stop]
-    case 0x2d: return [redisError(line()), stop]
-    case 0x3a: {
-      const text = line()
-      const n = Number(text)
-      return [Number.isSafeInteger(n) ? n : BigInt(text), stop]
-    }
-    case 0x24: {
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      // A copy: a view would pin the whole read chunk.
-      return [Buffer.from(buf.subarray(stop, stop + n)), stop + n + 2]
-    }
-    default: { // '*', as scanned
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      const items: RedisReply[] = []
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        const [item, next] = decodeValue(buf, q)
-        items.push(item)
-        q = next
-      }
-      return [items, q]
-    }
-  }
-}
-
-// Errors after which the command did not run: worth trying again.
-const RETRYABLE_ERRORS: ReadonlySet<string> = new Set(['BUSY', 'LOADING', 'TRYAGAIN'])
-// Commands safe to send again after a lost connection: they change nothing.
-const READ_ONLY: ReadonlySet<string> = new Set(['GET', 'MGET', 'EXISTS', 'STRLEN', 'TTL', 'PTTL', 'TYPE', 'LRANGE', 'LLEN',
-  'SMEMBERS', 'SCARD', 'HGET', 'HGETALL', 'ZRANGE', 'ZCARD', 'PING', 'ECHO', 'DBSIZE', 'KEYS'])
-
-/** RESP2, client side. */
-export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply> {
-  return {
-    name: 'redis',
-    framing: { scanner: () => new ReplyScanner() },
-    matching: 'in-order',
-    encodedLength: (command) => command.large ? -1 : command.bytes,
-    encodeInto: (command, _id, out, at) => { writeCommand(command, out, at) },
-    encodeSlices (command): Uint8Array[] {
-      const slices: Buffer[] = []
-      let head = `*${command.args.length}\r\n`
-      // Each argument as it is, between the headers and CRLFs around it.
-      for (const arg of command.args) {
-        slices.push(Buffer.from(`${head}$${arg.length}\r\n`, 'latin1'), arg)
-        head = '\r\n'
-      }
-      slices.push(Buffer.from(head, 'latin1'))
-      return slices
-    },
-    decodeAnswer (_command, buf, start): RedisReply | RpcError {
-      const [reply] = decodeValue(buf, start)
-      return reply
-    },
-    retryable: (error, command) => error.remote !== undefined
-      ? RETRYABLE_ERRORS.has(error.remote.name)
-      : READ_ONLY.has(command.args[0]!.toString('latin1').toUpperCase())
-  }
-}
+export { RedisCommand, decodeValue, redisClientProtocol, redisError, type RedisArg, type RedisReply } from './resp-client.js'
+export { Subscription, type SubscriptionMessage, type SubscriptionOptions } from './subscription.js'
 
 export interface SetOptions {
   /** Expire after this many seconds (EX) or milliseconds (PX). */
@@ -229,14 +40,21 @@ export interface SetOptions {
 }
 
 /** `ProtocolClientOptions`: with `tls` (node:tls connection options: ca, cert, key, servername) every connection is TLS. */
-export type RedisClientOptions = ProtocolClientOptions
+export interface RedisClientOptions extends ProtocolClientOptions {
+  /** What `subscribe` and `psubscribe` give their subscriptions (bounds, timeout); see `SubscriptionOptions`. */
+  subscription?: SubscriptionOptions
+}
 
 /** Redis commands over a `ProtocolClient` (see the module comment). */
 export class RedisClient {
   readonly client: ProtocolClient<RedisCommand, RedisReply>
+  readonly #options: RedisClientOptions
+  readonly #subscriptions = new Set<Subscription>()
+  #closed = false
 
   constructor (options: RedisClientOptions) {
     this.client = new ProtocolClient(redisClientProtocol(), options)
+    this.#options = options
   }
 
   /** Any command: its reply, decoded. */
@@ -287,8 +105,54 @@ export class RedisClient {
     return await this.command('LRANGE', key, start, stop) as Buffer[]
   }
 
-  /** Settles every pending call with RPC_ERR_CLIENT_CLOSED and closes the connections. */
-  close (): Promise<void> {
-    return this.client.close()
+  /**
+   * Subscribes to `channels` on a connection of its own (to the first
+   * endpoint): resolves once Redis has confirmed each, with the
+   * `Subscription` that yields their messages.
+   */
+  subscribe (...channels: string[]): Promise<Subscription> {
+    return this.#subscribeWith((subscription) => subscription.subscribe(...channels))
+  }
+
+  /** Subscribes to the glob `patterns` (PSUBSCRIBE), as `subscribe` does to channels. */
+  psubscribe (...patterns: string[]): Promise<Subscription> {
+    return this.#subscribeWith((subscription) => subscription.psubscribe(...patterns))
+  }
+
+  async #subscribeWith (first: (subscription: Subscription) => Promise<void>): Promise<Subscription> {
+    if (this.#closed) throw new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed')
+    const options = this.#options
+    // Pub/Sub is one server's: every command of a subscription goes to the same one.
+    const endpoints = options.endpoint as ClientEndpoint | readonly ClientEndpoint[]
+    const endpoint = Array.isArray(endpoints) ? (endpoints as readonly ClientEndpoint[])[0] : endpoints as ClientEndpoint
+    if (endpoint === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'no endpoint: the list is empty')
+    const subscription = new Subscription({
+      endpoint,
+      tls: options.tls,
+      connectTimeoutMs: options.connectTimeoutMs,
+      maxMessageBytes: options.maxMessageBytes,
+      maxOutboundBytes: options.maxOutboundBytes,
+      clock: options.clock,
+      logger: options.logger
+    }, { timeoutMs: options.defaultTimeoutMs, ...options.subscription }, () => { this.#subscriptions.delete(subscription) })
+    this.#subscriptions.add(subscription)
+    try {
+      await first(subscription)
+    } catch (err) {
+      await subscription.close()
+      throw err
+    }
+    return subscription
+  }
+
+  /**
+   * Settles every pending call with RPC_ERR_CLIENT_CLOSED and closes the
+   * connections, the subscriptions' too (their iterators end after the
+   * messages they hold).
+   */
+  async close (): Promise<void> {
+    this.#closed = true
+    await Promise.all([...this.#subscriptions].map((subscription) => subscription.close()))
+    await this.client.close()
   }
 }

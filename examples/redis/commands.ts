@@ -29,7 +29,8 @@ export const COMMANDS: readonly Command[] = ([
   ['sadd', -3], ['spop', -2], ['smembers', 2], ['scard', 2],
   ['hset', -4], ['hget', 3], ['hdel', -3], ['hgetall', 2],
   ['zadd', -4], ['zpopmin', -2], ['zrange', -4], ['zcard', 2],
-  ['info', -1], ['command', -1], ['client', -2], ['select', 2], ['config', -2], ['quit', -1], ['hello', -1]
+  ['info', -1], ['command', -1], ['client', -2], ['select', 2], ['config', -2], ['quit', -1], ['hello', -1],
+  ['subscribe', -2], ['unsubscribe', -1], ['psubscribe', -2], ['punsubscribe', -1], ['publish', 3], ['pubsub', -2], ['reset', 1]
 ] as const).map(([name, arity]) => new Command(name, arity))
 
 export type CommandName = Uppercase<(typeof COMMANDS)[number]['name']>

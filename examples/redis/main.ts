@@ -4,23 +4,33 @@
  *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
  *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
  *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
+ *     [--client-output-buffer-limit-pubsub HARD SOFT SECONDS]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
  *
  * With `--tls-cert`, every connection is TLS (`redis-cli --tls --cacert CA`);
  * `--tls-require-client-cert` asks for a client certificate signed by
  * `--tls-ca` (see docs/security.md).
  *
+ * `--client-output-buffer-limit-pubsub 32mb 8mb 60` (the default) is
+ * Redis's `client-output-buffer-limit pubsub`: a connection that receives
+ * Pub/Sub messages and has more than HARD bytes unsent is closed at once,
+ * one above SOFT for SECONDS without a break is closed then; 0 turns a
+ * limit off. Sizes take Redis's units (b, k, kb, m, mb, g, gb). The three
+ * values may also be given as one argument ("32mb 8mb 60").
+ *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
  * connection is not seen through a connection that landed on another
  * reactor, so more than one reactor suits only clients that shard by
- * connection (or benchmarks that do not read back).
+ * connection (or benchmarks that do not read back). The same holds for
+ * Pub/Sub: a message reaches the subscribers of its publisher's reactor.
  */
 import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { redisHandlers } from './handlers.js'
+import { PubSub } from './pubsub.js'
 import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
 import { RedisStore } from './store.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
@@ -42,11 +52,23 @@ export interface RedisServerOptions {
   sweepIntervalMs?: number
   /** TLS from the first byte (`ServerOptions.tls`); default none. */
   tls?: TlsOptions
+  /**
+   * Redis's `client-output-buffer-limit pubsub` (the server's
+   * `pushOutputLimit`): a connection that receives messages and has more
+   * than `hardBytes` unsent is closed at once; one above `softBytes` for
+   * `softMs` without a break is closed then. Default 32 MiB, 8 MiB,
+   * 60 000 ms; 0 turns a limit off.
+   */
+  pubsubOutputLimit?: { hardBytes?: number, softBytes?: number, softMs?: number }
 }
 
-/** One server and its keyspace, the commands registered as the routes of the group `redis`. */
-export function redisServer (options: RedisServerOptions = {}): ProtocolServer & { readonly store: RedisStore } {
+/** What a server gives its Pub/Sub connections by default, as Redis's `client-output-buffer-limit pubsub 32mb 8mb 60`. */
+export const DEFAULT_PUBSUB_OUTPUT_LIMIT = { hardBytes: 32 * 1024 * 1024, softBytes: 8 * 1024 * 1024, softMs: 60_000 } as const
+
+/** One server, its keyspace and its Pub/Sub channels, the commands registered as the routes of the group `redis`. */
+export function redisServer (options: RedisServerOptions = {}): ProtocolServer & { readonly store: RedisStore, readonly pubsub: PubSub } {
   const store = new RedisStore({ maxMemoryBytes: options.maxMemoryBytes, now: options.now, sweepIntervalMs: options.sweepIntervalMs })
+  const pubsub = new PubSub()
   const maxFrameBytes = options.maxMessageBytes ?? DEFAULT_MAX_FRAME_BYTES
   const limits = respLimits({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes })
   const server = new ProtocolServer(respProtocol({ protoMaxBulkLen: options.protoMaxBulkLen, maxFrameBytes, maxArguments: options.maxArguments }), {
@@ -54,13 +76,15 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
     maxMessageBytes: limits.maxFrameBytes,
     // Redis keeps idle connections open (its timeout is 0): client pools hold them between bursts.
     idleTimeoutMs: 0,
-    tls: options.tls
+    tls: options.tls,
+    pushOutputLimit: { ...DEFAULT_PUBSUB_OUTPUT_LIMIT, ...options.pubsubOutputLimit }
   })
   let port = 0
   server.addRoutes('redis', redisHandlers(store, {
     port: () => port,
     connectedClients: () => server.stats().connectionsOpen,
-    protoMaxBulkLen: limits.maxBulk
+    protoMaxBulkLen: limits.maxBulk,
+    pubsub
   }))
   const listen = server.listen.bind(server)
   server.listen = async (...args: Parameters<typeof server.listen>) => {
@@ -73,7 +97,51 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
     store.close()
     return close(...args)
   }
-  return Object.assign(server, { store })
+  return Object.assign(server, { store, pubsub })
+}
+
+/** A size as Redis reads one in its configuration (memtoull): digits and an optional unit, k = 1000, kb = 1024, and so on. */
+export function parseMemory (text: string): number | null {
+  const match = /^(\d+)(b|k|kb|m|mb|g|gb)?$/i.exec(text)
+  if (match === null) return null
+  const units: Record<string, number> = { b: 1, k: 1000, kb: 1024, m: 1000 ** 2, mb: 1024 ** 2, g: 1000 ** 3, gb: 1024 ** 3 }
+  const bytes = Number(match[1]) * units[(match[2] ?? 'b').toLowerCase()]!
+  return Number.isSafeInteger(bytes) ? bytes : null
+}
+
+const PUBSUB_LIMIT_FLAG = '--client-output-buffer-limit-pubsub'
+
+/**
+ * Takes `--client-output-buffer-limit-pubsub HARD SOFT SECONDS` (three
+ * arguments, or one with the three in it, or `=` and that one) out of
+ * `argv`: the rest, and the limit in `pushOutputLimit`'s terms.
+ */
+export function takePubsubLimit (argv: readonly string[]): { rest: string[], limit?: { hardBytes: number, softBytes: number, softMs: number } } {
+  const rest: string[] = []
+  let limit: { hardBytes: number, softBytes: number, softMs: number } | undefined
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i]!
+    let values: string[]
+    if (arg === PUBSUB_LIMIT_FLAG) {
+      const next = argv[i + 1] ?? ''
+      values = next.trim().includes(' ') ? next.trim().split(/\s+/) : argv.slice(i + 1, i + 4)
+      i += next.trim().includes(' ') ? 1 : 3
+    } else if (arg.startsWith(`${PUBSUB_LIMIT_FLAG}=`)) {
+      values = arg.slice(PUBSUB_LIMIT_FLAG.length + 1).trim().split(/\s+/)
+    } else {
+      rest.push(arg)
+      continue
+    }
+    const [hard, soft, seconds] = values.map(v => v ?? '')
+    const hardBytes = parseMemory(hard ?? '')
+    const softBytes = parseMemory(soft ?? '')
+    const softSeconds = /^\d+$/.test(seconds ?? '') ? Number(seconds) : null
+    if (values.length !== 3 || hardBytes === null || softBytes === null || softSeconds === null || !Number.isSafeInteger(softSeconds * 1000)) {
+      throw new RangeError(`${PUBSUB_LIMIT_FLAG} takes HARD SOFT SECONDS (sizes as 32mb, 8mb, 1024), got ${JSON.stringify(values.join(' '))}`)
+    }
+    limit = { hardBytes, softBytes, softMs: softSeconds * 1000 }
+  }
+  return { rest, limit }
 }
 
 function nonNegativeInteger (name: string, text: string | undefined, fallback: number): number {
@@ -84,8 +152,9 @@ function nonNegativeInteger (name: string, text: string | undefined, fallback: n
 }
 
 async function main (argv: string[]): Promise<void> {
+  const { rest, limit: pubsubOutputLimit } = takePubsubLimit(argv)
   const { values } = parseArgs({
-    args: argv,
+    args: rest,
     options: {
       port: { type: 'string' },
       host: { type: 'string' },
@@ -109,7 +178,7 @@ async function main (argv: string[]): Promise<void> {
   const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
   const tls = tlsFromFlags(values)
   const served = await serveReactors({
-    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls })
+    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
 import { commandOf, UNKNOWN_COMMAND, type Command } from './commands.js'
+import type { Subscriptions } from './pubsub.js'
 
 /**
  * RESP2, the Redis serialization protocol, as a nyala `ServerProtocol`.
@@ -198,12 +199,15 @@ export function parseInteger (buf: Uint8Array, start: number, end: number): numb
 
 /**
  * What a connection's requests share: CLIENT SETNAME's name, an id for
- * HELLO and CLIENT ID. One per connection, made by the protocol's
- * `connectionState`; handlers see it as `ctx.connectionState`.
+ * HELLO and CLIENT ID, and its Pub/Sub subscriptions. One per connection,
+ * made by the protocol's `connectionState`; handlers see it as
+ * `ctx.connectionState`.
  */
 export class ConnectionState {
   readonly id: number
   name = ''
+  /** The channels and patterns it is subscribed to (pubsub.ts); null when none: then it is not in subscribed mode. */
+  subscriptions: Subscriptions | null = null
   constructor (id: number) {
     this.id = id
   }
@@ -410,6 +414,9 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
     encodedLength: (_call, reply) => replyLength(reply),
     encodeInto: (_call, reply, out, at) => { writeReply(reply, out, at) },
     encodeSlices: (_call, reply) => replySlices(reply),
+    // Pushes (Pub/Sub messages) and the parts of a streamed answer (SUBSCRIBE's confirmations but the last) are replies too.
+    encodePush: (message: unknown) => replyBytes(message as Reply),
+    encodePart: (_call, part: unknown) => replyBytes(part as Reply),
 
     // Redis's words for a protocol error; anything else (a frame over the limit) closes without a reply.
     protocolError: (error: RpcError): AnswerSlices =>
@@ -745,6 +752,15 @@ export function replySlices (reply: Reply): Uint8Array[] {
   const head = Buffer.allocUnsafe(3 + digitsOf(value.length))
   writeHeader(head, 0, DOLLAR, value.length)
   return [head, value, CRLF]
+}
+
+/** A reply as the buffers to send: one, or a large bulk string's slices (its bytes not copied). */
+export function replyBytes (reply: Reply): Uint8Array[] {
+  const length = replyLength(reply)
+  if (length < 0) return replySlices(reply)
+  const out = Buffer.allocUnsafe(length)
+  writeReply(reply, out, 0)
+  return [out]
 }
 
 /** A whole reply as one buffer (tests, and replies kept for later). */
