@@ -19,7 +19,7 @@
  * when any scenario fails.
  *
  * Scenarios: stalled-partial, big-partials, connection-flood, slow-readers,
- * shutdown-nonreader, stuck-sleeps, long-username.
+ * shutdown-nonreader, stuck-sleeps, long-username, tiny-answers.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
@@ -944,6 +944,55 @@ async function longUsername (run: Run): Promise<void> {
     long.error?.code === ErrorCode.NEGOTIATION_FAILED && long.error.remote?.code === KrpcCode.FATAL_UNAUTHORIZED)
 }
 
+
+// 8. Tiny pipelined answers to clients that never read: each costs its wire
+// bytes in the server (not a buffer and a transfer of its own), so the
+// outbound budgets bound the heap whatever the answer size.
+async function tinyAnswers (run: Run): Promise<void> {
+  const server = await run.server([], { metrics: true })
+  const before = memoryFigure(run, 'server memory before', memoryOf(server.pid))
+  const sampler = new RssSampler(server.pid)
+  const clients = 10
+  const callsEach = 500_000
+  const batch = 1000
+  const { ok } = await openNegotiated(run, server.port, clients, clients, 5000)
+  for (const p of ok) p.stopReading()
+  // Ids repeat batch by batch: each Add is answered (out of the in-flight table) before its id comes again.
+  const frames = Buffer.concat(Array.from({ length: batch }, (_, i) => addFrame(i + 1)))
+  run.figure('non-reading clients', `${ok.length} negotiated, then paused; each pipelines ${callsEach} Add calls (${Math.round(frames.length / batch)} bytes each) in batches of ${batch}`)
+  const start = now()
+  let lastProgress = now()
+  const written = new Map<RawPeer, number>()
+  await Promise.all(ok.map(async (peer) => {
+    let n = 0
+    for (let i = 0; i < callsEach / batch && now() - start < 60_000; i++) {
+      if (!await peer.write(frames)) break
+      n += batch
+      lastProgress = now()
+    }
+    written.set(peer, n)
+  }))
+  // The server works through what the kernel holds: wait until its handled count stops moving (5 s at most).
+  let handled = -1
+  for (let i = 0; i < 50 && now() - lastProgress < 30_000; i++) {
+    await sleep(100)
+    const metrics = await scrapeMetrics(server)
+    const count = Number(counter(metrics, 'nyala_calls_handled_total', 'method="Add"'))
+    if (count === handled) break
+    handled = count
+  }
+  const peak = Math.max(sampler.stop(), memoryOf(server.pid)?.hwm ?? 0)
+  const counts = ok.map(p => written.get(p) ?? 0)
+  run.figure('Add calls written by the clients', `${counts.reduce((a, b) => a + b, 0)} in all, in ${ms(now() - start)}`)
+  run.figure('Add answers made by the server', `${handled}`)
+  run.figure('non-reading clients closed by the server', `${ok.filter(p => p.closedByServer).length} of ${ok.length}`)
+  run.figure('server peak RSS', `${mib(peak)} MiB (rise ${mib(peak - before.rss)} MiB; 481 MiB at 6326a84, before answers were encoded in place while backed up)`)
+  // What the answers may hold: the outbound budget (512 MiB) is far above their bytes here, so the rise must be about those bytes.
+  const answerBytes = Math.max(0, handled) * 20
+  const bound = before.rss + answerBytes * 2 + 150 * MiB
+  run.check('server peak RSS', `< ${mib(bound)} MiB (before + 2 x the answers' wire bytes + 150)`, `${mib(peak)} MiB`, peak < bound)
+}
+
 const SCENARIOS: readonly Scenario[] = [
   { name: 'stalled-partial', summary: '200 connections stopped inside a frame, --idle-timeout-ms 4000', timeoutMs: 60_000, run: stalledPartial },
   { name: 'big-partials', summary: '30 connections each sending 40 MiB of a 50 MiB frame', timeoutMs: 120_000, run: bigPartials },
@@ -951,7 +1000,8 @@ const SCENARIOS: readonly Scenario[] = [
   { name: 'slow-readers', summary: '20 non-reading clients pipelining 1 MiB Echo calls', timeoutMs: 90_000, run: slowReaders },
   { name: 'shutdown-nonreader', summary: 'SIGTERM with ~20 MiB of answers queued to a client that does not read, --shutdown-grace-ms 3000', timeoutMs: 60_000, run: shutdownNonreader },
   { name: 'stuck-sleeps', summary: '10 Sleep(20 s) with 100 ms timeouts on a connection closed at 0.3 s, then a good Add', timeoutMs: 30_000, run: stuckSleeps },
-  { name: 'long-username', summary: 'SASL PLAIN with a 40 MiB user name; a Client with a 300-byte user', timeoutMs: 60_000, run: longUsername }
+  { name: 'long-username', summary: 'SASL PLAIN with a 40 MiB user name; a Client with a 300-byte user', timeoutMs: 60_000, run: longUsername },
+  { name: 'tiny-answers', summary: '10 non-reading clients pipelining 500 k Add calls each', timeoutMs: 120_000, run: tinyAnswers }
 ]
 
 async function runScenario (scenario: Scenario, print: (line: string) => void): Promise<ScenarioResult> {
