@@ -250,6 +250,13 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * RESP, line protocols); a request answered with no bytes keeps its place.
    */
   readonly ordering: 'id' | 'in-order'
+  /**
+   * With `'id'` ordering, a request whose id is already in flight on its
+   * connection: `'close'` (default) takes it for a broken peer and closes
+   * the connection; `'allow'` runs it too and answers both, each with its
+   * id (DNS over TCP lets a client repeat an id, RFC 7766).
+   */
+  readonly duplicateIds?: 'close' | 'allow'
   /** The largest frame accepted; the server's `maxMessageBytes` option overrides it. Default 50 MiB. */
   readonly maxFrameBytes?: number
   /**

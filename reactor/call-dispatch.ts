@@ -79,6 +79,8 @@ export interface DispatchHost {
   readonly connections: Iterable<ServerConnection>
   /** A call was answered; the server may be drained. */
   answered: () => void
+  /** A peer sent bytes the protocol refused: logged as a warning, at most one line per interval (peers choose how often). */
+  badData: (remoteAddress: string, why: string, code: string) => void
 }
 
 interface RouteGroup {
@@ -130,6 +132,9 @@ export class CallDispatch {
   readonly #host: DispatchHost
   readonly #clock: Clock
   readonly #inOrder: boolean
+  // Calls in flight are keyed by the connection's seq, not the call id: in
+  // order, and by id when the protocol allows an id already in flight.
+  readonly #bySeq: boolean
   readonly #head = new CallHead()
   readonly #groups = new Map<string, RouteGroup>()
   /** Calls whose connection closed while their handler ran (abandonment watches them). */
@@ -165,6 +170,9 @@ export class CallDispatch {
     this.#host = host
     this.#clock = host.clock
     this.#inOrder = protocol.ordering === 'in-order'
+    const duplicateIds = protocol.duplicateIds ?? 'close'
+    if (duplicateIds !== 'close' && duplicateIds !== 'allow') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: duplicateIds must be 'close' or 'allow', got ${String(duplicateIds)}`)
+    this.#bySeq = this.#inOrder || duplicateIds === 'allow'
   }
 
   /** Registers a group of routes; see `ProtocolServer.addRoutes`. */
@@ -318,7 +326,8 @@ export class CallDispatch {
     if (malformed !== null) return this.#protocolError(sc, malformed)
     if (head.skip) return true
     const inOrder = this.#inOrder
-    const seq = inOrder ? sc.nextSeq++ : -1
+    const bySeq = this.#bySeq
+    const seq = bySeq ? sc.nextSeq++ : -1
     // The in-flight table takes 32-bit keys: an in-order seq wraps there
     // (2^32 requests would have to be in flight to collide), an id must be
     // an integer of 32 bits, signed or not (a u32 maps one to one).
@@ -326,8 +335,8 @@ export class CallDispatch {
     if (!inOrder && !(Number.isInteger(callId) && callId >= -0x80000000 && callId <= 0xffffffff)) {
       return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `call id ${callId} is not a 32-bit integer`))
     }
-    const key = inOrder ? seq | 0 : callId | 0
-    if (!inOrder && sc.inFlight.has(key)) return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `received duplicate call id ${callId}`))
+    const key = bySeq ? seq | 0 : callId | 0
+    if (!bySeq && sc.inFlight.has(key)) return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `received duplicate call id ${callId}`))
     const host = this.#host
     host.stats.callsReceived++
 
@@ -434,7 +443,7 @@ export class CallDispatch {
     this.#host.stats.badFrames++
     sc.badFrame = true
     // The peer is told in its protocol's words: a client's mistake, not the server's trouble.
-    this.#host.log.info(`received bad data from ${sc.remoteAddress}: ${error.message}; answered, closing the connection`, { remoteAddress: sc.remoteAddress, protocol: this.#protocol.name, code: error.code })
+    this.#host.badData(sc.remoteAddress, `${error.message}; answered, closing the connection`, error.code)
     if (this.#inOrder) {
       const seq = sc.nextSeq++
       sc.requestClose(seq)
@@ -457,7 +466,7 @@ export class CallDispatch {
     // answers to the frames before it, already queued, still go out).
     this.#host.stats.badFrames++
     sc.badFrame = true
-    this.#host.log.warn(`received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`)
+    this.#host.badData(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
     sc.connection.flushAndDestroy(error.code === ErrorCode.MALFORMED_FRAME || error.code === ErrorCode.FRAME_TOO_LARGE ? error : new RpcError(ErrorCode.MALFORMED_FRAME, error.message, { cause: error }))
     return false
   }
@@ -702,7 +711,7 @@ export class CallDispatch {
     call.owner = null
     if (sc === null) return undefined
     if (this.#orphans.size > 0) this.#orphans.delete(call)
-    sc.inFlight.delete(this.#inOrder ? call.seq | 0 : call.callId | 0)
+    sc.inFlight.delete(this.#bySeq ? call.seq | 0 : call.callId | 0)
     // By id, a connection asked to close waits for its last call (answered just after this).
     if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => this.#endWithLastWords(sc))
     return sc.connection.isClosed ? undefined : sc

@@ -350,7 +350,10 @@ export class ProtocolServer {
       },
       isReady: () => this.#ready,
       connections: this.#connections,
-      answered: () => this.#maybeDrained()
+      answered: () => this.#maybeDrained(),
+      badData: (remote, why, code) => {
+        this.#logBadData.log(this.#warn, () => `received bad data from ${remote}: ${why}`, () => ({ protocol: protocol.name, remote, code }))
+      }
     }
     this.#dispatch = new CallDispatch(protocol, host)
     // Paused on accept: nothing is read before #onAccept moves the socket to
