@@ -75,6 +75,14 @@ export interface PushInfo {
   readonly endpoint: string
 }
 
+/** A connection that was set up has closed (`ProtocolClient.onConnectionClose`). */
+export interface ConnectionCloseInfo {
+  /** The connection's endpoint, `host:port`. */
+  readonly endpoint: string
+  /** Why: the peer closed it, it broke, or the client closed. */
+  readonly error: RpcError
+}
+
 export interface ProtocolPushOptions {
   /**
    * Pushes held for an iterator that is not reading; default 1024. Past it
@@ -314,6 +322,7 @@ export class ProtocolClient<Req, Res> {
   readonly #maxStreamParts: number
   /** The push handlers, replaced (never changed) when one is added or removed, so that a handler may remove itself. */
   #pushHandlers: ReadonlyArray<(push: unknown, info: PushInfo) => void> = []
+  #closeHandlers: ReadonlyArray<(info: ConnectionCloseInfo) => void> = []
   readonly #pushIterators = new Set<PushIterator>()
   readonly #pushCounts = { received: 0, dropped: 0 }
   readonly #log: Required<Logger>
@@ -404,6 +413,21 @@ export class ProtocolClient<Req, Res> {
    * is reported to the logger and the others still run. Returns the
    * function that removes the handler.
    */
+  /**
+   * Calls `handler({ endpoint, error })` when a connection that was set up
+   * closes, for whatever reason: what a push consumer needs to know that
+   * the pushes of that connection (a subscription) have stopped, since the
+   * client opens a new connection for the next call without them. Returns
+   * a function that removes the handler; a handler that throws is logged,
+   * as a push handler's throw is.
+   */
+  onConnectionClose (handler: (info: ConnectionCloseInfo) => void): () => void {
+    if (typeof handler !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'onConnectionClose needs a function')
+    const entry = (info: ConnectionCloseInfo): void => handler(info)
+    this.#closeHandlers = [...this.#closeHandlers, entry]
+    return () => { this.#closeHandlers = this.#closeHandlers.filter((h) => h !== entry) }
+  }
+
   onPush (handler: (push: unknown, info: PushInfo) => void): () => void {
     if (typeof handler !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'onPush needs a function')
     // A wrapper of its own, so that the same function added twice is removed once per remover.
@@ -814,6 +838,16 @@ export class ProtocolClient<Req, Res> {
     cc.quiet.clear()
     for (const call of calls) this.#fail(call, error)
     cc.connection.destroy(error)
+    if (cc.ready && this.#closeHandlers.length > 0) {
+      const info: ConnectionCloseInfo = { endpoint: cc.key, error }
+      for (const handler of this.#closeHandlers) {
+        try {
+          handler(info)
+        } catch (err) {
+          this.#logPushHandler.log((m, f) => this.#log.warn(m, f), () => `a connection-close handler threw: ${(err as Error)?.message ?? String(err)}`, () => ({ endpoint: cc.key }))
+        }
+      }
+    }
   }
 
   // One answer frame (or push): match it to its call and settle that.

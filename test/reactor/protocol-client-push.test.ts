@@ -159,3 +159,25 @@ t.test('onPush with a non-function throws', async (t) => {
   const error = await c.close().then(() => c.call({ route: 'echo' })).catch((e: unknown) => e as RpcError)
   t.equal((error as RpcError).code, ErrorCode.CLIENT_CLOSED)
 })
+
+t.test('onConnectionClose tells a push consumer that its connection went, once per connection', async (t) => {
+  const sockets: import('node:net').Socket[] = []
+  const { port } = await lineServer(t, (line, socket) => {
+    sockets.push(socket)
+    return `${line.slice(line.indexOf(' ') + 1)}\n`
+  })
+  const c = toyClient(t, pushLinesProtocol(), port)
+  const closes: Array<{ endpoint: string, code: string }> = []
+  const off = c.onConnectionClose(({ endpoint, error }) => { closes.push({ endpoint, code: error.code }) })
+  c.onConnectionClose(() => { throw new Error('a throwing handler changes nothing') })
+  t.equal(await c.call({ route: 'echo', payload: 'a' }), 'a')
+  sockets[0]!.destroy()
+  await until(() => closes.length === 1, 'the close')
+  t.same(closes, [{ endpoint: `127.0.0.1:${port}`, code: ErrorCode.CONNECTION_CLOSED }])
+  t.equal(await c.call({ route: 'echo', payload: 'b' }), 'b', 'the next call opens a new connection')
+  off()
+  sockets[1]!.destroy()
+  await new Promise(resolve => setTimeout(resolve, 50))
+  t.equal(closes.length, 1, 'a removed handler hears nothing')
+  t.throws(() => c.onConnectionClose('x' as never), { code: ErrorCode.INVALID_ARGUMENT })
+})
