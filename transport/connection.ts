@@ -439,7 +439,9 @@ export class Connection {
       this.stopReading()
       return
     }
-    this.destroy(error)
+    // The answers to the frames before the bad bytes (queued while this read
+    // was handled) still go out, as for a frame the owner refuses.
+    this.flushAndDestroy(error)
   }
 
   // Tells the inbound budget what the decoder holds now (it may close this connection, or another).
