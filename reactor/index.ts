@@ -33,3 +33,5 @@ export { ProtoSchema, type Message, type MessageType, type MethodDef, type Metho
 export { ExponentialBackoff, LinearBackoff, RetryBudget, type Backoff, type ExponentialBackoffOptions, type Jitter, type LinearBackoffOptions, type RetryBudgetOptions, type RetryBudgetStats } from '../scheduling/retry.js'
 export { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 export type { QueueDiscipline } from '../scheduling/service-queue.js'
+export { simpleClientProtocol, simpleProtocol, type SimpleCall, type SimpleClientProtocolOptions, type SimpleFrame, type SimpleProtocolOptions } from '../codec/simple-protocol.js'
+export { lengthField, lines, type FramePayload, type LengthFieldFraming, type LengthFieldOptions, type LineFraming, type LinesOptions, type PayloadFraming } from '../codec/framings.js'

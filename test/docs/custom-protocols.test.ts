@@ -58,3 +58,33 @@ t.test('the README\'s custom-protocol example runs too', async (t) => {
   child.kill('SIGTERM')
   await once(child, 'exit')
 })
+
+t.test('the simpleProtocol example runs and answers as the doc says', async (t) => {
+  const section = doc.slice(doc.indexOf('## The short way: simpleProtocol'))
+  const code = /```ts\n([\s\S]*?)```/.exec(section)![1]!
+  t.ok(code.split('\n').length <= 30, `the example is ${code.split('\n').length} lines`)
+  t.same([...code.matchAll(/from '([^']+)'/g)].map(m => m[1]), ['nyala'], 'it imports only nyala')
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-doc-simple-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const file = join(dir, 'kv-bin.mts')
+  writeFileSync(file, code.replace("from 'nyala'", `from ${JSON.stringify(entry)}`))
+  const { child, port } = await startListening(t, file, [], { ...process.env, PORT: '0' })
+  const socket = connect(port, '127.0.0.1')
+  await once(socket, 'connect')
+  let received = Buffer.alloc(0)
+  socket.on('data', (d: Buffer) => { received = Buffer.concat([received, d]) })
+  const frame = (body: Buffer): Buffer => Buffer.concat([Buffer.from([0, 0, 0, body.length]), body])
+  socket.write(Buffer.concat([frame(Buffer.from('\x01greeting\0hello')), frame(Buffer.from('\x00greeting')), frame(Buffer.from([7]))]))
+  const answers = (): string[] => {
+    const out: string[] = []
+    for (let at = 0; at + 4 <= received.length && at + 4 + received.readUInt32BE(at) <= received.length; at += 4 + received.readUInt32BE(at)) {
+      out.push(`${received[at + 4]} ${received.toString('utf8', at + 5, at + 4 + received.readUInt32BE(at))}`)
+    }
+    return out
+  }
+  for (let i = 0; i < 400 && answers().length < 3; i++) await new Promise(resolve => setTimeout(resolve, 5))
+  socket.destroy()
+  t.same(answers(), ['0 OK', '0 hello', '1 no-method: call on service kv received with an invalid method name: op-7'], 'the answers the doc describes')
+  child.kill('SIGTERM')
+  await once(child, 'exit')
+})
