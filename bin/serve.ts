@@ -24,6 +24,7 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
               [--max-connections N] [--max-negotiating-connections 1000]
               [--max-negotiation-bytes N] [--abandon-after-ms 5000]
               [--shutdown-grace-ms 30000] [--burst-limit 4096]
+              [--min-frame-rate 1000] [--slow-frame-grace-ms 10000]
               [--tls-cert FILE --tls-key FILE] [--tls-ca FILE] [--require-tls]
               [--require-client-cert] [--encrypt-loopback] [--password-file FILE]
       Serves the demo service nyala.demo.CalculatorService. Prints
@@ -51,7 +52,9 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       reserve) and --max-negotiating-connections bound connections; a
       negotiation frame is at most --max-negotiation-bytes (1 MiB); a
       handler still running --abandon-after-ms past its deadline gives its
-      worker back; SIGTERM waits at most --shutdown-grace-ms for calls and
+      worker back; a frame in progress arriving below --min-frame-rate
+      bytes/s is closed past --slow-frame-grace-ms, and at the connection
+      limit makes room for a newcomer after 1 s (0 disables); SIGTERM waits at most --shutdown-grace-ms for calls and
       flushes, then closes every connection.
       Security (docs/security.md): --tls-cert and --tls-key offer TLS inside
       negotiation, as Kudu does; --tls-ca is the CA that signs client
@@ -91,6 +94,8 @@ export async function serve (args: string[]): Promise<number> {
       'abandon-after-ms': { type: 'string' },
       'shutdown-grace-ms': { type: 'string' },
       'burst-limit': { type: 'string' },
+      'min-frame-rate': { type: 'string' },
+      'slow-frame-grace-ms': { type: 'string' },
       'tls-cert': { type: 'string' },
       'tls-key': { type: 'string' },
       'tls-ca': { type: 'string' },
@@ -112,7 +117,9 @@ export async function serve (args: string[]): Promise<number> {
     maxNegotiatingConnections: 'max-negotiating-connections',
     maxNegotiationBytes: 'max-negotiation-bytes',
     abandonAfterMs: 'abandon-after-ms',
-    burstLimit: 'burst-limit'
+    burstLimit: 'burst-limit',
+    minFrameBytesPerSecond: 'min-frame-rate',
+    slowFrameGraceMs: 'slow-frame-grace-ms'
   } as const
   for (const [option, flag] of Object.entries(limitFlags) as Array<[keyof typeof limitFlags, typeof limitFlags[keyof typeof limitFlags]]>) {
     const value = intOption(values[flag], flag)

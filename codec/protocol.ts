@@ -238,7 +238,7 @@ export interface ConnectionHandle {
  * A protocol, as the generic server sees it. `Req` is what handlers get,
  * `Res` what they return.
  */
-export interface ServerProtocol<Req = unknown, Res = unknown> {
+export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
   /** A short name for logs and metrics (`krpc`, `memcached`). */
   readonly name: string
   /** Where frames end: a length field (`Framing`) or a scan (`ScanFraming`). */
@@ -271,7 +271,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * `connection` is the connection's handle (`ctx.connection`), which the
    * state may keep to push to it later.
    */
-  connectionState?: (remoteAddress: string, connection: ConnectionHandle) => unknown
+  connectionState?: (remoteAddress: string, connection: ConnectionHandle) => State
   /**
    * Reads the head of the frame `buf[start, end)` into `head`. Return null
    * to go on, or an error to close the connection (the stream can no
@@ -279,7 +279,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * answer it first). `state` is the connection's `connectionState`
    * (undefined without one). Must not throw.
    */
-  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead, state?: unknown) => RpcError | null
+  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead, state?: State) => RpcError | null
   /**
    * The protocol's words for a stream it cannot go on reading: the framing's
    * scan or `decodeHead` returned `error`. The answer's bytes are sent after
@@ -289,7 +289,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown> {
    * without a reply (the earlier answers still go out). RESP answers
    * `-ERR Protocol error: ...` this way. Must not throw.
    */
-  protocolError?: (error: RpcError, state: unknown) => AnswerSlices
+  protocolError?: (error: RpcError, state: State) => AnswerSlices
   /**
    * Decodes the body the head pointed at, for the route it named. What it
    * returns is the handler's request; `InvalidRequest` is answered with the

@@ -9,11 +9,20 @@
  * there is none, the newcomer is refused at once. Connections still
  * negotiating have a smaller limit of their own; past it the oldest of them
  * (the one that has had the longest to finish) makes room.
+ *
+ * A connection that is never idle but trickles a frame (a byte every few
+ * hundred ms, as slowloris does) is no better than an idle one: once its
+ * frame in progress has been arriving for `MIN_EVICTABLE_IDLE_MS` below
+ * the minimum rate, it makes room too (`slowestFrame`).
  */
 import { readFileSync, readdir } from 'node:fs'
 
 /** An established connection may be closed for a newcomer only after this long without activity. */
 export const MIN_EVICTABLE_IDLE_MS = 1000
+/** The default minimum rate of a frame in progress, bytes per second (8 kbit/s: below any real network, far above a slowloris drip). */
+export const DEFAULT_MIN_FRAME_BYTES_PER_SECOND = 1000
+/** The default time a frame in progress may take before the minimum rate applies to it in the idle scan. */
+export const DEFAULT_SLOW_FRAME_GRACE_MS = 10_000
 /** The default limit on connections still negotiating. */
 export const DEFAULT_MAX_NEGOTIATING_CONNECTIONS = 1000
 /** Without a readable descriptor limit (not Linux), the default connection limit. */
@@ -83,6 +92,43 @@ export function longestIdle<T extends AdmissionCandidate> (candidates: Iterable<
   for (const c of candidates) {
     if (!c.quiet || now - c.idleSince < MIN_EVICTABLE_IDLE_MS) continue
     if (best === null || c.idleSince < best.idleSince) best = c
+  }
+  return best
+}
+
+/**
+ * A frame in progress is slow when it has been arriving for more than
+ * `graceMs` and holds fewer than `minBytesPerSecond` bytes for every
+ * second past the grace (mod_reqtimeout's MinRate: the grace, then one
+ * second more per `minBytesPerSecond` bytes received). Never with a rate of 0.
+ */
+export function isSlowFrame (bytes: number, arrivingMs: number, graceMs: number, minBytesPerSecond: number): boolean {
+  return minBytesPerSecond > 0 && arrivingMs > graceMs && bytes * 1000 < minBytesPerSecond * (arrivingMs - graceMs)
+}
+
+/** What admission knows of a frame in progress: its bytes so far, and how long it has been seen arriving. */
+export interface FrameProgress {
+  readonly bytes: number
+  readonly arrivingMs: number
+}
+
+/**
+ * Of the candidates whose frame in progress is slow after
+ * `MIN_EVICTABLE_IDLE_MS` (`progress` gives null for one that has none, or
+ * may not be closed), the one receiving it slowest; null when there is none.
+ */
+export function slowestFrame<T> (candidates: Iterable<T>, progress: (c: T) => FrameProgress | null, minBytesPerSecond: number): T | null {
+  if (!(minBytesPerSecond > 0)) return null
+  let best: T | null = null
+  let bestRate = Infinity
+  for (const c of candidates) {
+    const p = progress(c)
+    if (p === null || !isSlowFrame(p.bytes, p.arrivingMs, MIN_EVICTABLE_IDLE_MS, minBytesPerSecond)) continue
+    const rate = p.bytes / p.arrivingMs
+    if (rate < bestRate) {
+      best = c
+      bestRate = rate
+    }
   }
   return best
 }

@@ -12,15 +12,15 @@ import type { ServerConnection } from './server-connection.js'
 export type { Handler } from './filters.js'
 
 /** A route with something the protocol needs to know about it (KRPC: the method's message types). */
-export interface RouteDefinition<Req = unknown, Res = unknown> {
-  handler: Handler<Req, Res>
+export interface RouteDefinition<Req = unknown, Res = unknown, State = unknown> {
+  handler: Handler<Req, Res, State>
   /** Handed to the protocol's `decodeRequest` and kept on the route (`RouteInfo.spec`). */
   spec?: unknown
 }
 
 /** The routes of one group, by name: a handler, or a handler with its spec. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type RouteHandlers = Record<string, Handler<any, any> | RouteDefinition<any, any>>
+export type RouteHandlers<Req = any, Res = any, State = any> = Record<string, Handler<Req, Res, State> | RouteDefinition<Req, Res, State>>
 
 /**
  * Runs a group's calls somewhere other than the event loop (KRPC's worker
@@ -39,7 +39,7 @@ export interface CallExecutor {
 }
 
 /** Options of a group of routes (`addRoutes`); unset ones come from the server's options. */
-export interface RouteGroupOptions {
+export interface RouteGroupOptions<Req = any, Res = any, State = any> {
   /** Workers (concurrent handlers) of the group; default 10. */
   workers?: number
   /** Bound of the group's queue; default 50. */
@@ -55,7 +55,7 @@ export interface RouteGroupOptions {
   /** The call objects' constructor (a protocol's subclass of InboundCall). */
   callType?: CallConstructor
   /** Filters around this group's handlers, inside the server's own (`ProtocolServer.use`); the first is outermost. */
-  filters?: Filter[]
+  filters?: Array<Filter<Req, Res, State>>
 }
 
 /**

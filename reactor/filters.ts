@@ -1,8 +1,15 @@
 import type { RefusalReason } from '../codec/protocol.js'
 import type { CallContext } from './inbound-call.js'
 
-/** A route's implementation: the answer, or a promise of it; a throw is answered as the refusal `failed`. */
-export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promise<Res>
+/**
+ * A route's implementation: the answer, or a promise of it; a throw is
+ * answered as the refusal `failed`. `State` is the protocol's connection
+ * state (`ctx.connectionState`). Declared as a method's type, so that a
+ * route may take a narrower request than the protocol's union (memcached's
+ * GET handler a `GetRequest`); a handler whose request or answer has nothing
+ * in common with the protocol's still fails to compile.
+ */
+export type Handler<Req, Res, State = unknown> = { bivariant (request: Req, ctx: CallContext<State>): Res | Promise<Res> }['bivariant']
 
 /**
  * Wraps the handlers of a server (`server.use`) or of a group
@@ -16,7 +23,7 @@ export type Handler<Req, Res> = (request: Req, ctx: CallContext) => Res | Promis
  * turn). A filter that throws is answered as its handler's throw would be.
  */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type Filter<Req = any, Res = any> = (request: Req, ctx: CallContext, next: Handler<Req, Res>) => Res | Promise<Res>
+export type Filter<Req = any, Res = any, State = any> = (request: Req, ctx: CallContext<State>, next: Handler<Req, Res, State>) => Res | Promise<Res>
 
 /** `filters` around `handler`, the first outermost. */
 // eslint-disable-next-line @typescript-eslint/no-explicit-any

@@ -4,7 +4,7 @@ import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import type { MethodMetrics } from './metrics.js'
 
 /** What a handler sees of its call, whatever the protocol. */
-export interface CallContext {
+export interface CallContext<State = unknown> {
   /** The route's group (KRPC: `package.Service`) and the route within it (KRPC: the method). */
   readonly service: string
   readonly method: string
@@ -28,7 +28,7 @@ export interface CallContext {
   /** Closes the connection once this call's answer (or its silence) has been written, and reads no request after it (memcached's QUIT). */
   closeConnection: () => void
   /** The protocol's own state of the connection (`ServerProtocol.connectionState`; RESP: the client's name); undefined without one. */
-  readonly connectionState: unknown
+  readonly connectionState: State
   /** The call's connection, for pushes, closing and flow control; it may be kept after the call (see `ConnectionHandle`). */
   readonly connection: ConnectionHandle
   /**

@@ -151,6 +151,8 @@ export interface LimitCounters {
   pushHardLimitClosed: number
   /** Connections closed for unsent bytes over the soft push limit for `pushOutputLimit.softMs`. */
   pushSoftLimitClosed: number
+  /** Connections closed because their frame in progress arrived below `minFrameBytesPerSecond`: by the scan past `slowFrameGraceMs`, or for a newcomer at `maxConnections` (those count in `connectionsEvicted` too). */
+  slowFramesClosed: number
 }
 
 const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
@@ -165,7 +167,8 @@ const LIMIT_COUNTERS: ReadonlyArray<[keyof LimitCounters, string, string]> = [
   ['descriptorsExhausted', 'nyala_descriptors_exhausted_total', 'Scans that found the process at its file descriptor limit (new connections are then dropped by libuv unseen).'],
   ['pushesSent', 'nyala_pushes_sent_total', 'Messages pushed to connections (one per member of a group send).'],
   ['pushHardLimitClosed', 'nyala_connections_push_hard_limit_closed_total', 'Connections closed at once for unsent pushed bytes over the hard limit.'],
-  ['pushSoftLimitClosed', 'nyala_connections_push_soft_limit_closed_total', 'Connections closed for unsent pushed bytes over the soft limit for its whole period.']
+  ['pushSoftLimitClosed', 'nyala_connections_push_soft_limit_closed_total', 'Connections closed for unsent pushed bytes over the soft limit for its whole period.'],
+  ['slowFramesClosed', 'nyala_connections_slow_frame_closed_total', 'Connections closed because their frame in progress arrived below the minimum rate (by the scan, or for a newcomer at the connection limit).']
 ]
 
 /** All metrics of one server. */

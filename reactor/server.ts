@@ -17,7 +17,7 @@ import { RateLimitedLog, resolveLogger, type LogFields, type Logger } from './lo
 import { ServerConnection } from './server-connection.js'
 import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
 import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
-import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, longestIdle } from './admission.js'
+import { DEFAULT_MAX_NEGOTIATING_CONNECTIONS, DEFAULT_MIN_FRAME_BYTES_PER_SECOND, DEFAULT_SLOW_FRAME_GRACE_MS, MIN_EVICTABLE_IDLE_MS, countOpenDescriptors, defaultMaxConnections, descriptorLimit, isSlowFrame, longestIdle, slowestFrame, type FrameProgress } from './admission.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -45,6 +45,19 @@ export interface ServerOptions {
    * sending inside a frame is idle and meets `idleTimeoutMs` first.
    */
   frameTimeoutMs?: number
+  /**
+   * The slowest a frame in progress may arrive, in bytes per second
+   * (default 1000; 0 disables): a peer that trickles a frame (slowloris)
+   * is never idle, yet holds a connection for the whole `frameTimeoutMs`.
+   * A frame that has been arriving for more than `slowFrameGraceMs` with
+   * fewer than this many bytes per second past the grace is closed by the
+   * idle scan; at `maxConnections`, one that has after only 1 s makes room
+   * for a newcomer (as an idle connection does). Time the server is not
+   * reading the connection (the outbound budget, `pauseReading`) does not count.
+   */
+  minFrameBytesPerSecond?: number
+  /** How long a frame in progress may take before `minFrameBytesPerSecond` closes it; default 10 000 ms. */
+  slowFrameGraceMs?: number
   /**
    * Budget for bytes held in incomplete inbound frames over all connections
    * of this server (default 256 MiB): past it, the connection holding the
@@ -213,7 +226,7 @@ const RETIRED_BUSY_LIMIT_MS = 5000
  * closes connections that are idle, too slow, too old or broken. KRPC's
  * `Server` is this server with the KRPC protocol and services.
  */
-export class ProtocolServer {
+export class ProtocolServer<Req = any, Res = any, State = any> { // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly #protocol: ServerProtocol
   readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
   readonly #clock: Clock
@@ -238,6 +251,10 @@ export class ProtocolServer {
   readonly #logNegotiationFailed: RateLimitedLog
   readonly #logBadData: RateLimitedLog
   readonly #logFrameTimeout: RateLimitedLog
+  readonly #logSlowFrame: RateLimitedLog
+  /** `minFrameBytesPerSecond` (0: off) and `slowFrameGraceMs`, resolved. */
+  readonly #minFrameRate: number
+  readonly #slowFrameGraceMs: number
   // Called on the logger, so a class-based logger keeps its `this`.
   readonly #warn = (message: string, fields?: LogFields): void => { this.#log.warn(message, fields) }
   readonly #error = (message: string, fields?: LogFields): void => { this.#log.error(message, fields) }
@@ -253,7 +270,7 @@ export class ProtocolServer {
   #stats = {
     connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
     frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0,
-    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0, pushesSent: 0, pushHardLimitClosed: 0, pushSoftLimitClosed: 0
+    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0, pushesSent: 0, pushHardLimitClosed: 0, pushSoftLimitClosed: 0, slowFramesClosed: 0
   }
   readonly #pushLimit: PushOutputLimit
   readonly #pushHost: PushHost
@@ -269,8 +286,13 @@ export class ProtocolServer {
   readonly #secureContext: SecureContext | null = null
   #logTlsFailed: RateLimitedLog | null = null
 
-  constructor (protocol: ServerProtocol<any, any>, options: ServerOptions = {}) { // eslint-disable-line @typescript-eslint/no-explicit-any
-    this.#protocol = protocol
+  /**
+   * The server's types follow the protocol's: `addRoutes` takes handlers
+   * of `ServerProtocol<Req, Res, State>`'s request and answer, and their
+   * `ctx.connectionState` is its `State`.
+   */
+  constructor (protocol: ServerProtocol<Req, Res, State>, options: ServerOptions = {}) {
+    this.#protocol = protocol as ServerProtocol
     this.#options = {
       ...options,
       maxMessageBytes: options.maxMessageBytes ?? protocol.maxFrameBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
@@ -292,6 +314,9 @@ export class ProtocolServer {
     this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#logFrameTimeout = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logSlowFrame = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#minFrameRate = nonNegative(options.minFrameBytesPerSecond ?? DEFAULT_MIN_FRAME_BYTES_PER_SECOND, 'minFrameBytesPerSecond')
+    this.#slowFrameGraceMs = nonNegative(options.slowFrameGraceMs ?? DEFAULT_SLOW_FRAME_GRACE_MS, 'slowFrameGraceMs')
     this.#logPushLimit = new RateLimitedLog(LOG_INTERVAL_MS, now)
     this.#pushLimit = new PushOutputLimit(options.pushOutputLimit)
     const highBytes = options.writeWatermarks?.highBytes ?? DEFAULT_HIGH_WATERMARK_BYTES
@@ -300,7 +325,7 @@ export class ProtocolServer {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `writeWatermarks needs integers 0 <= lowBytes <= highBytes, got ${lowBytes} and ${highBytes}`)
     }
     this.#pushHost = {
-      protocol,
+      protocol: this.#protocol,
       highBytes,
       lowBytes,
       push: (sc, slices, bytes) => this.#push(sc, slices, bytes),
@@ -355,7 +380,7 @@ export class ProtocolServer {
         this.#logBadData.log(this.#warn, () => `received bad data from ${remote}: ${why}`, () => ({ protocol: protocol.name, remote, code }))
       }
     }
-    this.#dispatch = new CallDispatch(protocol, host)
+    this.#dispatch = new CallDispatch(this.#protocol, host)
     // Paused on accept: nothing is read before #onAccept moves the socket to
     // a SocketReader (see readThrough).
     this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
@@ -384,8 +409,8 @@ export class ProtocolServer {
    * puts in `CallHead.method`. A group has its own queue and workers (the
    * server's defaults unless `options` says otherwise) and its own metrics.
    */
-  addRoutes (name: string, handlers: RouteHandlers, options?: RouteGroupOptions): this {
-    this.#dispatch.addRoutes(name, handlers, options)
+  addRoutes (name: string, handlers: RouteHandlers<Req, Res, State>, options?: RouteGroupOptions<Req, Res, State>): this {
+    this.#dispatch.addRoutes(name, handlers as RouteHandlers, options as RouteGroupOptions)
     return this
   }
 
@@ -396,8 +421,8 @@ export class ProtocolServer {
    * Composed now, not per call. Filters of a group with an executor (worker
    * threads) run in the event loop around the executor.
    */
-  use (filter: Filter): this {
-    this.#dispatch.use(filter)
+  use (filter: Filter<Req, Res, State>): this {
+    this.#dispatch.use(filter as Filter)
     return this
   }
 
@@ -554,7 +579,8 @@ export class ProtocolServer {
       descriptorsExhausted: s.descriptorsExhausted,
       pushesSent: s.pushesSent,
       pushHardLimitClosed: s.pushHardLimitClosed,
-      pushSoftLimitClosed: s.pushSoftLimitClosed
+      pushSoftLimitClosed: s.pushSoftLimitClosed,
+      slowFramesClosed: s.slowFramesClosed
     }
   }
 
@@ -596,15 +622,13 @@ export class ProtocolServer {
     this.#poller?.stop()
     const closed = new Promise<void>((resolve) => {
       const graceMs = options.graceMs ?? 30_000
+      const startedAt = this.#clock.now()
       this.#net.close(() => resolve())
       if (this.#idleTimer !== null) this.#clock.clearTimer(this.#idleTimer)
       this.#idleTimer = null
       for (const sc of this.#connections) {
         if (!sc.ready) sc.connection.destroy()
       }
-      // Queued calls keep draining to workers within the grace period; those
-      // left then are refused (before connections close).
-      this.#dispatch.close(graceMs)
       let graceTimer: TimerHandle | null = null
       // Drained: answers produced in this turn may still wait in the transfer
       // queues, so each connection is ended after its queue is flushed. After
@@ -623,19 +647,49 @@ export class ProtocolServer {
           graceTimer = null
         }
       }
-      this.#drained = finish
       this.#onLastClose = () => {
         if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
         graceTimer = null
       }
-      graceTimer = this.#clock.setTimer(() => {
+      // Requests are refused from here on (once), with what is left of the grace for queued calls.
+      let refusing = false
+      const refuse = (): boolean => {
+        if (refusing) return false
+        refusing = true
+        this.#dispatch.close(Math.max(0, graceMs - (this.#clock.now() - startedAt)))
+        return true
+      }
+      const graceOver = (): void => {
         graceTimer = null
         const reason = new RpcError(ErrorCode.CONNECTION_CLOSED, 'server shutting down: grace period over')
         for (const sc of this.#connections) for (const call of sc.inFlight.values()) call.abort(reason)
         finish(false)
-      }, graceMs)
+      }
+      const graceFired = (): void => {
+        // A grace over before refusing began: queued calls are refused first, then connections close.
+        if (refuse()) graceTimer = this.#clock.setTimer(graceOver, 0)
+        else graceOver()
+      }
+      graceTimer = this.#clock.setTimer(graceFired, graceMs)
       this.#outbound.stop()
-      this.#maybeDrained()
+      // The rest of the read close() was called in (requests that arrived
+      // before it) is answered as usual: requests are refused (`shutdown`)
+      // from the next read on. Queued calls keep draining to workers within
+      // the grace period; those left then are refused (before connections
+      // close). Once drained, connections end after the next poll of the
+      // event loop (an I/O turn, not time), so that requests already in
+      // the kernel's receive buffers are read and refused, not dropped unanswered.
+      queueMicrotask(() => {
+        if (!refuse()) return
+        // Re-armed after the queues' own grace timers, so that queued calls are refused before connections close.
+        if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
+        graceTimer = this.#clock.setTimer(graceFired, Math.max(0, graceMs - (this.#clock.now() - startedAt)))
+        this.#drained = () => {
+          this.#drained = null
+          setImmediate(() => setImmediate(() => finish()))
+        }
+        this.#maybeDrained()
+      })
     })
     const executors = this.#dispatch.executors.filter(e => e.close !== undefined)
     this.#closing = executors.length === 0
@@ -845,6 +899,17 @@ export class ProtocolServer {
       victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
       return true
     }
+    // None idle: one trickling a frame (never idle, so slowloris) makes room, the slowest first.
+    const slow = slowestFrame(this.#connections, (sc) => sc.inFlight.size === 0 ? this.#frameProgress(sc, now) : null, this.#minFrameRate)
+    if (slow !== null) {
+      const progress = this.#frameProgress(slow, now)!
+      this.#stats.connectionsEvicted++
+      this.#stats.slowFramesClosed++
+      this.#logEvicted.log(this.#warn, () => `${this.#connections.size} connections open (the limit): closing ${slow.remoteAddress}, ${progress.bytes} bytes of a frame in ${Math.round(progress.arrivingMs)} ms (below ${this.#minFrameRate} bytes/s), for a new one`,
+        () => ({ protocol: this.#protocol.name, remote: slow.remoteAddress, frameBytes: progress.bytes, arrivingMs: Math.round(progress.arrivingMs), connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
+      slow.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: its frame arrived slowest when the server was at its connection limit'))
+      return true
+    }
     // None idle: a connection still negotiating (silent ones are cheap to
     // open) makes room, the oldest first, rather than locking newcomers out.
     if (this.#negotiating.size > 0) {
@@ -852,7 +917,7 @@ export class ProtocolServer {
       return true
     }
     this.#stats.connectionsRefused++
-    this.#logRefused.log(this.#warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms`,
+    this.#logRefused.log(this.#warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${this.#connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms nor trickling a frame`,
       () => ({ protocol: this.#protocol.name, remote: `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`, connectionsOpen: this.#connections.size, maxConnections: this.#maxConnections }))
     accepted.destroy()
     return false
@@ -898,19 +963,29 @@ export class ProtocolServer {
     this.#abandoning = abandonMs !== Infinity
     const positive = (ms: number): number => ms > 0 ? ms : Infinity
     const softMs = this.#pushLimit.softBytes > 0 ? Math.max(this.#pushLimit.softMs, 40) : Infinity
-    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs, softMs)
+    // The frame rate needs the scan to see partial frames (for admission too): at most a second apart.
+    const rateMs = this.#minFrameRate > 0 ? Math.max(this.#slowFrameGraceMs, 4 * MIN_EVICTABLE_IDLE_MS) : Infinity
+    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs, softMs, rateMs)
     if (shortest === Infinity || this.#idleTimer !== null) return
     const periodMs = Math.max(10, Math.min(1000, shortest / 4))
+    let lastScanAt = this.#clock.now()
     const scan = (): void => {
       this.#idleTimer = this.#clock.setTimer(scan, periodMs)
       const now = this.#clock.now()
+      // A scan late by more than a period ran after an event-loop stall,
+      // before the reads that waited meanwhile: it judges no frame's rate.
+      const onTime = now - lastScanAt <= 2 * periodMs
+      lastScanAt = now
       if (this.#abandoning) this.#dispatch.abandonOverdue(now)
       // Over the soft push limit: closed once there for softMs, forgotten once below (pushes may have stopped).
       if (this.#overSoft.size > 0) for (const sc of [...this.#overSoft]) this.#judgePushed(sc, now)
       this.#checkDescriptors()
       for (const sc of this.#connections) {
         const connection = sc.connection
-        if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
+        if (this.#partialFrameTimed(sc, now)) {
+          if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
+          if (onTime && this.#frameTooSlow(sc, now)) continue
+        }
         const activity = connection.activity
         // Progress is a read, a send, a drain, or the kernel taking some of
         // what waits to go out. A peer stopped inside a frame makes none.
@@ -953,9 +1028,10 @@ export class ProtocolServer {
     })
   }
 
-  // Closes the connection when the frame it is receiving started arriving
-  // `frameMs` ago (seen by the scan; at most a scan period late).
-  #frameOverdue (sc: ServerConnection, now: number, frameMs: number): boolean {
+  // Follows the frame the connection is receiving (seen by the scan): true
+  // when one has been seen arriving since an earlier scan, with the server
+  // reading it; its clock starts when a scan first sees it.
+  #partialFrameTimed (sc: ServerConnection, now: number): boolean {
     const connection = sc.connection
     if (!connection.hasPartialFrame) {
       sc.partialSince = -1
@@ -972,6 +1048,37 @@ export class ProtocolServer {
       sc.partialSince = now
       return false
     }
+    return true
+  }
+
+  // The frame in progress as the scans saw it (null: none, or not being read).
+  #frameProgress (sc: ServerConnection, now: number): FrameProgress | null {
+    const connection = sc.connection
+    if (sc.partialSince < 0 || !connection.hasPartialFrame || sc.partialFrame !== connection.framesRead) return null
+    if (connection.isReadingPaused || connection.isReadingHeld) return null
+    return { bytes: connection.partialFrameBytes, arrivingMs: now - sc.partialSince }
+  }
+
+  // Closes the connection when its frame in progress arrives below
+  // minFrameBytesPerSecond past slowFrameGraceMs.
+  #frameTooSlow (sc: ServerConnection, now: number): boolean {
+    const rate = this.#minFrameRate
+    if (rate <= 0) return false
+    const bytes = sc.connection.partialFrameBytes
+    const arrivingMs = now - sc.partialSince
+    if (!isSlowFrame(bytes, arrivingMs, this.#slowFrameGraceMs, rate)) return false
+    this.#stats.slowFramesClosed++
+    const ms = Math.round(arrivingMs)
+    this.#logSlowFrame.log(this.#warn, () => `closing ${sc.remoteAddress}: ${bytes} bytes of a frame in ${ms} ms, below ${rate} bytes/s past ${this.#slowFrameGraceMs} ms`,
+      () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, frameBytes: bytes, arrivingMs: ms, minFrameBytesPerSecond: rate }))
+    sc.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `frame arriving below ${rate} bytes/s`))
+    return true
+  }
+
+  // Closes the connection when the frame it is receiving started arriving
+  // `frameMs` ago (seen by the scan; at most a scan period late).
+  #frameOverdue (sc: ServerConnection, now: number, frameMs: number): boolean {
+    const connection = sc.connection
     if (now - sc.partialSince < frameMs) return false
     this.#stats.frameTimeouts++
     const arrivingMs = Math.round(now - sc.partialSince)
@@ -1034,6 +1141,11 @@ function checkAcceptOptions (tls: TlsOptions): void {
     if (!ok) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.ALPNProtocols must be an array of protocol names (strings or buffers of 1 to 255 bytes) or a buffer')
   }
   if (tls.SNICallback !== undefined && typeof tls.SNICallback !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'tls.SNICallback must be a function')
+}
+
+function nonNegative (value: number, name: string): number {
+  if (!(Number.isFinite(value) && value >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} must be a number of at least 0, got ${value}`)
+  return value
 }
 
 function atLeastOne (value: number, name: string): number {

@@ -10,11 +10,12 @@ import { FakeClock } from '../../scheduling/clock.js'
 import { ProtocolServer } from '../../reactor/server.js'
 import { ProtocolClient, type ProtocolClientOptions } from '../../reactor/protocol-client.js'
 import type { ClientProtocol } from '../../codec/client-protocol.js'
+import type { ServerProtocol } from '../../codec/protocol.js'
 import { linesProtocol, taggedProtocol } from '../helpers/toy-protocols.js'
 import { linesClientProtocol, taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
 
 async function toyServer (t: Test, kind: 'lines' | 'tagged'): Promise<{ port: number, server: ProtocolServer }> {
-  const server = new ProtocolServer(kind === 'lines' ? linesProtocol() : taggedProtocol(), { idleTimeoutMs: 0 })
+  const server = new ProtocolServer<unknown, unknown>(kind === 'lines' ? linesProtocol() as ServerProtocol : taggedProtocol() as ServerProtocol, { idleTimeoutMs: 0 })
   const handlers = kind === 'lines'
     ? { echo: (arg: string) => arg, fail: () => { throw new Error('it broke') } }
     : { echo: (arg: Buffer) => arg, fail: () => { throw new Error('it broke') } }

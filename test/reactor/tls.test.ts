@@ -17,6 +17,7 @@ import { linesProtocol, taggedProtocol } from '../helpers/toy-protocols.js'
 import { linesClientProtocol, taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
 import { rejection } from '../helpers/reactor-harness.js'
 import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
+import type { ServerProtocol } from '../../codec/protocol.js'
 
 withCerts(t, tests)
 
@@ -34,7 +35,7 @@ function tests (certs: TestCerts): void {
   async function start (t: Test, kind: 'lines' | 'tagged', options: ServerOptions): Promise<{ port: number, server: ProtocolServer, warnings: string[] }> {
     const warnings: string[] = []
     const logger = { error: (m: string) => { warnings.push(m) }, warn: (m: string, _f?: LogFields) => { warnings.push(m) }, info: () => {} }
-    const server = new ProtocolServer(kind === 'lines' ? linesProtocol() : taggedProtocol(), { idleTimeoutMs: 0, logger, ...options })
+    const server = new ProtocolServer<unknown, unknown>(kind === 'lines' ? linesProtocol() as ServerProtocol : taggedProtocol() as ServerProtocol, { idleTimeoutMs: 0, logger, ...options })
     const handlers = kind === 'lines'
       ? { echo: (arg: string) => { handlerRuns++; return arg }, who: (_arg: string, ctx: CallContext) => `user=${ctx.user}` }
       : { echo: (arg: Buffer) => arg }
