@@ -4,10 +4,15 @@
  *
  *   node dist/examples/memcached/main.js [--port 11211] [--host 127.0.0.1]
  *     [--reactors 1] [--memory-mb 64] [--request-timeout-ms 1000]
+ *     [--shutdown-grace-ms 30000]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
  *
  * With `--tls-cert`, every connection is TLS; `--tls-require-client-cert`
  * asks for a client certificate signed by `--tls-ca` (see docs/security.md).
+ *
+ * SIGINT/SIGTERM stop it as `nyala serve` does: requests in flight and
+ * queued are answered, then it exits 0, within `--shutdown-grace-ms`
+ * whatever the peers do (a peer not reading its answers is closed then).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own cache: with `--reactors` above 1 a key set through one
@@ -66,6 +71,7 @@ async function main (argv: string[]): Promise<void> {
       reactors: { type: 'string' },
       'memory-mb': { type: 'string' },
       'request-timeout-ms': { type: 'string' },
+      'shutdown-grace-ms': { type: 'string' },
       ...TLS_FLAG_OPTIONS
     },
     strict: true
@@ -75,8 +81,9 @@ async function main (argv: string[]): Promise<void> {
   const reactors = positiveInteger('reactors', values.reactors, 1)
   const memoryBytes = positiveInteger('memory-mb', values['memory-mb'], 64) * 1024 * 1024
   const requestTimeoutMs = positiveInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
+  const graceMs = positiveInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
-  const served = await serveReactors({ reactors, host, port, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
+  const served = await serveReactors({ reactors, host, port, graceMs, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
   const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }

@@ -315,24 +315,54 @@ function malformed (message: string): RpcError {
 }
 
 /**
+ * A request memcached answers with an error and then closes its
+ * connection (handle_binary_protocol_error): lengths wrong for the command
+ * (`Invalid arguments`), extras and key longer than the body (`Unknown
+ * command`). The answer keeps the request's opcode and opaque.
+ */
+export class MemcachedProtocolError extends RpcError {
+  readonly opcode: number
+  readonly opaque: number
+  readonly status: number
+
+  constructor (message: string, opcode: number, opaque: number, status: number) {
+    super(ErrorCode.MALFORMED_FRAME, message)
+    this.name = 'MemcachedProtocolError'
+    this.opcode = opcode
+    this.opaque = opaque
+    this.status = status
+  }
+}
+
+/** The error answer of a `MemcachedProtocolError`, sent before the connection closes. */
+export function protocolErrorAnswer (error: MemcachedProtocolError): Buffer {
+  const response = errorResponse(error.status)
+  const out = Buffer.allocUnsafe(HEADER_BYTES + response.value.length)
+  out.set(response.value, encodeHead(out, 0, error.opcode, error.opaque, response))
+  return out
+}
+
+/**
  * Framing: the 24-byte header holds the body's length. A first byte that
  * is not the request magic (0x80) closes the connection, as memcached does
  * with a binary connection; so does a header whose extras and key do not
- * fit in its body (memcached answers that "Unknown command" and closes).
+ * fit in its body, answered "Unknown command" first as memcached does.
  */
 export const memcachedFraming: Framing = {
   prefixBytes: HEADER_BYTES,
   frameBytes: (buf, offset) => {
     if (buf[offset] !== REQUEST_MAGIC) return malformed(`bad magic 0x${buf[offset]!.toString(16)}: not a memcached binary request`)
     const bodyBytes = readU32(buf, offset + 8)
-    if (buf[offset + 4]! + readU16(buf, offset + 2) > bodyBytes) return malformed('the extras and key are longer than the body')
+    if (buf[offset + 4]! + readU16(buf, offset + 2) > bodyBytes) {
+      return new MemcachedProtocolError('the extras and key are longer than the body', buf[offset + 1]!, readU32(buf, offset + 12), ResponseStatus.UNKNOWN_COMMAND)
+    }
     return HEADER_BYTES + bodyBytes
   }
 }
 
 // Why a request's lengths are wrong for its command, or null when they are
 // right: memcached's checks (dispatch_bin_command), each of which it
-// answers "Invalid arguments".
+// answers "Invalid arguments" before it closes the connection.
 function shapeProblem (opcode: number, extras: number, key: number, body: number): string | null {
   if (key > MAX_KEY_BYTES) return `a key of ${key} bytes: at most ${MAX_KEY_BYTES}`
   switch (opcode) {
@@ -403,7 +433,7 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
     // megabytes to be told no. memccapable sends no large values.
     maxFrameBytes: 2 * (options.maxItemBytes ?? DEFAULT_MAX_ITEM_BYTES),
 
-    decodeHead: (buf: Buffer, start: number, _end: number, head: CallHead): RpcError | null => {
+    decodeHead: (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null => {
       // The framing checked the magic and the lengths.
       const opcode = buf[start + 1]!
       const opaque = readU32(buf, start + 12)
@@ -413,8 +443,12 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
       head.callId = opaque
       head.data = callData(opcode, opaque)
       head.bodyStart = start + HEADER_BYTES
-      return null
+      // Lengths wrong for the command: Invalid arguments, then the connection closes (protocolError).
+      const problem = shapeProblem(opcode, buf[start + 4]!, readU16(buf, start + 2), end - start - HEADER_BYTES)
+      return problem === null ? null : new MemcachedProtocolError(problem, opcode, opaque, ResponseStatus.EINVAL)
     },
+
+    protocolError: (error: RpcError): AnswerSlices => error instanceof MemcachedProtocolError ? [protocolErrorAnswer(error)] : null,
 
     decodeRequest: (_route: RouteInfo, buf: Buffer, head: CallHead): MemcachedRequest | InvalidRequest => {
       const bodyStart = head.bodyStart

@@ -4,7 +4,7 @@
  *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
  *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
  *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
- *     [--client-output-buffer-limit-pubsub HARD SOFT SECONDS]
+ *     [--client-output-buffer-limit-pubsub HARD SOFT SECONDS] [--shutdown-grace-ms 30000]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
  *
  * With `--tls-cert`, every connection is TLS (`redis-cli --tls --cacert CA`);
@@ -17,6 +17,10 @@
  * one above SOFT for SECONDS without a break is closed then; 0 turns a
  * limit off. Sizes take Redis's units (b, k, kb, m, mb, g, gb). The three
  * values may also be given as one argument ("32mb 8mb 60").
+ *
+ * SIGINT/SIGTERM stop it as `nyala serve` does: commands in flight and
+ * queued are answered, then it exits 0, within `--shutdown-grace-ms`
+ * whatever the peers do (a peer not reading its answers is closed then).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
@@ -164,6 +168,7 @@ async function main (argv: string[]): Promise<void> {
       'proto-max-bulk-len': { type: 'string' },
       'max-message-mb': { type: 'string' },
       'max-arguments': { type: 'string' },
+      'shutdown-grace-ms': { type: 'string' },
       ...TLS_FLAG_OPTIONS
     },
     strict: true
@@ -176,9 +181,10 @@ async function main (argv: string[]): Promise<void> {
   const protoMaxBulkLen = nonNegativeInteger('proto-max-bulk-len', values['proto-max-bulk-len'], DEFAULT_PROTO_MAX_BULK_LEN)
   const maxMessageBytes = nonNegativeInteger('max-message-mb', values['max-message-mb'], DEFAULT_MAX_FRAME_BYTES / 1024 / 1024) * 1024 * 1024
   const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
+  const graceMs = nonNegativeInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
   const served = await serveReactors({
-    reactors, host, port, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit })
+    reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

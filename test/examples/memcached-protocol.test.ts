@@ -11,7 +11,7 @@ import { FrameDecoder } from '../../codec/frame-decoder.js'
 import { CallHead, InvalidRequest, type AnsweredCall, type RefusalReason } from '../../codec/protocol.js'
 import { memcachedHandlers, type MemcachedHandler } from '../../examples/memcached/handlers.js'
 import {
-  MemcachedRequest, Opcode, isSilent, memcachedFraming, memcachedProtocol, methodOf, opaqueOf, opcodeOf, refusalStatus, type CommandName
+  MemcachedProtocolError, MemcachedRequest, Opcode, protocolErrorAnswer, isSilent, memcachedFraming, memcachedProtocol, methodOf, opaqueOf, opcodeOf, refusalStatus, type CommandName
 } from '../../examples/memcached/protocol.js'
 import { MemcachedStore } from '../../examples/memcached/store.js'
 import { joinSlices, toHex } from '../helpers/bytes.js'
@@ -106,6 +106,8 @@ class Harness {
     const head = this.head
     head.reset(0, frame.length)
     const error = protocol.decodeHead(frame, 0, frame.length, head)
+    // Lengths wrong for the command: memcached's error answer, then the close (as the server does through protocolError).
+    if (error instanceof MemcachedProtocolError) return { answer: protocolErrorAnswer(error), closed: true, sliced: false }
     if (error !== null) throw error
     const call: AnsweredCall = { service: head.service, method: head.method, callId: head.callId, data: head.data, route: { service: head.service, method: head.method, spec: undefined } }
     const handler = Object.hasOwn(this.handlers, head.method) ? this.handlers[head.method] : undefined
@@ -262,7 +264,7 @@ t.test('decodeRequest: lengths that are wrong for the command are Invalid argume
   for (const [what, frame] of cases) {
     const outcome = h.send(frame)
     t.equal(toHex(outcome.answer!), hexOf(invalid(frame[1]!)), what)
-    t.equal(outcome.closed, false, `${what}: the connection stays`)
+    t.equal(outcome.closed, true, `${what}: answered, then closed, as memcached 1.6 does`)
   }
   t.equal(h.answer(request(Opcode.GET, { key: 'k'.repeat(250) })), hexOf(response(Opcode.GET, NOT_FOUND)), 'a key of 250 bytes is fine')
 })
