@@ -9,19 +9,12 @@ import { spawnSync } from 'node:child_process'
 import { connect } from 'node:net'
 import { memcachedServer } from '../../examples/memcached/main.js'
 import { realMemcached } from '../helpers/real-servers.js'
+import { memcachedHeader } from '../helpers/bytes.js'
+
+const header = (opcode: number, key: number, extras: number, body: number, opaque = 0x11223344): Buffer => memcachedHeader(opcode, key, extras, body, opaque)
 
 const memcached = spawnSync('sh', ['-c', 'command -v memcached'], { encoding: 'utf8' }).stdout.trim()
 
-function header (opcode: number, key: number, extras: number, body: number, opaque = 0x11223344): Buffer {
-  const b = Buffer.alloc(24)
-  b[0] = 0x80
-  b[1] = opcode
-  b.writeUInt16BE(key, 2)
-  b[4] = extras
-  b.writeUInt32BE(body, 8)
-  b.writeUInt32BE(opaque, 12)
-  return b
-}
 
 const NOOP = header(0x0a, 0, 0, 0, 0x55)
 const NOOP_ANSWER = '810a00000000000000000000000000550000000000000000'

@@ -6,19 +6,11 @@ import { once } from 'node:events'
 import { connect, type Socket } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { startListening } from '../helpers/listening-child.js'
+import { memcachedHeader as header } from '../helpers/bytes.js'
 
 const memcachedMain = fileURLToPath(new URL('../../examples/memcached/main.ts', import.meta.url))
 const redisMain = fileURLToPath(new URL('../../examples/redis/main.ts', import.meta.url))
 
-function header (opcode: number, key: number, extras: number, body: number): Buffer {
-  const b = Buffer.alloc(24)
-  b[0] = 0x80
-  b[1] = opcode
-  b.writeUInt16BE(key, 2)
-  b[4] = extras
-  b.writeUInt32BE(body, 8)
-  return b
-}
 
 async function open (port: number): Promise<Socket> {
   const socket = connect(port, '127.0.0.1')

@@ -34,3 +34,15 @@ export function joinSlices (slices: readonly Uint8Array[]): Buffer {
 export function joinFrames (frames: readonly (readonly Uint8Array[])[] | undefined): Buffer[] {
   return (frames ?? []).map(joinSlices)
 }
+
+/** A memcached binary request header (magic 0x80): opcode, key and extras lengths, total body length, opaque. */
+export function memcachedHeader (opcode: number, key: number, extras: number, body: number, opaque = 0): Buffer {
+  const b = Buffer.alloc(24)
+  b[0] = 0x80
+  b[1] = opcode
+  b.writeUInt16BE(key, 2)
+  b[4] = extras
+  b.writeUInt32BE(body, 8)
+  b.writeUInt32BE(opaque, 12)
+  return b
+}

@@ -358,3 +358,22 @@ export class ManualClock implements Clock {
  * served by nothing here.
  */
 export const CLOSED_ENDPOINT = '127.0.0.1:1'
+
+/** Lets I/O run until `ready()` holds (at most `limit` loop turns); returns whether it did. */
+export async function untilReady (ready: () => boolean, limit = 2000): Promise<boolean> {
+  for (let i = 0; i < limit; i++) {
+    if (ready()) return true
+    await new Promise<void>((resolve) => setImmediate(resolve))
+  }
+  return ready()
+}
+
+/** A raw client that has negotiated (its handshake answered), or closed trying. */
+export async function negotiatedRaw (port: number): Promise<RawClient> {
+  const raw = await RawClient.connect(port)
+  // No Nagle: a small frame behind one the server has not answered must not wait for an ACK.
+  raw.socket.setNoDelay(true)
+  raw.write(clientHandshakeBytes())
+  await untilReady(() => raw.frames.length >= 2 || raw.isClosed)
+  return raw
+}

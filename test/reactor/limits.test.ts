@@ -10,30 +10,11 @@ import { KrpcCode } from '../../codec/krpc/codes.js'
 import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CalculatorService, calculatorHandlers, newClient, settle, startServer, tally, turns, type Running } from '../helpers/reactor-harness.js'
-import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
+import { RawClient, clientHandshakeBytes, negotiatedRaw as negotiated, requestFrame, untilReady as until } from '../helpers/krpc-peers.js'
 
 const SERVICE = CalculatorService.fullName
 const AddRequest = CalculatorService.methods.Add.requestType
 const EchoRequest = CalculatorService.methods.Echo.requestType
-
-/** Lets I/O run until `ready()` holds (at most `limit` turns); returns whether it did. */
-async function until (ready: () => boolean, limit = 2000): Promise<boolean> {
-  for (let i = 0; i < limit; i++) {
-    if (ready()) return true
-    await turns(1)
-  }
-  return ready()
-}
-
-/** A raw client that has negotiated (its handshake answered). */
-async function negotiated (port: number): Promise<RawClient> {
-  const raw = await RawClient.connect(port)
-  // No Nagle: a small frame behind one the server has not answered must not wait for an ACK.
-  raw.socket.setNoDelay(true)
-  raw.write(clientHandshakeBytes())
-  await until(() => raw.frames.length >= 2 || raw.isClosed)
-  return raw
-}
 
 /** `count` pipelined Echo calls of `bytes` each, ids 0..count-1. */
 function echoFrames (count: number, bytes: number): Buffer {

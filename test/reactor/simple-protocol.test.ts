@@ -6,51 +6,18 @@
  * below writes a length prefix or a newline: the stock framings do.
  */
 import t, { type Test } from 'tap'
-import { connect, type Socket } from 'node:net'
-import { once } from 'node:events'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { lengthField, lines } from '../../codec/framings.js'
 import { simpleClientProtocol, simpleProtocol } from '../../codec/simple-protocol.js'
 import type { RefusalReason, ServerProtocol } from '../../codec/protocol.js'
 import { ProtocolServer, type ServerOptions } from '../../reactor/server.js'
 import { ProtocolClient } from '../../reactor/protocol-client.js'
+import { Peer, servePeers } from '../helpers/socket-peer.js'
 
-/** A raw client socket that collects what it receives and whether it closed. */
-class Peer {
-  readonly socket: Socket
-  received = Buffer.alloc(0)
-  closed = false
-  constructor (socket: Socket) {
-    this.socket = socket
-    socket.setNoDelay(true)
-    socket.on('data', (chunk: Buffer) => { this.received = Buffer.concat([this.received, chunk]) })
-    socket.on('close', () => { this.closed = true })
-    socket.on('error', () => {})
-  }
-
-  async until (predicate: () => boolean, what: string): Promise<void> {
-    for (let i = 0; i < 1000 && !predicate(); i++) await new Promise(resolve => setTimeout(resolve, 5))
-    if (!predicate()) throw new Error(`timed out waiting for ${what}; received ${this.received.toString('hex')}`)
-  }
-}
-
-async function serve (t: Test, protocol: ServerProtocol<any, any>, group: string, handlers: Record<string, (req: never) => unknown>, options: ServerOptions & { workers?: number, queueLength?: number } = {}): Promise<{ server: ProtocolServer, port: number, open: () => Promise<Peer> }> {
-  const server = new ProtocolServer(protocol, options)
-  server.addRoutes(group, handlers as never, { workers: options.workers, queueLength: options.queueLength })
-  const { port } = await server.listen(0, '127.0.0.1')
-  const peers: Peer[] = []
-  t.teardown(async () => {
-    for (const peer of peers) peer.socket.destroy()
-    await server.close({ graceMs: 100 })
-  })
-  const open = async (): Promise<Peer> => {
-    const socket = connect(port, '127.0.0.1')
-    await once(socket, 'connect')
-    const peer = new Peer(socket)
-    peers.push(peer)
-    return peer
-  }
-  return { server, port, open }
+// The servers of these tests, and raw peers to them (test/helpers/socket-peer.ts), with the bound port.
+async function serve (t: Test, protocol: ServerProtocol<any, any>, group: string, handlers: Record<string, (req: never) => unknown>, options: ServerOptions = {}): Promise<{ server: ProtocolServer, port: number, open: () => Promise<Peer> }> {
+  const { server, open } = await servePeers(t, protocol, group, handlers, options)
+  return { server, port: server.address()!.port, open }
 }
 
 /** Splits `buf` into the payloads of 4-byte big-endian length-prefixed frames (complete ones only). */

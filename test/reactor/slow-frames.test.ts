@@ -8,26 +8,10 @@ import t from 'tap'
 import { FakeClock } from '../../scheduling/clock.js'
 import { isSlowFrame, slowestFrame } from '../../reactor/admission.js'
 import { CalculatorService, newClient, startServer, turns, type Running } from '../helpers/reactor-harness.js'
-import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
+import { RawClient, clientHandshakeBytes, negotiatedRaw as negotiated, requestFrame, untilReady as until } from '../helpers/krpc-peers.js'
 
 const SERVICE = CalculatorService.fullName
 const EchoRequest = CalculatorService.methods.Echo.requestType
-
-async function until (ready: () => boolean, limit = 2000): Promise<boolean> {
-  for (let i = 0; i < limit; i++) {
-    if (ready()) return true
-    await turns(1)
-  }
-  return ready()
-}
-
-async function negotiated (port: number): Promise<RawClient> {
-  const raw = await RawClient.connect(port)
-  raw.socket.setNoDelay(true)
-  raw.write(clientHandshakeBytes())
-  await until(() => raw.frames.length >= 2 || raw.isClosed)
-  return raw
-}
 
 function echoFrame (callId: number, bytes: number): Buffer {
   return requestFrame(callId, SERVICE, 'Echo', EchoRequest.encode({ data: 'e'.repeat(bytes) }))
