@@ -719,9 +719,7 @@ export class ProtocolServer<Req = any, Res = any, State = any> { // eslint-disab
       secure = this.#secureContext === null ? null : this.#tlsSocket(accepted, this.#secureContext)
     } catch (err) {
       accepted.destroy()
-      this.#stats.acceptErrors++
-      this.#logAcceptError.log(this.#error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
-        () => ({ protocol: this.#protocol.name, remote: remoteAddress }))
+      this.#setUpFailed(remoteAddress, err)
       return
     }
     const reader = secure === null ? new SocketReader() : undefined
@@ -738,16 +736,13 @@ export class ProtocolServer<Req = any, Res = any, State = any> { // eslint-disab
     const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch)
     const handle = new ServerConnectionHandle(this.#pushHost, sc)
     sc.handle = handle
-    sc.setPeer('', handle)
     try {
       // The protocol's code may throw: the connection goes, the server stays.
       sc.state = this.#connectionState(remoteAddress, handle)
       sc.setPeer('', handle)
     } catch (err) {
       connection.destroy()
-      this.#stats.acceptErrors++
-      this.#logAcceptError.log(this.#error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
-        () => ({ protocol: this.#protocol.name, remote: remoteAddress }))
+      this.#setUpFailed(remoteAddress, err)
       return
     }
     const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
@@ -762,6 +757,13 @@ export class ProtocolServer<Req = any, Res = any, State = any> { // eslint-disab
     })
     if (secure !== null) this.#tlsHandshake(sc, secure)
     else this.#setUp(sc, remoteAddress)
+  }
+
+  // The protocol's connectionState or node:tls threw for a new connection (already closed): counted and logged.
+  #setUpFailed (remoteAddress: string, err: unknown): void {
+    this.#stats.acceptErrors++
+    this.#logAcceptError.log(this.#error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
+      () => ({ protocol: this.#protocol.name, remote: remoteAddress }))
   }
 
   #tlsSocket (accepted: Socket, secureContext: SecureContext): TLSSocket {

@@ -229,7 +229,7 @@ export class Connection {
   resumeReading (): void {
     if (!this.#readingPaused || this.#closed) return
     this.#readingPaused = false
-    if (!this.#readingHeld) this.socket.resume()
+    this.#resumeUnlessHeld()
   }
 
   /** Paused by `pauseReading` (the outbound budget's reason). */
@@ -248,7 +248,12 @@ export class Connection {
   releaseReading (): void {
     if (!this.#readingHeld || this.#closed) return
     this.#readingHeld = false
-    if (!this.#readingPaused) this.socket.resume()
+    this.#resumeUnlessHeld()
+  }
+
+  // The socket reads again once neither reason holds it.
+  #resumeUnlessHeld (): void {
+    if (!this.#readingPaused && !this.#readingHeld) this.socket.resume()
   }
 
   /** Held by `holdReading`. */
@@ -521,7 +526,7 @@ export class Connection {
     const held = this.#held
     this.#held = null
     if (held === null || this.#closed) return
-    if (!this.#readingPaused && !this.#readingHeld) this.socket.resume()
+    this.#resumeUnlessHeld()
     if (this.#heldRaw && this.#channel !== null) {
       // The socket's bytes, read before the switch: the channel's input,
       // all of them (what it decrypts meets any new hold on its own).
