@@ -14,6 +14,14 @@
  * queued are answered, then it exits 0, within `--shutdown-grace-ms`
  * whatever the peers do (a peer not reading its answers is closed then).
  *
+ * Large buffers go back to the system once freed (RSS falls after an
+ * attack) when glibc's mmap threshold is set: this script sets
+ * MALLOC_MMAP_THRESHOLD_=131072 for the reactor processes it forks; one
+ * process (`--reactors 1`) gets it from its caller's environment
+ * (NYALA_MALLOC=system: neither; see examples/malloc-env.ts). Each process
+ * also runs a full collection once it is idle after it grew, so the
+ * buffers are freed (examples/idle-gc.ts; NYALA_IDLE_GC=0 turns it off).
+ *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own cache: with `--reactors` above 1 a key set through one
  * connection is not seen through a connection that landed on another
@@ -27,6 +35,8 @@ import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { memcachedHandlers } from './handlers.js'
 import { memcachedProtocol } from './protocol.js'
 import { MemcachedStore } from './store.js'
+import { startIdleGc } from '../idle-gc.js'
+import { tuneForkedProcesses } from '../malloc-env.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
 
 export interface MemcachedServerOptions {
@@ -83,6 +93,10 @@ async function main (argv: string[]): Promise<void> {
   const requestTimeoutMs = positiveInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
   const graceMs = positiveInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
+  // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
+  // each process collects once it is idle after it grew (../idle-gc.ts).
+  tuneForkedProcesses()
+  startIdleGc()
   const served = await serveReactors({ reactors, host, port, graceMs, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
