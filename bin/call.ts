@@ -1,6 +1,6 @@
 import { parseArgs } from 'node:util'
 import { RpcError } from '../codec/errors.js'
-import { ProtoSchema, type Message, type ServiceDef } from '../codec/schema.js'
+import { ProtoSchema, type Message, type ServiceDef } from '../codec/protobuf/schema.js'
 import { Client, type ClientTlsOptions } from '../reactor/krpc/client.js'
 import { CALCULATOR_PROTO, CalculatorService } from '../examples/calculator/index.js'
 import { CLIENT_TLS_FLAG_OPTIONS, clientTlsFromFlags } from '../examples/tls-flags.js'

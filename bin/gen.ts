@@ -1,8 +1,8 @@
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { basename, dirname, join, resolve } from 'node:path'
 import { parseArgs } from 'node:util'
-import { generateFromFile } from '../codec/proto-typegen.js'
-import { INT64_MODES, type Int64Mode } from '../codec/plain-messages.js'
+import { generateFromFile } from '../codec/protobuf/proto-typegen.js'
+import { INT64_MODES, type Int64Mode } from '../codec/protobuf/plain-messages.js'
 import { usageError } from './options.js'
 
 export const GEN_USAGE = `  nyala gen FILE.proto... [--out DIR] [--int64 bigint|string|number]

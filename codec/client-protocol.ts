@@ -59,6 +59,26 @@ export interface AnswerPart {
   readonly last: boolean
 }
 
+/**
+ * A client connection's set-up (`ClientProtocol.handshake`): a `Handshake`,
+ * plus a better error for a connection that failed before it finished.
+ */
+export interface ClientHandshake<T> extends Handshake<T> {
+  /**
+   * The connection failed with `error` before the handshake was done:
+   * the error its calls get instead (a peer that is not speaking the
+   * protocol, named from `firstBytes`, the first bytes it sent, or null).
+   * Not asked when the set-up deadline closed the connection.
+   */
+  failure?: (error: RpcError, firstBytes: Buffer | null) => RpcError
+}
+
+/**
+ * Hooks that take the call's protocol data get `data`: what the caller
+ * passed with the request (KRPC: the method, sidecars), undefined for
+ * protocols whose request says it all. Hooks that build error messages
+ * get the connection's endpoint, `host:port`.
+ */
 export interface ClientProtocol<Req = unknown, Res = unknown> {
   /** A short name for errors (`memcached`, `redis`). */
   readonly name: string
@@ -69,8 +89,33 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
   readonly maxFrameBytes?: number
   /** Ids run from 0 to this and wrap (`id` matching); default 0xffffffff. */
   readonly maxId?: number
-  /** The connection's set-up, run before any request is sent (requests wait for it). */
-  handshake?: (endpoint: string) => Handshake<unknown>
+  /**
+   * The connection's set-up, run before any request is sent (requests wait
+   * for it); what it is done with is the connection's session, as
+   * `beforeSend` sees it. `host` is the address connected to.
+   */
+  handshake?: (endpoint: string, host: string) => ClientHandshake<unknown>
+  /** What errors call the set-up (`connection negotiation`); default `<name> set-up`. */
+  readonly setupName?: string
+  /** The call in errors, without its endpoint (`svc.Method RPC`); default `<name> call`. */
+  describe?: (request: Req, data: unknown) => string
+  /** The call in log records' fields (KRPC: service and method); default `{ protocol: name }`. */
+  logFields?: (request: Req, data: unknown) => Record<string, unknown>
+  /**
+   * Checked just before a request queued on the connection (one waiting
+   * for the set-up, or sent as slices) goes out, with the session the
+   * handshake was done with: an error fails the call unsent. A request
+   * that may be refused this way should be encoded as slices (its
+   * `encodedLength` -1), since one written in place is not checked.
+   */
+  beforeSend?: (request: Req, data: unknown, session: unknown) => RpcError | undefined
+  /**
+   * Checks `request` before a connection is chosen for it (none is opened
+   * for a request that cannot be sent): an error, which may be thrown,
+   * fails the call at once with RPC_ERR_INVALID_ARGUMENT (or its own code).
+   * What it found may be kept for the `encodedLength` that follows.
+   */
+  check?: (request: Req, data: unknown) => void
   /**
    * The size of `request`'s frame, written in place by `encodeInto`
    * (straight into the connection's coalesced outbound buffer when it
@@ -78,17 +123,23 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
    * May throw (an RpcError or another error): the call then fails with
    * RPC_ERR_INVALID_ARGUMENT, unsent.
    */
-  encodedLength: (request: Req, id: number) => number
-  /** Writes exactly `encodedLength` bytes at `out[at]`; called right after `encodedLength` for the same request and id. */
+  encodedLength: (request: Req, id: number, data?: unknown, timeoutMs?: number) => number
+  /**
+   * Writes exactly `encodedLength` bytes at `out[at]`; called right after
+   * `encodedLength` for the same request and id, so that what it measured
+   * may be kept for this (`timeoutMs`: the attempt's, 0 for none).
+   */
   encodeInto: (request: Req, id: number, out: Buffer, at: number) => void
   /** The frame as slices, when `encodedLength` said -1. The caller's buffers must not change until the call settles. */
-  encodeSlices?: (request: Req, id: number) => Uint8Array[]
+  encodeSlices?: (request: Req, id: number, data?: unknown, timeoutMs?: number) => Uint8Array[]
   /**
    * `id` matching: the id the answer `buf[start, end)` carries, or an error
    * when its head is malformed (the connection then fails: the stream can
-   * no longer be trusted). Must not throw.
+   * no longer be trusted). Must not throw. `decodeAnswer` follows at once
+   * for the same frame when a call waits for it, so that what this parsed
+   * may be kept for it.
    */
-  answerId?: (buf: Buffer, start: number, end: number) => number | RpcError
+  answerId?: (buf: Buffer, start: number, end: number, endpoint?: string) => number | RpcError
   /** Whether `request` gets an answer (see `AnswerKind`); default `yes` for every request. */
   answerOf?: (request: Req) => AnswerKind
   /** What a call that got no answer (`maybe`, `no`) resolves with. */
@@ -96,14 +147,24 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
   /** A request with an answer, sent by the client after quiet requests (memcached's NOOP); its result is dropped. */
   flushRequest?: () => Req
   /**
+   * A cheap request whose answer proves the peer alive (memcached's NOOP):
+   * the client sends it on a connection that has been silent while calls
+   * wait (reactor/connection-liveness.ts), and closes the connection if
+   * nothing at all comes back in time. Its result is dropped. Without it,
+   * a silent peer is noticed by the calls' (attempt) deadlines only.
+   */
+  ping?: () => Req
+  /**
    * The answer `buf[start, end)` to `request`: the response, or an error.
    * A remote error is an `RpcError` with code RPC_ERR_REMOTE and `remote`
    * in the protocol's words; the connection stays up. An error with a
    * connection-fatal code (RPC_ERR_MALFORMED_FRAME: the answer is garbage)
-   * fails the connection and every call on it. Views of `buf` stay valid
-   * as long as they are referenced. Must not throw.
+   * fails the connection and every call on it; a remote error that is
+   * `fatal` (KRPC's FATAL_*) retires the connection: new calls open
+   * another, and it closes once its last call settles. Views of `buf` stay
+   * valid as long as they are referenced. Must not throw.
    */
-  decodeAnswer: (request: Req, buf: Buffer, start: number, end: number) => Res | RpcError
+  decodeAnswer: (request: Req, buf: Buffer, start: number, end: number, data?: unknown, endpoint?: string) => Res | RpcError
   /**
    * `stream` answers: one frame of the answer to `request` (see
    * `AnswerKind`). An `RpcError` ends the stream: a remote error fails the
@@ -137,5 +198,5 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
    * not run (busy, try again), or requests safe to repeat after a lost
    * connection. Calls that were never sent are retried without asking.
    */
-  retryable?: (error: RpcError, request: Req) => boolean
+  retryable?: (error: RpcError, request: Req, data?: unknown) => boolean
 }

@@ -24,6 +24,7 @@ export interface Framing {
  * again from its start each time.
  */
 export interface ScanFraming {
+  /** A new scanner, one per connection (it may hold the state of a frame still arriving). */
   scanner: () => FrameScanner
 }
 

@@ -77,9 +77,13 @@ export interface LengthFieldOptions {
 
 /** A length-field framing: a `Framing` that also frames payloads. */
 export interface LengthFieldFraming extends Framing, PayloadFraming {
+  /** The length field's size, as given. */
   readonly bytes: 1 | 2 | 4
+  /** Where the field starts in the frame (default 0 resolved). */
   readonly offset: number
+  /** Added to the field's value to get the bytes after the field (default 0 resolved). */
   readonly adjust: number
+  /** The field is little-endian (default false resolved). */
   readonly littleEndian: boolean
   /** The frame of `payload`: the field prepended (or filled in, past offset 0). An alias of `frame`, after Netty's LengthFieldPrepender. */
   prepend: (payload: FramePayload) => Buffer[]
@@ -203,7 +207,9 @@ export interface LinesOptions {
 
 /** A line framing: a `ScanFraming` that also frames payloads. */
 export interface LineFraming extends ScanFraming, PayloadFraming {
+  /** What ends a line, as bytes (default `'\n'` resolved). */
   readonly delimiter: Buffer
+  /** The longest line, its delimiter included. */
   readonly max: number
 }
 

@@ -67,7 +67,7 @@ export interface TlsEngineStep {
 /**
  * A TLS handshake driven by tokens that another protocol carries (KRPC's
  * TLS_HANDSHAKE steps), then TLS on the connection's socket.
- * transport/tls-tunnel.ts implements it with node:tls.
+ * codec/krpc/tls-tunnel.ts implements it with node:tls.
  */
 export interface TlsEngine {
   /** Feeds the peer's token (empty to begin, on the client). Rejects when TLS fails. */
@@ -87,7 +87,7 @@ export interface TlsEngine {
  * owns one per protocol and hands it to every `decodeHead` call, so the
  * protocol fills fields rather than making an object per frame.
  */
-export class CallHead {
+export class CallHead<Data = unknown> {
   /** The route's group: its queue, its workers and its metrics label (KRPC: the service; memcached: one group). */
   service = ''
   /** The route within the group (KRPC: the method; memcached: the command). */
@@ -96,8 +96,13 @@ export class CallHead {
   callId = 0
   /** Time budget from the wire in ms (KRPC timeout_millis); 0: none, the server's `requestTimeoutMs` applies. */
   timeoutMs = 0
-  /** The protocol's own per-call data, kept on the call for its encoders (memcached: opcode and opaque). */
-  data: unknown = undefined
+  /**
+   * The protocol's own per-call data, filled here and kept on the call
+   * (`InboundCall.data`) for its encoders and handlers (memcached: opcode
+   * and opaque; KRPC: the sidecars). Typed by the protocol's `Data`, so
+   * its encoders read it without casts.
+   */
+  data: Data = undefined as Data
   /**
    * An object that stands for the route and is the same object every time
    * the same route is named (KRPC: the codec's cached remote-method
@@ -123,7 +128,7 @@ export class CallHead {
     this.method = ''
     this.callId = 0
     this.timeoutMs = 0
-    this.data = undefined
+    this.data = undefined as Data
     this.routeKey = undefined
     this.start = start
     this.end = end
@@ -134,16 +139,17 @@ export class CallHead {
 }
 
 /** What a protocol's encoders see of a call: a `CallHead`'s fields as decoded (the server's call object, or the head itself before there is one). */
-export interface CallInfo {
+export interface CallInfo<Data = unknown> {
   readonly service: string
   readonly method: string
   /** The id the head carried (in-order protocols: as decoded, usually 0). */
   readonly callId: number
-  readonly data: unknown
+  /** What `decodeHead` put in `CallHead.data`. */
+  readonly data: Data
 }
 
 /** A call being answered: its head, and the route it was registered under. */
-export interface AnsweredCall extends CallInfo {
+export interface AnsweredCall<Data = unknown> extends CallInfo<Data> {
   readonly route: RouteInfo
 }
 
@@ -153,6 +159,7 @@ export interface AnsweredCall extends CallInfo {
  *
  * - `busy`: its group's queue was full, or a later arrival with an earlier deadline evicted it;
  * - `expired`: its deadline passed while it waited in the queue;
+ * - `timed-out`: its handler gave up when its deadline passed (it threw or rejected with `ctx.signal`'s reason);
  * - `shutdown`: the server is closing, or the connection reached its maximum age;
  * - `unavailable`: the server is not ready yet (`markReady` not called);
  * - `no-service`: no group of that name; `no-method`: no such route in the group;
@@ -160,7 +167,7 @@ export interface AnsweredCall extends CallInfo {
  * - `failed`: the handler threw or rejected (`error` is what it threw), or returned a response the encoder refused;
  * - `abandoned`: the handler ran too long past its deadline and its worker was given back.
  */
-export type RefusalReason = 'busy' | 'expired' | 'shutdown' | 'unavailable' | 'no-service' | 'no-method' | 'invalid' | 'failed' | 'abandoned'
+export type RefusalReason = 'busy' | 'expired' | 'timed-out' | 'shutdown' | 'unavailable' | 'no-service' | 'no-method' | 'invalid' | 'failed' | 'abandoned'
 
 /** A request body `decodeRequest` could not accept: answered as the refusal `invalid` (the connection stays up). */
 export class InvalidRequest {
@@ -236,9 +243,10 @@ export interface ConnectionHandle {
 
 /**
  * A protocol, as the generic server sees it. `Req` is what handlers get,
- * `Res` what they return.
+ * `Res` what they return, `State` its per-connection state and `Data` its
+ * per-call data (`CallHead.data`, on the call as `data`).
  */
-export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
+export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, Data = unknown> {
   /** A short name for logs and metrics (`krpc`, `memcached`). */
   readonly name: string
   /** Where frames end: a length field (`Framing`) or a scan (`ScanFraming`). */
@@ -279,7 +287,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
    * answer it first). `state` is the connection's `connectionState`
    * (undefined without one). Must not throw.
    */
-  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead, state?: State) => RpcError | null
+  decodeHead: (buf: Buffer, start: number, end: number, head: CallHead<Data>, state?: State) => RpcError | null
   /**
    * The protocol's words for a stream it cannot go on reading: the framing's
    * scan or `decodeHead` returned `error`. The answer's bytes are sent after
@@ -296,7 +304,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
    * refusal `invalid`. Must not throw. Views of `buf` stay valid as long as
    * they are referenced (the read chunk is not reused).
    */
-  decodeRequest: (route: RouteInfo, buf: Buffer, head: CallHead) => Req | InvalidRequest
+  decodeRequest: (route: RouteInfo, buf: Buffer, head: CallHead<Data>) => Req | InvalidRequest
   /**
    * The size of `response`'s answer frame, to be written in place by
    * `encodeInto` (the common case: straight into the connection's
@@ -304,22 +312,22 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
    * commands); -1: use `encodeSlices` instead (large payloads, sent with
    * writev and no copy). May throw: the call is then answered `failed`.
    */
-  encodedLength: (call: AnsweredCall, response: Res) => number
+  encodedLength: (call: AnsweredCall<Data>, response: Res) => number
   /**
    * Writes the answer frame of exactly `encodedLength` bytes at `out[at]`.
    * Called right after `encodedLength` for the same call and response, so
    * the protocol may keep what it measured there. Should not throw.
    */
-  encodeInto: (call: AnsweredCall, response: Res, out: Buffer, at: number) => void
+  encodeInto: (call: AnsweredCall<Data>, response: Res, out: Buffer, at: number) => void
   /** The answer frame as slices, when `encodedLength` said -1. */
-  encodeSlices?: (call: AnsweredCall, response: Res) => Uint8Array[]
+  encodeSlices?: (call: AnsweredCall<Data>, response: Res) => Uint8Array[]
   /**
    * The protocol's words for a request the server answers itself (see
    * `RefusalReason`): the answer's bytes, an empty array for no answer, or
    * null to close the connection instead. `detail` is the handler's error
    * (`failed`) or the `InvalidRequest`'s detail (`invalid`).
    */
-  refusal: (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
+  refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
   /**
    * A message the server sends unasked (`ctx.connection.send`,
    * `ConnectionGroup.send`: a publish/subscribe message, a notification),
@@ -333,5 +341,5 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown> {
    * handler's final answer, in the request's place in the order. May throw
    * (`ctx.write` then throws). Without it, `ctx.write` is refused.
    */
-  encodePart?: (call: AnsweredCall, part: unknown) => Uint8Array[]
+  encodePart?: (call: AnsweredCall<Data>, part: unknown) => Uint8Array[]
 }

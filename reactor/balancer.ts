@@ -1,4 +1,5 @@
 import type { Clock } from '../scheduling/clock.js'
+import type { OutlierEjection, OutlierEjectionStats } from '../scheduling/outlier-ejection.js'
 import { ExponentialBackoff, type Backoff } from '../scheduling/retry.js'
 
 /**
@@ -11,18 +12,22 @@ import { ExponentialBackoff, type Backoff } from '../scheduling/retry.js'
  */
 export type BalancePolicy = 'round-robin' | 'least-outstanding' | 'p2c'
 
+/** An endpoint's host and port. */
 export interface Address { host: string, port: number }
 
 /** One connection slot: an address and its index among that address's connections. */
 export interface Slot {
   readonly key: string
   readonly address: Address
+  /** `host:port`: the host whose outlier-ejection state the slot shares with its sibling connections. */
+  readonly host: string
   /** Consecutive failures to connect or negotiate; 0 once a connection works. */
   failures: number
   /** Until then (clock ms) the slot is skipped while another is usable. */
   retryAt: number
 }
 
+/** How the balancer picks and skips slots. */
 export interface BalancerOptions {
   connectionsPerEndpoint: number
   policy: BalancePolicy
@@ -32,6 +37,13 @@ export interface BalancerOptions {
   /** Delay before a failed slot is tried again; default exponential from 10 ms, capped at 5 s, with jitter. */
   backoff?: Backoff
   random?: () => number
+  /**
+   * Outlier ejection by host (scheduling/outlier-ejection.ts): the slots of
+   * an ejected host are skipped while another host is eligible, and a
+   * half-open host gets the next call as its probe. The client reports each
+   * call's outcome (`callSucceeded`, `callFailed`). null or absent: none.
+   */
+  ejection?: OutlierEjection | null
 }
 
 /**
@@ -39,12 +51,16 @@ export interface BalancerOptions {
  * addresses a DNS name resolved to), times `connectionsPerEndpoint`. A slot
  * whose connection failed is skipped until its backoff passes, unless every
  * slot is failing, in which case the one due soonest is tried (a call is
- * never failed without an attempt).
+ * never failed without an attempt). With `ejection`, the slots of an
+ * ejected host are skipped too (its outlier-ejection state is shared by
+ * every connection to it), and a host whose ejection ended gets the next
+ * call as its one probe.
  */
 export class Balancer {
   readonly #options: BalancerOptions
   readonly #backoff: Backoff
   readonly #random: () => number
+  readonly #ejection: OutlierEjection | null
   #slots: Slot[] = []
   #next = 0
 
@@ -55,9 +71,11 @@ export class Balancer {
     this.#options = options
     this.#backoff = options.backoff ?? new ExponentialBackoff({ baseMs: 10, maxExponent: 9, capMs: 5000, jitter: 'equal' })
     this.#random = options.random ?? Math.random
+    this.#ejection = options.ejection ?? null
     this.setAddresses(addresses)
   }
 
+  /** Every slot, in address order. */
   get slots (): readonly Slot[] {
     return this.#slots
   }
@@ -68,12 +86,14 @@ export class Balancer {
     const slots: Slot[] = []
     for (const address of addresses) {
       for (let i = 0; i < this.#options.connectionsPerEndpoint; i++) {
-        const key = `${address.host}:${address.port}#${i}`
-        slots.push(old.get(key) ?? { key, address, failures: 0, retryAt: 0 })
+        const host = `${address.host}:${address.port}`
+        const key = `${host}#${i}`
+        slots.push(old.get(key) ?? { key, address, host, failures: 0, retryAt: 0 })
       }
     }
     this.#slots = slots
     this.#next = 0
+    this.#ejection?.setHosts([...new Set(slots.map((s) => s.host))])
   }
 
   /** The slot for the next call; undefined only when there are no addresses. */
@@ -81,7 +101,13 @@ export class Balancer {
     const slots = this.#slots
     if (slots.length <= 1) return slots[0]
     const now = this.#options.clock.now()
-    const healthy = (s: Slot): boolean => s.retryAt <= now
+    const ejection = this.#ejection
+    let healthy = (s: Slot): boolean => s.retryAt <= now
+    if (ejection !== null && ejection.ejectedCount > 0) {
+      const probe = this.#probeSlot(ejection)
+      if (probe !== undefined) return probe
+      healthy = (s: Slot): boolean => s.retryAt <= now && ejection.eligible(s.host)
+    }
     switch (this.#options.policy) {
       case 'round-robin': {
         for (let tried = 0; tried < slots.length; tried++) {
@@ -116,19 +142,62 @@ export class Balancer {
         break
       }
     }
-    // Every slot is backing off: try the one due soonest.
-    let soonest = slots[0]!
+    // Every slot is backing off (or ejected): try the one due soonest, of an eligible host if there is one.
+    let soonest: Slot | undefined
+    if (ejection !== null) {
+      for (const slot of slots) if (ejection.eligible(slot.host) && (soonest === undefined || slot.retryAt < soonest.retryAt)) soonest = slot
+    }
+    if (soonest !== undefined) return soonest
+    soonest = slots[0]!
     for (const slot of slots) if (slot.retryAt < soonest.retryAt) soonest = slot
     return soonest
   }
 
-  /** The slot's connection could not be made or negotiated: skip it for a while. */
+  // A slot of a half-open host, its probe now started; undefined when no probe is due.
+  // The slot's own connect backoff is not waited for: while a host is out,
+  // the ejection's times alone say when it is tried again, so that a host
+  // back up is probed (and taken back) within maxEjectionMs.
+  #probeSlot (ejection: OutlierEjection): Slot | undefined {
+    for (const slot of this.#slots) {
+      if (ejection.status(slot.host) !== 'probe-due') continue
+      ejection.probeStarted(slot.host)
+      return slot
+    }
+    return undefined
+  }
+
+  /** A call on the slot's connection was answered (the host is alive, whatever the answer said). */
+  callSucceeded (slot: Slot): void {
+    this.#ejection?.succeeded(slot.host)
+  }
+
+  /** A call on the slot's connection timed out or lost its connection, or a liveness check failed. */
+  callFailed (slot: Slot): void {
+    this.#ejection?.failed(slot.host)
+  }
+
+  /** A connection of the slot's host stayed silent through a liveness ping: eject the host now (within the cap). */
+  unresponsive (slot: Slot): void {
+    this.#ejection?.unresponsive(slot.host)
+  }
+
+  /** Outlier-ejection counters; null without ejection. */
+  ejectionStats (): OutlierEjectionStats | null {
+    return this.#ejection?.stats() ?? null
+  }
+
+  /** The slot's connection could not be made or negotiated: skip it for a while (and count it against its host). */
   failed (slot: Slot): void {
+    this.#ejection?.failed(slot.host)
     slot.failures++
     slot.retryAt = this.#options.clock.now() + this.#backoff.delayMs(Math.min(slot.failures, 30))
   }
 
-  /** The slot's connection negotiated: it is healthy again. */
+  /**
+   * The slot's connection negotiated: it is healthy again. Not proof that
+   * its host answers calls (a stopped process's kernel still completes
+   * TCP handshakes), so outlier ejection waits for `callSucceeded`.
+   */
   succeeded (slot: Slot): void {
     slot.failures = 0
     slot.retryAt = 0

@@ -1,62 +1,19 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
-import type { QueueDiscipline } from '../scheduling/service-queue.js'
+import { Abandonment } from './abandonment.js'
+import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type IdCheck } from './answer-order.js'
 import { ServiceDispatcher } from './dispatcher.js'
-import { InboundCall, type CallConstructor, type CallRoute } from './inbound-call.js'
-import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter, type Handler } from './filters.js'
+import { InboundCall } from './inbound-call.js'
+import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter } from './filters.js'
 import type { Logger } from './logger.js'
-import type { MethodMetrics, ServerMetrics } from './metrics.js'
+import type { ServerMetrics } from './metrics.js'
+import { RouteTable, type CallExecutor, type Route, type RouteDefinition, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
+import type { GroupDefaults } from './server-options.js'
 import type { ServerConnection } from './server-connection.js'
 
 export type { Handler } from './filters.js'
-
-/** A route with something the protocol needs to know about it (KRPC: the method's message types). */
-export interface RouteDefinition<Req = unknown, Res = unknown, State = unknown> {
-  handler: Handler<Req, Res, State>
-  /** Handed to the protocol's `decodeRequest` and kept on the route (`RouteInfo.spec`). */
-  spec?: unknown
-}
-
-/** The routes of one group, by name: a handler, or a handler with its spec. */
-// eslint-disable-next-line @typescript-eslint/no-explicit-any
-export type RouteHandlers<Req = any, Res = any, State = any> = Record<string, Handler<Req, Res, State> | RouteDefinition<Req, Res, State>>
-
-/**
- * Runs a group's calls somewhere other than the event loop (KRPC's worker
- * threads). Its `workers` are the group's workers (same queue, LIFO
- * parking and hand-off); `run` resolves with the answer or rejects as a
- * handler would.
- */
-export interface CallExecutor {
-  readonly workers: number
-  /** Settles when the executor can take calls; `listen()` waits for it. */
-  readonly ready?: Promise<void>
-  /** How long held calls wait without a completion before the queue judges them (see ServiceDispatcher); default one turn. */
-  readonly holdWindowMs?: number
-  run: (call: InboundCall, worker: number) => Promise<unknown>
-  close?: () => Promise<void>
-}
-
-/** Options of a group of routes (`addRoutes`); unset ones come from the server's options. */
-export interface RouteGroupOptions<Req = any, Res = any, State = any> {
-  /** Workers (concurrent handlers) of the group; default 10. */
-  workers?: number
-  /** Bound of the group's queue; default 50. */
-  queueLength?: number
-  /** `edf` (default): earliest deadline first, a full queue evicts the latest deadline. `fifo`: arrival order, a full queue refuses the newcomer. */
-  queue?: QueueDiscipline
-  /** A handler still running this long past its deadline (or its connection's close) gives its worker back; default 5000 ms, 0 disables. */
-  abandonAfterMs?: number
-  /** Abandoned handlers still running past which no more are abandoned; default 100. */
-  maxAbandonedHandlers?: number
-  /** Runs the group's calls elsewhere (worker threads); always pooled. */
-  executor?: CallExecutor
-  /** The call objects' constructor (a protocol's subclass of InboundCall). */
-  callType?: CallConstructor
-  /** Filters around this group's handlers, inside the server's own (`ProtocolServer.use`); the first is outermost. */
-  filters?: Array<Filter<Req, Res, State>>
-}
+export type { CallExecutor, RouteDefinition, RouteGroupOptions, RouteHandlers } from './route-table.js'
 
 /**
  * What the call dispatch needs of the server around it. Plain data fields
@@ -72,7 +29,7 @@ export interface DispatchHost {
   readonly stats: { callsReceived: number, callsSucceeded: number, callsFailed: number, badFrames: number, handlersAbandoned: number }
   /** Every pool, or none (`scheduler: 'direct'`). */
   readonly pooled: boolean
-  readonly defaults: { workers: number, queueLength: number, queue: QueueDiscipline, abandonAfterMs: number, maxAbandonedHandlers: number, burstLimit: number | undefined, requestTimeoutMs: number }
+  readonly defaults: GroupDefaults
   /** Until ready, calls to unknown groups are refused `unavailable` rather than `no-service`. */
   isReady: () => boolean
   /** The open connections (abandonment scans their calls). */
@@ -82,39 +39,6 @@ export interface DispatchHost {
   /** A peer sent bytes the protocol refused: logged as a warning, at most one line per interval (peers choose how often). */
   badData: (remoteAddress: string, why: string, code: string) => void
 }
-
-interface RouteGroup {
-  readonly name: string
-  readonly routes: Map<string, Route>
-  readonly metrics: ReadonlyMap<string, MethodMetrics>
-  /** null in `direct` mode. */
-  readonly dispatcher: ServiceDispatcher | null
-  readonly executor: CallExecutor | null
-  /** Makes the group's call objects: `callType`'s constructor behind a function of its own (see callFactory). */
-  readonly newCall: CallFactory
-  readonly abandonAfterMs: number
-  readonly maxAbandoned: number
-  /** Abandoned handlers that have not settled yet. */
-  abandoned: number
-  /** The group's own filters (inside the server's). */
-  readonly filters: readonly Filter[]
-  /** Executor groups: the server's and the group's filters, composed per call around the executor (empty: none). */
-  chain: readonly Filter[]
-}
-
-interface Route extends CallRoute {
-  readonly group: RouteGroup
-  /** The handler as registered; `handler` is it inside the filters. */
-  readonly base: CallRoute['handler']
-  handler: CallRoute['handler']
-}
-
-// Routes remembered by the identity of the protocol's route keys
-// (`CallHead.routeKey`), so a request finds its handler and metrics
-// without string lookups.
-const ROUTE_CACHE_SIZE = 8
-/** Route keys remembered past the linear cache. */
-const MAX_ROUTE_KEYS = 4096
 
 /**
  * The call side of the server: from a request frame to its answer. It
@@ -131,17 +55,12 @@ export class CallDispatch {
   readonly #protocol: ServerProtocol
   readonly #host: DispatchHost
   readonly #clock: Clock
-  readonly #inOrder: boolean
-  // Calls in flight are keyed by the connection's seq, not the call id: in
-  // order, and by id when the protocol allows an id already in flight.
-  readonly #bySeq: boolean
+  /** When answers may leave: in request order, or as they are ready (by id). */
+  readonly #order: AnswerOrder
+  readonly #writer: AnswerWriter
   readonly #head = new CallHead()
-  readonly #groups = new Map<string, RouteGroup>()
-  /** Calls whose connection closed while their handler ran (abandonment watches them). */
-  readonly #orphans = new Set<InboundCall>()
-  readonly #routeKeys: object[] = []
-  readonly #routes: Route[] = []
-  readonly #routesByKey = new Map<object, Route>()
+  readonly #routes = new RouteTable()
+  readonly #abandonment: Abandonment
   /** The call `onFrame` is submitting, so a handler it starts at once takes its start time from #lastNow. */
   #submitting: InboundCall | null = null
   // One clock reading per read, not per frame: the frames of one read were
@@ -169,15 +88,16 @@ export class CallDispatch {
     this.#protocol = protocol
     this.#host = host
     this.#clock = host.clock
-    this.#inOrder = protocol.ordering === 'in-order'
     const duplicateIds = protocol.duplicateIds ?? 'close'
     if (duplicateIds !== 'close' && duplicateIds !== 'allow') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: duplicateIds must be 'close' or 'allow', got ${String(duplicateIds)}`)
-    this.#bySeq = this.#inOrder || duplicateIds === 'allow'
+    this.#writer = new AnswerWriter(host.log)
+    this.#order = protocol.ordering === 'in-order' ? new InOrderAnswers(this.#writer) : new ByIdAnswers(this.#writer, duplicateIds === 'allow')
+    this.#abandonment = new Abandonment({ connections: host.connections, stats: host.stats, log: host.log, refuse: this.#reject })
   }
 
   /** Registers a group of routes; see `ProtocolServer.addRoutes`. */
   addRoutes (name: string, handlers: RouteHandlers, options: RouteGroupOptions = {}): void {
-    if (this.#groups.has(name)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} is already registered`)
+    if (this.#routes.has(name)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} is already registered`)
     const defaults = this.#host.defaults
     const executor = options.executor ?? null
     const definitions = new Map<string, RouteDefinition>()
@@ -214,7 +134,6 @@ export class CallDispatch {
       metrics,
       dispatcher,
       executor,
-      newCall: callFactory(options.callType ?? InboundCall),
       abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
       maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,
       abandoned: 0,
@@ -226,17 +145,14 @@ export class CallDispatch {
       group.routes.set(method, { service: name, method, spec: definition.spec, base: handler, handler, metrics: metrics.get(method)!, group })
     }
     this.#compose(group)
-    this.#groups.set(name, group)
-    this.#routeKeys.length = 0
-    this.#routes.length = 0
-    this.#routesByKey.clear()
+    this.#routes.add(group)
   }
 
   /** Adds a filter around every group's handlers, those registered later too (outside the groups' own filters; the first added is outermost). */
   use (filter: Filter): void {
     checkFilters([filter])
     this.#filters.push(filter)
-    for (const group of this.#groups.values()) this.#compose(group)
+    for (const group of this.#routes.groups()) this.#compose(group)
   }
 
   // Composes the group's handlers inside their filters, once (not per call).
@@ -278,28 +194,24 @@ export class CallDispatch {
   /** The executors of the groups that have one (their `ready` and `close`). */
   get executors (): CallExecutor[] {
     const out: CallExecutor[] = []
-    for (const group of this.#groups.values()) if (group.executor !== null) out.push(group.executor)
+    for (const group of this.#routes.groups()) if (group.executor !== null) out.push(group.executor)
     return out
   }
 
   /** The shortest `abandonAfterMs` of any group (Infinity: none abandons). */
   get shortestAbandonMs (): number {
-    let ms = Infinity
-    for (const group of this.#groups.values()) if (group.abandonAfterMs > 0) ms = Math.min(ms, group.abandonAfterMs)
-    return ms
+    return Abandonment.shortestMs(this.#routes.groups())
   }
 
   /** Abandoned handlers still running, over all groups. */
   get abandonedRunning (): number {
-    let n = 0
-    for (const group of this.#groups.values()) n += group.abandoned
-    return n
+    return Abandonment.running(this.#routes.groups())
   }
 
   /** Stops taking calls: new ones are refused `shutdown`, queued ones drain within `graceMs`, then get `shutdown`. */
   close (graceMs: number): void {
     this.#closing = true
-    for (const group of this.#groups.values()) void group.dispatcher?.close(graceMs)
+    for (const group of this.#routes.groups()) void group.dispatcher?.close(graceMs)
   }
 
   /** One request frame of a set-up connection; false: stop reading it. */
@@ -325,24 +237,18 @@ export class CallDispatch {
     }
     if (malformed !== null) return this.#protocolError(sc, malformed)
     if (head.skip) return true
-    const inOrder = this.#inOrder
-    const bySeq = this.#bySeq
-    const seq = bySeq ? sc.nextSeq++ : -1
-    // The in-flight table takes 32-bit keys: an in-order seq wraps there
-    // (2^32 requests would have to be in flight to collide), an id must be
-    // an integer of 32 bits, signed or not (a u32 maps one to one).
+    const order = this.#order
+    const seq = order.place(sc)
     const callId = head.callId
-    if (!inOrder && !(Number.isInteger(callId) && callId >= -0x80000000 && callId <= 0xffffffff)) {
-      return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `call id ${callId} is not a 32-bit integer`))
-    }
-    const key = bySeq ? seq | 0 : callId | 0
-    if (!bySeq && sc.inFlight.has(key)) return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, `received duplicate call id ${callId}`))
+    const idCheck = order.checkId(sc, callId)
+    if (idCheck !== ID_OK) return this.#badId(sc, callId, idCheck)
+    const key = order.key(seq, callId)
     const host = this.#host
     host.stats.callsReceived++
 
     if (this.#closing) return this.#refuseHead(sc, seq, 'shutdown', 'server is shutting down')
     if (sc.retiredAt >= 0) return this.#refuseHead(sc, seq, 'shutdown', 'connection reached its maximum age; reconnect')
-    const route = this.#route(head)
+    const route = this.#routes.find(head)
     if (route === undefined) return this.#unrouted(sc, seq)
     let request: unknown
     try {
@@ -352,7 +258,7 @@ export class CallDispatch {
     }
     if (request instanceof InvalidRequest) return this.#refuseHead(sc, seq, 'invalid', request.message, request.detail)
     const group = route.group
-    const call = group.newCall(route, sc.peer, head.callId, receivedAt, head.timeoutMs > 0 ? head.timeoutMs : host.defaults.requestTimeoutMs, head.data, request, this.#clock)
+    const call = new InboundCall(route, sc.peer, head.callId, receivedAt, head.timeoutMs > 0 ? head.timeoutMs : host.defaults.requestTimeoutMs, head.data, request, this.#clock)
     call.owner = sc
     call.seq = seq
     sc.inFlight.set(key, call)
@@ -370,37 +276,14 @@ export class CallDispatch {
     for (const call of sc.inFlight.values()) {
       call.abort(reason)
       // A handler still running after the abort (it ignores its signal) is watched.
-      if (!Number.isNaN(call.handledAt) && call.owner !== null && call.worker >= 0) this.#orphans.add(call)
+      this.#abandonment.orphaned(call)
     }
-  }
-
-  #route (head: CallHead): Route | undefined {
-    const key = head.routeKey
-    if (key !== undefined) {
-      const keys = this.#routeKeys
-      for (let i = 0; i < keys.length; i++) if (keys[i] === key) return this.#routes[i]
-      // More routes than the linear cache holds (RESP's commands): by identity, one Map lookup.
-      const known = this.#routesByKey.get(key)
-      if (known !== undefined) return known
-    }
-    const route = this.#groups.get(head.service)?.routes.get(head.method)
-    if (route !== undefined && key !== undefined) {
-      if (this.#routeKeys.length < ROUTE_CACHE_SIZE) {
-        this.#routeKeys.push(key)
-        this.#routes.push(route)
-      } else {
-        // Bounded: a protocol that made a new key object per frame must not grow it.
-        if (this.#routesByKey.size >= MAX_ROUTE_KEYS) this.#routesByKey.clear()
-        this.#routesByKey.set(key, route)
-      }
-    }
-    return route
   }
 
   // Answers a request whose group or route is not here.
   #unrouted (sc: ServerConnection, seq: number): boolean {
     const head = this.#head
-    if (!this.#groups.has(head.service)) {
+    if (!this.#routes.has(head.service)) {
       return this.#host.isReady()
         ? this.#refuseHead(sc, seq, 'no-service', `service ${head.service} not registered on this server`)
         : this.#refuseHead(sc, seq, 'unavailable', `service unavailable: service ${head.service} not registered yet`)
@@ -412,7 +295,7 @@ export class CallDispatch {
   #refuseHead (sc: ServerConnection, seq: number, reason: RefusalReason, message: string, detail?: unknown): boolean {
     this.#host.stats.callsFailed++
     if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
-    this.#emit(sc, seq, this.#protocol.refusal(this.#head, reason, message, detail))
+    this.#order.emit(sc, seq, this.#protocol.refusal(this.#head, reason, message, detail))
     return !sc.connection.isClosed && !sc.closing
   }
 
@@ -444,21 +327,13 @@ export class CallDispatch {
     sc.badFrame = true
     // The peer is told in its protocol's words: a client's mistake, not the server's trouble.
     this.#host.badData(sc.remoteAddress, `${error.message}; answered, closing the connection`, error.code)
-    if (this.#inOrder) {
-      const seq = sc.nextSeq++
-      sc.requestClose(seq)
-      this.#emit(sc, seq, answer)
-      return false
-    }
-    // By id: the last words follow the answers of the calls still in flight (#release).
-    sc.requestClose(-1)
-    if (sc.inFlight.size > 0) {
-      sc.lastWords = answer
-      return false
-    }
-    if (answer.length > 0) this.#send(sc, answer)
-    sc.connection.endAfterFlush()
-    return false
+    return this.#order.lastWords(sc, answer)
+  }
+
+  // A call id the connection cannot take: the peer is broken.
+  #badId (sc: ServerConnection, callId: number, check: IdCheck): false {
+    const why = check === ID_IN_FLIGHT ? `received duplicate call id ${callId}` : `call id ${callId} is not a 32-bit integer`
+    return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, why))
   }
 
   #badFrame (sc: ServerConnection, error: RpcError): false {
@@ -520,50 +395,17 @@ export class CallDispatch {
     return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
   }
 
-  /**
-   * Gives back the workers of handlers running `abandonAfterMs` past their
-   * call's deadline or their connection's close (one pass of the server's
-   * scan): the calls in flight on open connections, and the orphans of
-   * closed ones.
-   */
+  /** Abandons handlers that overran (one pass of the server's scan; see `Abandonment`). */
   abandonOverdue (now: number): void {
-    for (const sc of this.#host.connections) {
-      if (sc.inFlight.size === 0) continue
-      for (const call of sc.inFlight.values()) {
-        if (call.deadline < now) this.#maybeAbandon(call, call.deadline, 'deadline', now)
-      }
-    }
-    for (const call of this.#orphans) {
-      const sc = call.owner as ServerConnection | null
-      if (sc === null) {
-        this.#orphans.delete(call)
-        continue
-      }
-      this.#maybeAbandon(call, Math.min(sc.closedAt, call.deadline), 'connection closed', now)
-    }
-  }
-
-  #maybeAbandon (call: InboundCall, since: number, what: string, now: number): void {
-    const group = (call.route as Route).group
-    const pool = group.dispatcher?.pool
-    // Running in the loop (not queued, not elsewhere), long enough, and within the bound.
-    if (pool === undefined || group.abandonAfterMs <= 0 || Number.isNaN(call.handledAt) || call.worker < 0 ||
-      now - since < group.abandonAfterMs || group.abandoned >= group.maxAbandoned) return
-    if (this.#orphans.size > 0) this.#orphans.delete(call)
-    call.abandoned = true
-    group.abandoned++
-    this.#host.stats.handlersAbandoned++
-    call.route.metrics.abandoned++
-    this.#host.log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${what}; its worker is given back and its result will be dropped`)
-    call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
-    const worker = call.worker
-    this.#refuse(call, 'abandoned', `handler abandoned: still running ${group.abandonAfterMs} ms after its ${what}`)
-    pool.abandon(worker)
+    this.#abandonment.overdue(now)
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
-    if (call.abandoned) {
-      (call.route as Route).group.abandoned--
+    if (call.abandoned && this.#abandonment.settled(call)) return
+    // A handler that gave up at its deadline (the signal's own reason) is
+    // not a failure of the handler: the protocol answers it as a timeout.
+    if (err instanceof RpcError && err.code === ErrorCode.DEADLINE_EXCEEDED && call.isExpired) {
+      this.#refuse(call, 'timed-out', `${call.service}.${call.method} timed out: its handler gave up at the call's deadline`, err)
       return
     }
     this.#refuse(call, 'failed', describeFailure(err), err)
@@ -573,11 +415,8 @@ export class CallDispatch {
   // the bookkeeping (metrics, in-flight table) follows, off the path of a
   // synchronous caller waiting for the answer.
   #respond (call: InboundCall, response: unknown): void {
-    if (call.abandoned) {
-      // An abandoned handler settled at last: its result is dropped.
-      (call.route as Route).group.abandoned--
-      return
-    }
+    // An abandoned handler settled at last: its result is dropped.
+    if (call.abandoned && this.#abandonment.settled(call)) return
     const sc = call.owner as ServerConnection | null
     if (sc === null || sc.connection.isClosed) {
       if (sc !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
@@ -586,18 +425,19 @@ export class CallDispatch {
     }
     const protocol = this.#protocol
     const connection = sc.connection
-    const inTurn = !this.#inOrder || call.seq === sc.sendSeq
+    const order = this.#order
+    const inTurn = order.inTurn(sc, call)
     let bytes: number
     try {
       bytes = protocol.encodedLength(call, response)
       if (!inTurn) {
         // Not its turn: its answer waits, encoded, for the ones before it.
         sc.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
-        this.#afterHold(sc)
+        this.#writer.afterHold(sc)
       } else if (bytes > 0) {
-        if (!connection.writeFrame(bytes, protocol, call, response)) this.#overBound(sc)
+        if (!connection.writeFrame(bytes, protocol, call, response)) this.#writer.overBound(sc)
       } else if (bytes < 0) {
-        this.#send(sc, protocol.encodeSlices!(call, response))
+        this.#writer.send(sc, protocol.encodeSlices!(call, response))
       }
     } catch (err) {
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
@@ -607,8 +447,8 @@ export class CallDispatch {
     if (this.#observers !== null) this.#ended(call, 'ok', '')
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
     this.#release(call, settledAt)
-    if (inTurn && this.#inOrder) this.#advance(sc)
-    if (call.closeAfter) this.#closeAfter(sc)
+    if (inTurn) order.answered(sc, call)
+    if (call.closeAfter) order.closeAfter(sc)
     this.#host.answered()
   }
 
@@ -619,51 +459,9 @@ export class CallDispatch {
     if (this.#observers !== null && owned) this.#ended(call, sc === undefined ? 'closed' : reason, sc === undefined ? 'the connection closed before the answer was sent' : message, detail)
     if (sc === undefined) return
     this.#host.stats.callsFailed++
-    this.#emit(sc, call.seq, this.#protocol.refusal(call, reason, message, detail))
-    if (call.closeAfter) this.#closeAfter(sc)
+    this.#order.emit(sc, call.seq, this.#protocol.refusal(call, reason, message, detail))
+    if (call.closeAfter) this.#order.closeAfter(sc)
     this.#host.answered()
-  }
-
-  // Sends an answer the server made (or holds it until its turn); null:
-  // close the connection instead, once the answers before it have gone.
-  #emit (sc: ServerConnection, seq: number, slices: AnswerSlices): void {
-    if (slices === null) {
-      if (this.#inOrder ? seq > sc.sendSeq : sc.inFlight.size > 0) {
-        sc.requestClose(this.#inOrder ? seq - 1 : -1)
-        return
-      }
-      sc.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
-      return
-    }
-    if (!this.#inOrder) {
-      if (slices.length > 0) this.#send(sc, slices)
-      return
-    }
-    if (seq !== sc.sendSeq) {
-      sc.hold(seq, slices.length === 0 ? null : slices)
-      this.#afterHold(sc)
-      return
-    }
-    if (slices.length > 0) this.#send(sc, slices)
-    this.#advance(sc)
-  }
-
-  // The answer of sc.sendSeq went out: the ones held behind it follow, in
-  // order, each after the parts of its streamed answer written before its turn.
-  #advance (sc: ServerConnection): void {
-    for (;;) {
-      sc.sendSeq++
-      if (sc.closeAfterSeq >= 0 && sc.sendSeq > sc.closeAfterSeq) {
-        sc.connection.endAfterFlush()
-        return
-      }
-      if (sc.heldBytes === 0) return
-      const parts = sc.takeParts()
-      if (parts !== undefined) for (const part of parts) this.#send(sc, part)
-      const slices = sc.takeNext()
-      if (slices === undefined) return
-      if (slices !== null && slices.length > 0) this.#send(sc, slices)
-    }
   }
 
   /** One part of `call`'s streamed answer (`ctx.write`): sent now in its turn, else held until it comes. */
@@ -671,28 +469,8 @@ export class CallDispatch {
     const encode = this.#protocol.encodePart
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
     if (sc.connection.isClosed || call.abandoned) return false
-    const slices = encode(call, part)
-    if (!this.#inOrder || call.seq === sc.sendSeq) {
-      if (slices.length > 0) this.#send(sc, slices)
-    } else {
-      sc.holdPart(call.seq, slices)
-      this.#afterHold(sc)
-    }
+    this.#order.writePart(sc, call, encode(call, part))
     return !sc.connection.isClosed
-  }
-
-  // A call that asked to close its connection (requestClose: nothing more
-  // is read) was answered: the connection ends once the requests before it
-  // are answered too (in order: #advance ends it when its turn has passed;
-  // by id: when no call is in flight).
-  #closeAfter (sc: ServerConnection): void {
-    if (this.#inOrder ? sc.sendSeq <= sc.closeAfterSeq : sc.inFlight.size > 0) return
-    sc.connection.endAfterFlush()
-  }
-
-  // Held answers count against the connection's outbound bound.
-  #afterHold (sc: ServerConnection): void {
-    if (sc.connection.outboundBytes + sc.heldBytes > sc.connection.maxOutboundBytes) this.#overBound(sc)
   }
 
   // Ends the call's life on its connection; undefined when the connection is gone.
@@ -710,47 +488,18 @@ export class CallDispatch {
     const sc = call.owner as ServerConnection | null
     call.owner = null
     if (sc === null) return undefined
-    if (this.#orphans.size > 0) this.#orphans.delete(call)
-    sc.inFlight.delete(this.#bySeq ? call.seq | 0 : call.callId | 0)
-    // By id, a connection asked to close waits for its last call (answered just after this).
-    if (sc.closing && !this.#inOrder && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => this.#endWithLastWords(sc))
+    this.#abandonment.forget(call)
+    const order = this.#order
+    sc.inFlight.delete(order.key(call.seq, call.callId))
+    order.released(sc, call)
     return sc.connection.isClosed ? undefined : sc
   }
 
-  // By id, a closing connection's last call was answered: its protocolError answer (if any), then the end.
-  #endWithLastWords (sc: ServerConnection): void {
-    const words = sc.lastWords
-    sc.lastWords = null
-    if (words !== null && words.length > 0 && !sc.connection.isClosed) this.#send(sc, words)
-    sc.connection.endAfterFlush()
-  }
-
-  #send (sc: ServerConnection, slices: Uint8Array[]): void {
-    let bytes = 0
-    for (const slice of slices) bytes += slice.length
-    if (!sc.connection.send({ slices: slices as Buffer[], bytes })) this.#overBound(sc)
-  }
-
-  #overBound (sc: ServerConnection): void {
-    if (sc.connection.isClosed) return
-    this.#host.log.warn(`closing ${sc.remoteAddress}: it reads responses slower than they are produced (outbound bound exceeded)`)
-    sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
-  }
 }
-
-type CallFactory = (...args: ConstructorParameters<CallConstructor>) => InboundCall
 
 function checkFilters (filters: readonly Filter[]): readonly Filter[] {
   for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
   return filters
-}
-
-// A call object's constructor behind a small function of its own, made once
-// per group: `new group.callType(...)` in onFrame went through V8's generic
-// construct stub for a protocol's subclass (~100 instructions a call more,
-// counted with bench/server-instructions.ts).
-function callFactory (type: CallConstructor): CallFactory {
-  return (route, peer, callId, receivedAt, timeoutMs, data, request, clock) => new type(route, peer, callId, receivedAt, timeoutMs, data, request, clock)
 }
 
 // An answer encoded into a buffer of its own (it waits for its turn).

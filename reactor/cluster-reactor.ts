@@ -6,7 +6,7 @@
  * usage and metrics requests, and drains and exits when the primary asks,
  * when it gets SIGTERM or SIGINT, or when the primary is gone.
  */
-import { ListenError, type ProtocolServer as Server } from './server.js'
+import { ListenError, type ServesReactor as Server } from './server.js'
 import type { ReactorsOptions } from './cluster.js'
 
 // Environment of a reactor process, set by the primary.

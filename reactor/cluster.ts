@@ -19,7 +19,7 @@
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { ListenError, type ProtocolServer as Server } from './server.js'
+import { ListenError, type ServesReactor as Server } from './server.js'
 import { resolveLogger, type Logger } from './logger.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 

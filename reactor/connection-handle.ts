@@ -3,13 +3,7 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { ServerConnection } from './server-connection.js'
 
-/** High and low watermarks of a connection's unsent bytes (`ConnectionHandle.writable`). */
-export interface WriteWatermarks {
-  /** Past this many unsent bytes `writable` turns false; default 64 KiB. */
-  highBytes?: number
-  /** At or below this many it turns true again and `'drain'` is emitted; default 32 KiB. */
-  lowBytes?: number
-}
+export type { WriteWatermarks } from './server-options.js'
 
 export const DEFAULT_HIGH_WATERMARK_BYTES = 64 * 1024
 export const DEFAULT_LOW_WATERMARK_BYTES = 32 * 1024

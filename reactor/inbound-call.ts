@@ -68,21 +68,21 @@ export interface PartSink {
  * One call being handled by the server, from the moment its whole frame
  * arrived until its answer is queued on the connection. The deadline is
  * computed once, at construction: scheduling, expiry and the handler all
- * read this cached value. Protocols may extend it (KRPC adds sidecars) by
- * giving the server their own constructor of the same shape.
+ * read this cached value. What a protocol keeps per call lives in `data`,
+ * filled at decode time (`CallHead.data`) and typed by the protocol's
+ * `Data`: protocols add no subclasses.
  */
-export class InboundCall implements CallContext, CallInfo {
+export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> {
   // Every field is declared without a value and set in the constructor, in
-  // one order, and none is #private: with a subclass (KRPC's call) made
-  // through the group's factory (CallDispatch), V8 then allocates and fills
-  // the object in line. With initializers and #fields it went through the
-  // generic construct path (about 100 instructions a call more, counted
-  // with bench/server-instructions.ts).
+  // one order, and none is #private: V8 then allocates and fills the object
+  // in line. With initializers and #fields it went through the generic
+  // construct path (about 100 instructions a call more, counted with
+  // bench/server-instructions.ts).
   declare readonly callId: number
   declare readonly receivedAt: number
   declare readonly deadline: number
-  /** The protocol's per-call data (`CallHead.data`). */
-  declare readonly data: unknown
+  /** The protocol's per-call data, as its `decodeHead` filled `CallHead.data`. */
+  declare readonly data: Data
   declare readonly request: unknown
   /** Its route, handler and metrics. Internal. */
   declare readonly route: CallRoute
@@ -101,6 +101,11 @@ export class InboundCall implements CallContext, CallInfo {
   declare abandoned: boolean
   /** The worker (of its group's pool) its in-loop handler runs on; -1 before, and in thread mode. Internal. */
   declare worker: number
+  /**
+   * Told once when the call is aborted (its executor cancels it where it
+   * runs: KRPC's worker threads); null when nothing listens. Internal.
+   */
+  declare onAbort: ((reason: RpcError) => void) | null
   declare private readonly _clock: Clock
   declare private _controller: AbortController | null
   declare private _timer: TimerHandle | null
@@ -109,7 +114,7 @@ export class InboundCall implements CallContext, CallInfo {
 
   // Positional: one object per call, not two (a fields object would be one more).
   constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
-    data: unknown, request: unknown, clock: Clock) {
+    data: Data, request: unknown, clock: Clock) {
     this.callId = callId
     this.receivedAt = receivedAt
     this.deadline = timeoutMs > 0 ? receivedAt + timeoutMs : Number.POSITIVE_INFINITY
@@ -124,6 +129,7 @@ export class InboundCall implements CallContext, CallInfo {
     this.closeAfter = false
     this.abandoned = false
     this.worker = -1
+    this.onAbort = null
     this._clock = clock
     this._controller = null
     this._timer = null
@@ -199,6 +205,7 @@ export class InboundCall implements CallContext, CallInfo {
     if (this._abortReason !== null) return
     this._abortReason = reason
     this._controller?.abort(reason)
+    this.onAbort?.(reason)
   }
 
   /** Releases the deadline timer; called once when the call is answered. */
@@ -210,7 +217,3 @@ export class InboundCall implements CallContext, CallInfo {
     }
   }
 }
-
-/** How the server makes a call object: `InboundCall`'s constructor, or a protocol's subclass. */
-export type CallConstructor = new (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
-  data: unknown, request: unknown, clock: Clock) => InboundCall

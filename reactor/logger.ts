@@ -11,13 +11,17 @@ export type LogFields = Record<string, unknown>
 
 /** A logger: one method per level, each taking a message and optional fields. */
 export interface Logger {
+  /** The process cannot serve as asked: listener errors, out of file descriptors, a reactor killed after close. */
   error: (message: string, fields?: LogFields) => void
+  /** A peer or a limit needed action: connections refused or evicted, bad data, failed negotiations, budgets passed, a reactor died. */
   warn: (message: string, fields?: LogFields) => void
+  /** Routine events: idle and aged-out connections closed, connections retired, reactors started and exited. */
   info: (message: string, fields?: LogFields) => void
-  /** Optional: loggers written before it existed have only the three above. */
+  /** Each retry, with its delay. Optional: loggers written before it existed have only the three above. */
   debug?: (message: string, fields?: LogFields) => void
 }
 
+/** A level of {@link Logger}, lowest first; `silent` writes nothing. */
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent'
 
 const LEVELS: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 }
@@ -25,11 +29,15 @@ const LEVELS: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error:
 /** Reports nothing. Pass it (or `logger: null`) to silence a server, client or supervisor. */
 export const silentLogger: Required<Logger> = { error () {}, warn () {}, info () {}, debug () {} }
 
+/** Options of {@link consoleLogger}. */
 export interface ConsoleLoggerOptions {
   /** Lowest level written; default `warn` (warnings and errors). */
   level?: LogLevel
   /** Where lines go; default `process.stderr`, looked up at each write. */
-  stream?: { write: (line: string) => unknown }
+  stream?: {
+    /** Takes one whole line, its newline included. */
+    write: (line: string) => unknown
+  }
   /** Append each event's fields as ` key=value` (default false: the message says what a person needs). */
   fields?: boolean
 }

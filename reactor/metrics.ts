@@ -19,10 +19,14 @@ export const LATENCY_BUCKETS_MS: readonly number[] = [
 
 /** A latency histogram with fixed buckets; observe is a few comparisons and two additions. */
 export class LatencyHistogram {
+  /** Observations per bucket of {@link LATENCY_BUCKETS_MS}, the last one past its last bound. */
   readonly counts = new Float64Array(LATENCY_BUCKETS_MS.length + 1)
+  /** Observations so far. */
   count = 0
+  /** Their sum, in milliseconds. */
   sum = 0
 
+  /** Counts one latency of `ms` milliseconds (a negative or NaN one as 0). */
   observe (ms: number): void {
     if (!(ms >= 0)) ms = 0
     let i = 0
@@ -45,6 +49,7 @@ export class LatencyHistogram {
     return Number.POSITIVE_INFINITY
   }
 
+  /** The histogram now, as plain numbers. */
   snapshot (): HistogramSnapshot {
     return {
       count: this.count,
@@ -56,14 +61,23 @@ export class LatencyHistogram {
   }
 }
 
+/** A latency histogram at one moment, in milliseconds. */
 export interface HistogramSnapshot {
+  /** Observations so far. */
   count: number
+  /** Their sum. */
   sumMs: number
-  /** Upper bounds of the buckets holding the median and the 99th percentile. */
+  /** Upper bound of the bucket holding the median (NaN with no observation). */
   p50Ms: number
+  /** Upper bound of the bucket holding the 99th percentile (NaN with no observation). */
   p99Ms: number
   /** Per-bucket (not cumulative) counts; the overflow bucket is `count` minus their sum. */
-  buckets: Array<{ le: number, count: number }>
+  buckets: Array<{
+    /** The bucket's upper bound (inclusive). */
+    le: number
+    /** Observations in this bucket alone. */
+    count: number
+  }>
 }
 
 /** What happened to the calls of one method. */
@@ -90,27 +104,45 @@ export class MethodMetrics {
 
 /** Live sources of a service's gauges. */
 export interface ServiceGauges {
+  /** Calls waiting in the service's queue now. */
   queueLength: () => number
+  /** Workers free now. */
   idleWorkers: () => number
+  /** The service's workers (its concurrency). */
   workers: number
 }
 
+/** The counters and histograms of one method at one moment (see {@link MethodMetrics}). */
 export interface MethodSnapshot {
+  /** Calls a handler ran for. */
   handled: number
+  /** Refused because the service queue was full. */
   queueOverflows: number
+  /** Evicted from a full queue by a call with an earlier deadline. */
   evictions: number
+  /** Expired while waiting in the queue (never ran). */
   timedOutInQueue: number
+  /** Handler finished after the call's deadline. */
   timedOutOnResponse: number
+  /** Refused because the server was shutting down. */
   shutdownRejected: number
+  /** Handlers abandoned past their deadline (their workers given back). */
   abandoned: number
+  /** Time from the frame's arrival to its handler's start. */
   queueTime: HistogramSnapshot
+  /** Time the handler took, start to settled. */
   handlerLatency: HistogramSnapshot
 }
 
+/** One service (route group) at one moment: its queue, its workers and each method. */
 export interface ServiceSnapshot {
+  /** Calls waiting in its queue. */
   queueLength: number
+  /** Workers free. */
   idleWorkers: number
+  /** Its workers (its concurrency). */
   workers: number
+  /** Each method's counters, by method name. */
   methods: Record<string, MethodSnapshot>
 }
 
@@ -190,6 +222,7 @@ export class ServerMetrics {
     return map
   }
 
+  /** The live metrics of one method of a registered service, if both exist. */
   method (service: string, method: string): MethodMetrics | undefined {
     return this.#services.get(service)?.methods.get(method)
   }

@@ -4,6 +4,8 @@
  * sleeps or asserts a duration.
  */
 import { performance } from 'node:perf_hooks'
+
+/** A source of time and timers: `realClock` in production, `FakeClock` in tests (the `clock` option of servers, clients and retry policies). */
 export interface Clock {
   /** Monotonic milliseconds (fractional). */
   now: () => number
@@ -13,6 +15,7 @@ export interface Clock {
    * such as a call sleeping before its retry).
    */
   setTimer: (callback: () => void, ms: number, keepAlive?: boolean) => TimerHandle
+  /** Cancels a timer that has not fired yet (a fired or cleared one: nothing happens). */
   clearTimer: (handle: TimerHandle) => void
   /**
    * Runs `callback` after the I/O that is ready now has been processed
@@ -31,7 +34,10 @@ export interface Clock {
 }
 
 /** An opaque timer handle. */
-export interface TimerHandle { readonly id?: unknown }
+export interface TimerHandle {
+  /** Whatever identifies the timer to its clock; not for callers to read. */
+  readonly id?: unknown
+}
 
 const MAX_TIMEOUT_MS = 2 ** 31 - 1
 
@@ -120,6 +126,7 @@ export class FakeClock implements Clock {
     return timer
   }
 
+  /** Cancels a timer not yet fired: it will not fire, and no longer counts in `pendingTimers`. */
   clearTimer (handle: TimerHandle): void {
     const timer = handle as FakeTimer
     timer.cancelled = true

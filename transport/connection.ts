@@ -68,7 +68,9 @@ export interface FrameEncoder<A, B> {
 
 /** Counters of one connection. */
 export interface ConnectionStats extends TransferQueueStats {
+  /** Bytes read from the socket so far. */
   bytesRead: number
+  /** Frames received so far, set-up frames included. */
   framesRead: number
   /** Bytes handed to the socket (Node's `socket.bytesWritten`: set-up frames included). */
   bytesWritten: number

@@ -2,23 +2,40 @@ import { ErrorCode, RpcError, type RemoteStatus } from '../errors.js'
 
 /** KRPC's `RpcErrorCodePB` values. */
 export const KrpcCode = {
+  /** The handler failed (it threw, or was abandoned past its deadline). */
   ERROR_APPLICATION: 1,
+  /** The service has no such method. */
   ERROR_NO_SUCH_METHOD: 2,
+  /** The server has no such service. */
   ERROR_NO_SUCH_SERVICE: 3,
+  /** The service queue was full, the call was evicted by an earlier deadline, or it waited past its deadline: retry elsewhere or later. */
   ERROR_SERVER_TOO_BUSY: 4,
+  /** The request did not parse, or needs a feature the server lacks (`unsupportedFeatureFlagsOf`). */
   ERROR_INVALID_REQUEST: 5,
+  /** Exactly-once: the request's sequence number is older than the server still remembers. */
   ERROR_REQUEST_STALE: 6,
+  /** The server is not ready to serve yet (still starting). */
   ERROR_UNAVAILABLE: 7,
+  /** A fatal error with no more specific code (Kudu: an unknown queue status). */
   FATAL_UNKNOWN: 10,
+  /** The server is shutting down: new calls during `close()`, and calls still queued when its grace period ends. */
   FATAL_SERVER_SHUTTING_DOWN: 11,
+  /** The call's `RequestHeader` did not parse: the connection is closed. */
   FATAL_INVALID_RPC_HEADER: 12,
+  /** The request frame could not be read: the connection is closed. */
   FATAL_DESERIALIZING_REQUEST: 13,
+  /** Defined by KRPC but never sent (a bad version closes the connection without an error frame). */
   FATAL_VERSION_MISMATCH: 14,
+  /** Negotiation refused the credentials (or no more password checks could run): the connection is closed. */
   FATAL_UNAUTHORIZED: 15,
+  /** Token authentication failed: fetch a new token and reconnect. */
   FATAL_INVALID_AUTHENTICATION_TOKEN: 16,
+  /** The authorization token is invalid or expired; a call-level error, unlike the other codes from 10 on. */
   ERROR_INVALID_AUTHORIZATION_TOKEN: 17,
+  /** JWT authentication failed. */
   FATAL_INVALID_JWT: 18
 } as const
+/** One of the {@link KrpcCode} numbers; from 10 on (but 17) the connection is closed after it. */
 export type KrpcCode = typeof KrpcCode[keyof typeof KrpcCode]
 
 const KRPC_NAMES = new Map<number, string>(Object.entries(KrpcCode).map(([name, value]) => [value, name]))

@@ -1,7 +1,7 @@
 import { ErrorCode, RpcError } from '../errors.js'
 import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeaderInto, decodeResponseHeaderInto, requestHeaderOf, responseHeaderOf } from './header-decoder.js'
 import type { Framing } from '../frame-decoder.js'
-import { ProtoSchema, assetPath } from '../schema.js'
+import { ProtoSchema, assetPath } from '../protobuf/schema.js'
 import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from '../varint.js'
 
 /**

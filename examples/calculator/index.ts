@@ -1,33 +1,112 @@
+/**
+ * `nyala/demo`: the calculator service of Kudu's RPC tests
+ * (`nyala.demo.CalculatorService` of `calculator.proto`), which `nyala
+ * serve`, `nyala call` and `nyala bench` run: its message shapes, its
+ * schema and service, and its handlers.
+ *
+ * @module nyala/demo
+ */
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
-import { ProtoSchema, assetPath } from '../../codec/schema.js'
+import { ProtoSchema, assetPath } from '../../codec/protobuf/schema.js'
 import type { ServiceHandlers } from '../../reactor/krpc/server.js'
 
-/** Message shapes of `calculator.proto`, for typed stubs and handlers. */
-export interface AddRequest { x: number, y: number }
-export interface AddResponse { result: number }
-export interface SleepRequest { sleep_micros: number, return_app_error?: boolean }
+/** `AddRequestPB`: two numbers to add. */
+export interface AddRequest {
+  /** The first addend (uint32). */
+  x: number
+  /** The second addend (uint32). */
+  y: number
+}
+/** `AddResponsePB`: the sum. */
+export interface AddResponse {
+  /** `x + y`, wrapped to uint32. */
+  result: number
+}
+/** `SleepRequestPB`: how long the handler waits before it answers. */
+export interface SleepRequest {
+  /** How long to wait, in microseconds. */
+  sleep_micros: number
+  /** Answer with an application error instead of an empty response once the wait ends. */
+  return_app_error?: boolean
+}
+/** `SleepResponsePB`: empty. */
 export type SleepResponse = Record<string, never>
-export interface EchoRequest { data: string }
-export interface EchoResponse { data: string }
-export interface PushStringsRequest { sidecar_indexes?: number[] }
-export interface PushStringsResponse { sizes: number[], crcs: number[] }
+/** `EchoRequestPB`: a string to send back. */
+export interface EchoRequest {
+  /** The string the response carries back. */
+  data: string
+}
+/** `EchoResponsePB`: the request's string. */
+export interface EchoResponse {
+  /** The request's `data`, unchanged. */
+  data: string
+}
+/** `PushStringsRequestPB`: which of the request's sidecars to measure. */
+export interface PushStringsRequest {
+  /** Indexes into the request's sidecars (none: an empty answer). */
+  sidecar_indexes?: number[]
+}
+/** `PushStringsResponsePB`: size and CRC-32 of each sidecar named, in the request's order. */
+export interface PushStringsResponse {
+  /** Each named sidecar's length in bytes. */
+  sizes: number[]
+  /** Each named sidecar's CRC-32 (zlib's). */
+  crcs: number[]
+}
+/** `EchoSidecarsRequestPB`: empty; the request's sidecars are the payload. */
 export type EchoSidecarsRequest = Record<string, never>
-export interface EchoSidecarsResponse { sidecar_indexes: number[] }
+/** `EchoSidecarsResponsePB`: the request's sidecars come back, in order, as the response's. */
+export interface EchoSidecarsResponse {
+  /** The response's sidecar index of each echoed sidecar. */
+  sidecar_indexes: number[]
+}
 
 // A type alias, not an interface, so that it fits MethodMap's index signature.
+/** The methods of `nyala.demo.CalculatorService`, each with its request and response shape, for typed stubs and handlers. */
 export type CalculatorMethods = {
-  Add: { request: AddRequest, response: AddResponse }
-  Sleep: { request: SleepRequest, response: SleepResponse }
-  Echo: { request: EchoRequest, response: EchoResponse }
-  PushStrings: { request: PushStringsRequest, response: PushStringsResponse }
-  EchoSidecars: { request: EchoSidecarsRequest, response: EchoSidecarsResponse }
+  /** Adds `x` and `y`. */
+  Add: {
+    /** The two addends. */
+    request: AddRequest
+    /** Their sum. */
+    response: AddResponse
+  }
+  /** Waits `sleep_micros`, then answers (or fails, with `return_app_error`). */
+  Sleep: {
+    /** How long to wait. */
+    request: SleepRequest
+    /** Empty. */
+    response: SleepResponse
+  }
+  /** Sends `data` back. */
+  Echo: {
+    /** The string. */
+    request: EchoRequest
+    /** The same string. */
+    response: EchoResponse
+  }
+  /** Measures the request's sidecars named by index. */
+  PushStrings: {
+    /** Which sidecars. */
+    request: PushStringsRequest
+    /** Their sizes and CRCs. */
+    response: PushStringsResponse
+  }
+  /** Sends the request's sidecars back as the response's. */
+  EchoSidecars: {
+    /** Empty (the sidecars are the payload). */
+    request: EchoSidecarsRequest
+    /** The echoed sidecars' indexes. */
+    response: EchoSidecarsResponse
+  }
 }
 
 /** Path of `calculator.proto` (also for `nyala call --proto`). */
 export const CALCULATOR_PROTO = assetPath(import.meta.url, 'calculator.proto')
 
-/** The demo schema and service `nyala.demo.CalculatorService`. */
+/** The parsed `calculator.proto`: the demo schema. */
 export const calculatorSchema = ProtoSchema.load(CALCULATOR_PROTO)
+/** `nyala.demo.CalculatorService`, typed by {@link CalculatorMethods}: give it to `server.addService` and `client.service`. */
 export const CalculatorService = calculatorSchema.service<CalculatorMethods>('nyala.demo.CalculatorService')
 
 const CRC_TABLE = (() => {

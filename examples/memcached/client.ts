@@ -164,6 +164,8 @@ export function memcachedClientProtocol (): ClientProtocol<MemcachedCommand, Mem
     answerOf: (command) => command.opcode === Opcode.STAT ? 'stream' : QUIET.has(command.opcode) ? 'maybe' : 'yes',
     silentResult: () => SILENT,
     flushRequest: () => new MemcachedCommand(Opcode.NOOP),
+    // Answered in order after what the server is still working on: its answer, or any other, proves the server alive.
+    ping: () => new MemcachedCommand(Opcode.NOOP),
     decodeAnswer (command, buf, start, end): MemcachedAnswer | RpcError {
       const extras = buf[start + 4]!
       const keyBytes = buf.readUInt16BE(start + 2)

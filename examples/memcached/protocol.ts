@@ -250,6 +250,7 @@ export function refusalStatus (reason: RefusalReason): number {
     // Too much queued, or queued too long: the server is overloaded.
     case 'busy':
     case 'expired':
+    case 'timed-out':
       return ResponseStatus.EBUSY
     // Going away or not there yet: worth trying again (elsewhere, or later).
     case 'shutdown':

@@ -158,7 +158,7 @@ export class RespRequest {
   }
 }
 
-// Buffer's own latin1 methods, without toString's and write's argument checks (as codec/flat-codec.ts uses them).
+// Buffer's own latin1 methods, without toString's and write's argument checks (as codec/protobuf/flat-codec.ts uses them).
 interface Latin1Buffer { latin1Slice: (start: number, end: number) => string, latin1Write: (s: string, at: number, len?: number) => number }
 const latin1Methods = Buffer.prototype as unknown as Latin1Buffer
 const latin1Slice = latin1Methods.latin1Slice
@@ -432,6 +432,7 @@ export function refusalWords (reason: RefusalReason): string {
   switch (reason) {
     case 'busy': return '-BUSY server overloaded:'
     case 'expired': return '-ERR request expired in the queue:'
+    case 'timed-out': return '-ERR request timed out:'
     case 'shutdown': return '-ERR server shutting down:'
     case 'unavailable': return '-ERR server not ready:'
     case 'no-service':

@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { encodeRemoteMethod, requestHeaderTail } from '../../codec/krpc/frames.js'
-import type { Message, MethodDef, ServiceDef } from '../../codec/schema.js'
+import type { Message, MethodDef, ServiceDef } from '../../codec/protobuf/schema.js'
 
 /** A method of a service as calls to it need it: resolved once, not per call. */
 export class PreparedMethod {
@@ -11,6 +11,10 @@ export class PreparedMethod {
   /** The request header after call_id for wire timeout `tailTimeout` (the last one used): encoded once, not per call. */
   tail: Buffer
   tailTimeout: number
+  /** The protocol data of a stub's call without sidecars or flags (it resolves with the response alone): one for every such call. */
+  readonly stubCall: KrpcCall
+  /** The same for `Client.call` (it resolves with a `CallResult`). */
+  readonly resultCall: KrpcCall
 
   constructor (service: string, methodDef: MethodDef<Message, Message>) {
     this.service = service
@@ -18,6 +22,8 @@ export class PreparedMethod {
     this.remoteMethod = encodeRemoteMethod(service, methodDef.name)
     this.tailTimeout = 0
     this.tail = requestHeaderTail(this.remoteMethod, 0)
+    this.stubCall = new KrpcCall(this, true)
+    this.resultCall = new KrpcCall(this, false)
   }
 
   tailFor (timeout: number): Buffer {
@@ -26,6 +32,29 @@ export class PreparedMethod {
       this.tailTimeout = timeout
     }
     return this.tail
+  }
+}
+
+/**
+ * A KRPC call's protocol data: its method, whether it resolves with the
+ * response alone (stubs) or with a `CallResult`, and its sidecars and
+ * required feature flags. Calls without sidecars or flags share their
+ * method's two (`PreparedMethod.stubCall`, `resultCall`).
+ */
+export class KrpcCall {
+  readonly method: PreparedMethod
+  readonly responseOnly: boolean
+  readonly sidecars: readonly Uint8Array[] | undefined
+  readonly requiredFeatureFlags: readonly number[] | undefined
+  /** Sent through `encodeSlices`: sidecars, or flags the server must be asked about first. */
+  readonly slow: boolean
+
+  constructor (method: PreparedMethod, responseOnly: boolean, sidecars?: readonly Uint8Array[], requiredFeatureFlags?: readonly number[]) {
+    this.method = method
+    this.responseOnly = responseOnly
+    this.sidecars = sidecars !== undefined && sidecars.length > 0 ? sidecars : undefined
+    this.requiredFeatureFlags = requiredFeatureFlags !== undefined && requiredFeatureFlags.length > 0 ? requiredFeatureFlags : undefined
+    this.slow = this.sidecars !== undefined || this.requiredFeatureFlags !== undefined
   }
 }
 

@@ -4,9 +4,9 @@ import { KrpcCode, krpcCodeName, krpcCodeOf } from '../../codec/krpc/codes.js'
 import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead } from '../../codec/krpc/frames.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, isLoopbackHost, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
 import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type Handshake, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
-import type { Message, MethodDef } from '../../codec/schema.js'
-import { TlsTunnel } from '../../transport/tls-tunnel.js'
-import type { KrpcCall } from './call.js'
+import type { Message, MethodDef } from '../../codec/protobuf/schema.js'
+import { TlsTunnel } from '../../codec/krpc/tls-tunnel.js'
+import { KrpcCallData } from './call.js'
 
 /** What the KRPC server registers with each route (`RouteInfo.spec`). */
 export interface KrpcRouteSpec {
@@ -17,10 +17,10 @@ export interface KrpcRouteSpec {
   readonly threaded: boolean
 }
 
-/** A thread-mode request: the whole frame and the request message in it, decoded by the thread. */
+/** A thread-mode request: the whole frame and the request message in it, decoded by the thread; null once posted there. */
 export class ThreadRequest {
-  readonly frame: Buffer
-  readonly message: Buffer
+  frame: Buffer | null
+  message: Buffer | null
   constructor (frame: Buffer, message: Buffer) {
     this.frame = frame
     this.message = message
@@ -42,11 +42,15 @@ export const SERVER_FEATURES = [RpcFeature.APPLICATION_FEATURE_FLAGS]
 
 // The body of a flat response, written into its frame from the message itself.
 const NO_BODY = new Uint8Array(0)
+// A refusal that sends nothing.
+const NO_ANSWER: Uint8Array[] = []
 
 const REFUSAL_CODES: Record<RefusalReason, number> = {
   busy: KrpcCode.ERROR_SERVER_TOO_BUSY,
   // As Kudu: a call that waited in the queue past its deadline is answered TOO_BUSY.
   expired: KrpcCode.ERROR_SERVER_TOO_BUSY,
+  // Only for a call without a client timeout (never on KRPC's wire: see refusal).
+  'timed-out': KrpcCode.ERROR_SERVER_TOO_BUSY,
   shutdown: KrpcCode.FATAL_SERVER_SHUTTING_DOWN,
   unavailable: KrpcCode.ERROR_UNAVAILABLE,
   'no-service': KrpcCode.ERROR_NO_SUCH_SERVICE,
@@ -72,7 +76,7 @@ export interface KrpcProtocolOptions {
  * deadline from the header's timeout_millis, and the response encoded in
  * place from the message (flat messages straight into the frame).
  */
-export class KrpcServerProtocol implements ServerProtocol<unknown, Message | EncodedBody> {
+export class KrpcServerProtocol implements ServerProtocol<unknown, Message | EncodedBody, unknown, KrpcCallData> {
   readonly name = 'krpc'
   readonly framing = krpcFraming
   readonly ordering = 'id'
@@ -121,7 +125,7 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     return { preambleBytes: PREAMBLE_BYTES, checkPreamble, onFrame: (frame) => negotiation.onFrame(frame), abort: () => negotiation.abort() }
   }
 
-  decodeHead (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null {
+  decodeHead (buf: Buffer, start: number, end: number, head: CallHead<KrpcCallData>): RpcError | null {
     const parts = this.#parts
     const malformed = parseRequestInto(buf, start, end, parts)
     if (malformed !== null) return malformed
@@ -135,13 +139,13 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     head.timeoutMs = parts.timeoutMillis
     // The codec hands out one object per method it has cached; others are new each time.
     if (parts.remoteMethodCached) head.routeKey = remote
-    head.data = parts.sidecars
+    head.data = new KrpcCallData(parts.sidecars, parts.timeoutMillis)
     head.bodyStart = parts.messageStart
     head.bodyEnd = parts.messageEnd
     return null
   }
 
-  decodeRequest (route: RouteInfo, buf: Buffer, head: CallHead): unknown {
+  decodeRequest (route: RouteInfo, buf: Buffer, head: CallHead<KrpcCallData>): unknown {
     const spec = route.spec as KrpcRouteSpec
     const required = this.#parts.requiredFeatureFlags
     if (required !== undefined && required.length > 0) {
@@ -155,14 +159,14 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     return request
   }
 
-  encodedLength (call: AnsweredCall, response: Message | EncodedBody): number {
+  encodedLength (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody): number {
     if (response instanceof EncodedBody) {
       if (response.sidecars !== undefined && response.sidecars.length > 0) return -1
       this.#body = response.body
       this.#bodyBytes = response.body.length
       return responseFrameBytes(call.callId, this.#bodyBytes)
     }
-    const sidecars = (call as KrpcCall).responseSidecars
+    const sidecars = call.data.responseSidecars
     if (sidecars !== undefined && sidecars.length > 0) return -1
     const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
     let bodyBytes = type.flatLength(response)
@@ -178,20 +182,28 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     return responseFrameBytes(call.callId, bodyBytes)
   }
 
-  encodeInto (call: AnsweredCall, response: Message | EncodedBody, out: Buffer, at: number): void {
+  encodeInto (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody, out: Buffer, at: number): void {
     const body = this.#body
     if (body !== NO_BODY) writeResponseFrame(out, at, call.callId, body, this.#bodyBytes)
     else (call.route.spec as KrpcRouteSpec).methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, at, call.callId, this.#bodyBytes))
     this.#body = NO_BODY
   }
 
-  encodeSlices (call: AnsweredCall, response: Message | EncodedBody): Uint8Array[] {
+  encodeSlices (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody): Uint8Array[] {
     if (response instanceof EncodedBody) return encodeResponseFrame(call.callId, false, response.body, response.sidecars)
     const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
-    return encodeResponseFrame(call.callId, false, type.encode(response), (call as KrpcCall).responseSidecars)
+    return encodeResponseFrame(call.callId, false, type.encode(response), call.data.responseSidecars)
   }
 
-  refusal (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
+  refusal (call: CallInfo<KrpcCallData | undefined>, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
+    // A handler that gave up at the deadline its client set: the client has
+    // given up too, and reports its own timeout, as against a Kudu server
+    // whose handler answers after the client gave up. An answer now would
+    // race the client's timer, and Kudu's Java client surfaces whichever
+    // comes first: a remote error, not its TimedOut.
+    if (reason === 'timed-out' && (call.data?.clientTimeoutMs ?? 0) > 0) return NO_ANSWER
+    // Kudu's text of a TimedOut status: "Timed out: Call waited in the queue past client deadline".
+    if (reason === 'expired' || reason === 'timed-out') return encodeErrorFrame(call.callId, REFUSAL_CODES[reason], `Timed out: ${message}`)
     if (reason === 'failed') {
       const code = krpcCodeOf(detail)
       if (code !== undefined) return encodeErrorFrame(call.callId, code, stripCodePrefix(message, code))

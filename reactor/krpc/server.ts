@@ -1,19 +1,24 @@
+import type { AddressInfo } from 'node:net'
+import type { TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { krpcError } from '../../codec/krpc/codes.js'
 import type { Authenticator } from '../../codec/krpc/negotiation.js'
-import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/schema.js'
-import type { TlsOptions } from 'node:tls'
+import type { Message, MethodDef, MethodMap, ServiceDef } from '../../codec/protobuf/schema.js'
 import { realClock } from '../../scheduling/clock.js'
 import type { QueueDiscipline } from '../../scheduling/service-queue.js'
 import type { CallExecutor, RouteDefinition } from '../call-dispatch.js'
+import type { CallEndObserver, Filter } from '../filters.js'
+import type { InboundCall } from '../inbound-call.js'
 import { resolveLogger } from '../logger.js'
-import { ProtocolServer, type ServerOptions } from '../server.js'
-import { KrpcCall, type KrpcCallContext } from './call.js'
+import type { ServerMetrics } from '../metrics.js'
+import { ProtocolServer } from '../server.js'
+import type { ServerConnectionStats, ServerLimits, ServerOptions, ServerStats } from '../server-options.js'
+import type { KrpcCallContext, KrpcCallData } from './call.js'
 import { EncodedBody, KrpcServerProtocol, type KrpcRouteSpec } from './protocol.js'
-import { ThreadCall, ThreadPool, type HandlerModule, type ThreadPoolStats } from './thread-pool.js'
+import { ThreadPool, type HandlerModule, type ThreadPoolStats } from './thread-pool.js'
 
 export { SERVER_FEATURES } from './protocol.js'
-export type { ServerOptions, ServerStats, ServerConnectionStats } from '../server.js'
+export type { ServerOptions, ServerStats, ServerConnectionStats } from '../server-options.js'
 export type { HandlerModule, ThreadPoolStats }
 
 /** A method's implementation. It may return the response or a promise of it; a throw becomes ERROR_APPLICATION. */
@@ -52,6 +57,7 @@ export interface KrpcServerOptions extends ServerOptions {
   encryptLoopback?: boolean
 }
 
+/** Options of one service (`addService`); unset ones come from the server's options. */
 export interface AddServiceOptions {
   /** Application feature flags this service supports (`required_feature_flags` outside this set are refused). */
   supportedFeatureFlags?: readonly number[]
@@ -86,26 +92,31 @@ export interface AddServiceOptions {
 /** `addService` options of a thread-mode service. */
 export type ThreadServiceOptions = AddServiceOptions & { threads: number }
 
-
-
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
 const THREAD_HOLD_WINDOW_MS = 10
 
 /**
- * A KRPC server: the generic `ProtocolServer` speaking KRPC, with services
- * (protobuf `ServiceDef`s) as its route groups and their methods as routes.
- * Each call is answered exactly once, in KRPC's words when the server
- * answers it itself (ERROR_SERVER_TOO_BUSY, FATAL_SERVER_SHUTTING_DOWN, ...).
+ * A KRPC server: a generic `ProtocolServer` speaking KRPC, wrapped, with
+ * services (protobuf `ServiceDef`s) as its route groups and their methods
+ * as routes. Each call is answered exactly once, in KRPC's words when the
+ * server answers it itself (ERROR_SERVER_TOO_BUSY,
+ * FATAL_SERVER_SHUTTING_DOWN, ...). It is not a `ProtocolServer`: routes
+ * come only through `addService`, which gives each one the method
+ * definition KRPC decodes and encodes it with.
  */
-export class Server extends ProtocolServer {
+export class KrpcServer {
+  readonly #server: ProtocolServer<unknown, Message | EncodedBody, unknown, KrpcCallData>
   readonly #threads = new Map<string, ThreadPool>()
   readonly #defaults: ServerOptions
+  /** Per-service and per-method metrics; `metrics.text()` is the Prometheus exposition. */
+  readonly metrics: ServerMetrics
 
   constructor (options: KrpcServerOptions = {}) {
     const { authenticate, tls, requireTls, requireClientCert, encryptLoopback } = options
     // KRPC's TLS starts inside negotiation, not at the first byte: the generic server gets no `tls`.
-    super(new KrpcServerProtocol({ authenticate, tls, requireTls, requireClientCert, encryptLoopback }), { ...options, tls: undefined })
+    this.#server = new ProtocolServer(new KrpcServerProtocol({ authenticate, tls, requireTls, requireClientCert, encryptLoopback }), { ...options, tls: undefined })
     this.#defaults = options
+    this.metrics = this.#server.metrics
   }
 
   /**
@@ -133,13 +144,13 @@ export class Server extends ProtocolServer {
       }
     }
     const featureFlags = new Set(options.supportedFeatureFlags ?? [])
-    const routes: Record<string, RouteDefinition> = {}
+    const routes: Record<string, RouteDefinition<unknown, Message | EncodedBody>> = {}
     for (const [name, methodDef] of Object.entries(methods)) {
       const spec: KrpcRouteSpec = { methodDef, featureFlags, threaded }
       // In thread mode the handlers live in the threads; every method is known here.
-      routes[name] = { handler: threaded ? inThread : (handlers as unknown as Record<string, RouteDefinition['handler']>)[name]!, spec }
+      routes[name] = { handler: threaded ? inThread : krpcRoute((handlers as Record<string, Handler<Message, Message>>)[name]!), spec }
     }
-    let executor: CallExecutor | undefined
+    let executor: CallExecutor<KrpcCallData> | undefined
     if (threaded) {
       if (this.#threads.has(def.fullName)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `service ${def.fullName} is already registered`)
       const pool = new ThreadPool({
@@ -149,14 +160,13 @@ export class Server extends ProtocolServer {
       executor = threadExecutor(pool)
       this.#threads.set(def.fullName, pool)
     }
-    this.addRoutes(def.fullName, routes, {
+    this.#server.addRoutes(def.fullName, routes, {
       workers: options.workers,
       queueLength: options.queueLength,
       queue: options.queue,
       abandonAfterMs: options.abandonAfterMs,
       maxAbandonedHandlers: options.maxAbandonedHandlers,
-      executor,
-      callType: threaded ? ThreadCall : KrpcCall
+      executor
     })
     return this
   }
@@ -165,16 +175,86 @@ export class Server extends ProtocolServer {
   threadStats (service: string): ThreadPoolStats | undefined {
     return this.#threads.get(service)?.stats()
   }
+
+  /** Adds a filter around the handlers of every service, those added later too; see `ProtocolServer.use`. */
+  use (filter: Filter): this {
+    this.#server.use(filter)
+    return this
+  }
+
+  /** Calls `observer(call, outcome)` once for every call's end; see `ProtocolServer.onCallEnd`. Returns a function that removes it. */
+  onCallEnd (observer: CallEndObserver): () => void {
+    return this.#server.onCallEnd(observer)
+  }
+
+  /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
+  setMaxConnectionAgeMs (ms: number): void {
+    this.#server.setMaxConnectionAgeMs(ms)
+  }
+
+  /** Marks the services as registered: unknown services are now refused ERROR_NO_SUCH_SERVICE rather than ERROR_UNAVAILABLE. */
+  markReady (): void {
+    this.#server.markReady()
+  }
+
+  /**
+   * Starts listening (loopback by default); resolves with the bound
+   * address. Thread-mode services' threads are waited for first. See
+   * `ProtocolServer.listen`.
+   */
+  listen (port = 0, host = '127.0.0.1', options: { reusePort?: boolean } = {}): Promise<AddressInfo> {
+    return this.#server.listen(port, host, options)
+  }
+
+  /** The bound address, once listening. */
+  address (): AddressInfo | null {
+    return this.#server.address()
+  }
+
+  /** The server's counters. */
+  stats (): ServerStats {
+    return this.#server.stats()
+  }
+
+  /** The limits in force (defaults resolved), as `nyala serve` reports them. */
+  limits (): ServerLimits {
+    return this.#server.limits()
+  }
+
+  /** Counters of each open connection (Kudu's `DumpConnections`); see `ProtocolServer.connectionStats`. */
+  connectionStats (): ServerConnectionStats[] {
+    return this.#server.connectionStats()
+  }
+
+  /**
+   * Stops accepting, answers later calls FATAL_SERVER_SHUTTING_DOWN, lets
+   * calls in flight finish within `graceMs` (default 30 s), and resolves
+   * once every connection is closed and the worker threads have stopped.
+   * See `ProtocolServer.close`.
+   */
+  close (options: { graceMs?: number } = {}): Promise<void> {
+    return this.#server.close(options)
+  }
+}
+
+// A KRPC handler as the generic server's route: its context is the call's
+// KRPC data, which reads the rest through from the call.
+function krpcRoute (handler: Handler<Message, Message>): (request: unknown, call: InboundCall<KrpcCallData>) => Message | Promise<Message> {
+  return (request, call) => {
+    const ctx = call.data
+    ctx.call = call
+    return handler(request as Message, ctx)
+  }
 }
 
 // A thread pool as a group's executor: the thread answers with the encoded
 // response (or a KRPC error), which the protocol frames as usual.
-function threadExecutor (pool: ThreadPool): CallExecutor {
+function threadExecutor (pool: ThreadPool): CallExecutor<KrpcCallData> {
   return {
     workers: pool.workers,
     ready: pool.ready,
     holdWindowMs: THREAD_HOLD_WINDOW_MS,
-    run: (call, worker) => pool.run(call as ThreadCall, worker).then((result) => {
+    run: (call, worker) => pool.run(call, worker).then((result) => {
       if (result.error === undefined) return new EncodedBody(result.body, result.sidecars)
       throw krpcError(result.error.krpcCode, result.error.message)
     }),
@@ -187,3 +267,5 @@ function inThread (): never {
   throw new Error('thread-mode handlers run in worker threads')
 }
 
+/** @deprecated The KRPC server's former name: use `KrpcServer` (from `nyala/krpc`); this name goes in the next release. */
+export { KrpcServer as Server }

@@ -1,8 +1,9 @@
 import type { RpcError } from '../../codec/errors.js'
-import type { Message, MethodMap, ServiceDef } from '../../codec/schema.js'
-import { deliver, type CallResult, type Callback } from './outbound-call.js'
+import type { Message, MethodMap, ServiceDef } from '../../codec/protobuf/schema.js'
+import type { ClientTarget as Target } from '../client/targets.js'
+import { deliver, type Callback } from '../client/pending-call.js'
+import type { CallResult } from './client-protocol.js'
 import { preparedMethod, type PreparedMethod, type PreparedMethods } from './prepared-method.js'
-import type { Target } from './resolve.js'
 
 /** Per-call options. */
 export interface CallOptions {

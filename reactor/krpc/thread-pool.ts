@@ -28,11 +28,10 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 import { Worker } from 'node:worker_threads'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
-import type { Message } from '../../codec/schema.js'
 import type { Clock } from '../../scheduling/clock.js'
-import type { CallPeer, CallRoute } from '../inbound-call.js'
-import { KrpcCall } from './call.js'
-import type { ThreadRequest } from './protocol.js'
+import type { InboundCall } from '../inbound-call.js'
+import type { KrpcCallData } from './call.js'
+import { ThreadRequest } from './protocol.js'
 import type { Logger } from '../logger.js'
 import type { ThreadCallMessage, ThreadCancelMessage, ThreadReply, ThreadStatus, ThreadWorkerData } from './thread-worker.js'
 import { CallTable } from '../call-table.js'
@@ -74,35 +73,8 @@ export type ThreadResult =
 /** Read size at or under which a frame may be a view of the socket's read buffer (libuv reads at most 64 KiB). */
 const SOCKET_READ_BYTES = 64 * 1024
 
-const NO_REQUEST: Message = Object.freeze({}) as Message
-
-/**
- * A call for a thread-mode service: its request stays undecoded (the thread
- * decodes it) and aborting it also cancels it in its thread.
- */
-export class ThreadCall extends KrpcCall {
-  /** The whole request frame and the request message within it; null once posted. */
-  frame: Buffer | null
-  message: Buffer | null
-  /** Set while the call is in a thread. Internal. */
-  onAbort: ((reason: RpcError) => void) | null = null
-  #aborted = false
-
-  constructor (route: CallRoute, peer: CallPeer, callId: number, receivedAt: number, timeoutMs: number,
-    sidecars: unknown, request: unknown, clock: Clock) {
-    super(route, peer, callId, receivedAt, timeoutMs, sidecars, NO_REQUEST, clock)
-    const frames = request as ThreadRequest
-    this.frame = frames.frame
-    this.message = frames.message
-  }
-
-  override abort (reason: RpcError): void {
-    super.abort(reason)
-    if (this.#aborted) return
-    this.#aborted = true
-    this.onAbort?.(reason)
-  }
-}
+/** A call of a thread-mode service: its request is the undecoded `ThreadRequest` (the thread decodes it). */
+export type ThreadCall = InboundCall<KrpcCallData>
 
 /** The compiled worker entry beside this file, or the TypeScript source when running from sources (its loader is inherited through execArgv). */
 function workerEntry (): URL {
@@ -222,17 +194,18 @@ export class ThreadPool {
    */
   run (call: ThreadCall, worker: number): Promise<ThreadResult> {
     const slot = this.#slots[worker % this.#slots.length]!
-    const frame = call.frame
-    const message = call.message
-    call.frame = null
-    call.message = null
+    // Taken once: a frame posted to a thread is moved there (its buffer detached).
+    const request = call.request instanceof ThreadRequest ? call.request : null
+    const frame = request?.frame ?? null
+    const message = request?.message ?? null
+    if (request !== null) request.frame = request.message = null
     if (slot.failed !== null || slot.worker === null || frame === null || message === null) {
       const why = slot.failed ?? (slot.worker === null ? 'the server is shutting down' : 'the request was already handled')
       return Promise.resolve({ error: { message: `cannot run ${call.service}.${call.method} in worker thread ${slot.index}: ${why}`, krpcCode: KrpcCode.ERROR_APPLICATION } })
     }
     // A 31-bit sequence: wraps after 2^31 calls, long after any of them is pending.
     const seq = slot.seq = (slot.seq + 1) & 0x7fffffff
-    const sidecars = call.sidecars
+    const sidecars = call.data.sidecars
     const start = message.byteOffset
     const last = sidecars.length > 0 ? sidecars[sidecars.length - 1]! : message
     const end = last.byteOffset + last.byteLength

@@ -13,7 +13,7 @@
 import { isMainThread, parentPort, workerData, type MessagePort } from 'node:worker_threads'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcCodeOf } from '../../codec/krpc/codes.js'
-import type { Message, MethodDef, ServiceDef } from '../../codec/schema.js'
+import type { Message, MethodDef, ServiceDef } from '../../codec/protobuf/schema.js'
 import type { KrpcCallContext } from './call.js'
 import { CallTable } from '../call-table.js'
 

@@ -1,8 +1,8 @@
 /**
- * The flat-message fast path (codec/flat-codec.ts) against protobufjs: which
+ * The flat-message fast path (codec/protobuf/flat-codec.ts) against protobufjs: which
  * types qualify; encoding writes protobufjs's bytes exactly, where asked and
  * nowhere else; decoding gives the message protobufjs's decoder gives with
- * the schema's plain constructors (codec/plain-messages.ts: a plain object,
+ * the schema's plain constructors (codec/protobuf/plain-messages.ts: a plain object,
  * the same fields and values, defaults as own properties) or leaves the
  * bytes to protobufjs, on valid messages,
  * every prefix of them, random bytes and bytes with unknown fields. Then
@@ -11,9 +11,9 @@
 import t from 'tap'
 import fc from 'fast-check'
 import protobuf from 'protobufjs'
-import { flatCodec } from '../../codec/flat-codec.js'
-import { ProtoSchema } from '../../codec/schema.js'
-import { usePlainMessages } from '../../codec/plain-messages.js'
+import { flatCodec } from '../../codec/protobuf/flat-codec.js'
+import { ProtoSchema } from '../../codec/protobuf/schema.js'
+import { usePlainMessages } from '../../codec/protobuf/plain-messages.js'
 import { RpcError } from '../../codec/errors.js'
 
 const source = `syntax = "proto2";

@@ -13,7 +13,7 @@ import {
 } from '../../codec/krpc/frames.js'
 import { ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import { decodeRequestHeader, decodeResponseHeader } from '../../codec/krpc/header-decoder.js'
-import { ProtoSchema } from '../../codec/schema.js'
+import { ProtoSchema } from '../../codec/protobuf/schema.js'
 import { int32Bytes, writeInt32 } from '../../codec/varint.js'
 import { hex, joinFrames, joinSlices, toHex } from '../helpers/bytes.js'
 

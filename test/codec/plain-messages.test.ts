@@ -1,5 +1,5 @@
 /**
- * Decoded messages (codec/plain-messages.ts): proto3 fields without
+ * Decoded messages (codec/protobuf/plain-messages.ts): proto3 fields without
  * explicit presence stay own properties at their defaults even when the
  * wire carries the default explicitly (protobufjs's decoder deletes them);
  * proto3 `optional` fields and oneof members keep their presence; a oneof's
@@ -7,7 +7,7 @@
  * synthetic oneof leaves nothing on the message.
  */
 import t from 'tap'
-import { ProtoSchema, type Message } from '../../codec/schema.js'
+import { ProtoSchema, type Message } from '../../codec/protobuf/schema.js'
 
 const PROTO3 = `syntax = "proto3";
 package p3;

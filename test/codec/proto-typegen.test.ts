@@ -1,6 +1,6 @@
 /**
- * `nyala gen`'s TypeScript (codec/proto-typegen.ts) and the runtime mapping
- * it describes (codec/plain-messages.ts): the text generated for a .proto of
+ * `nyala gen`'s TypeScript (codec/protobuf/proto-typegen.ts) and the runtime mapping
+ * it describes (codec/protobuf/plain-messages.ts): the text generated for a .proto of
  * every kind of field compiles under the repo's strict options (and with
  * exactOptionalPropertyTypes) in each int64 mode, typed handlers and stubs
  * included; a handler of the wrong type does not compile; each int64 mode
@@ -12,8 +12,8 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import protobuf from 'protobufjs'
-import { generateTypes } from '../../codec/proto-typegen.js'
-import { ProtoSchema, type Int64Mode } from '../../codec/schema.js'
+import { generateTypes } from '../../codec/protobuf/proto-typegen.js'
+import { ProtoSchema, type Int64Mode } from '../../codec/protobuf/schema.js'
 import { Server } from '../../reactor/krpc/server.js'
 import { Client } from '../../reactor/krpc/client.js'
 import { RpcError } from '../../codec/errors.js'

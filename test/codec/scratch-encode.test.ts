@@ -8,7 +8,7 @@
 import t from 'tap'
 import { RpcError } from '../../codec/errors.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
-import { ProtoSchema } from '../../codec/schema.js'
+import { ProtoSchema } from '../../codec/protobuf/schema.js'
 
 const Add = CalculatorService.methods.Add
 const Echo = CalculatorService.methods.Echo

@@ -1,4 +1,4 @@
-// Request validation (codec/validate.ts): every kind of refusal names its
+// Request validation (codec/protobuf/validate.ts): every kind of refusal names its
 // field; valid requests pass, and those that need converting (int64 as
 // strings or bigints, enums by name, bytes as base64) reach a real server
 // with the values meant; the client refuses exactly what `nyala call`'s
@@ -6,8 +6,8 @@
 import t from 'tap'
 import protobuf from 'protobufjs'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { ProtoSchema, type Message } from '../../codec/schema.js'
-import { isBase64 } from '../../codec/validate.js'
+import { ProtoSchema, type Message } from '../../codec/protobuf/schema.js'
+import { isBase64 } from '../../codec/protobuf/validate.js'
 import { Server } from '../../reactor/krpc/server.js'
 import { CalculatorService, closeServer, newClient, rejection } from '../helpers/reactor-harness.js'
 

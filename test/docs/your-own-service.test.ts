@@ -21,7 +21,7 @@ t.test('the walkthrough: generate, type-check, serve, call', async (t) => {
   const [shown] = blocks('text')
   t.ok(proto !== undefined && server !== undefined && client !== undefined && shown !== undefined, 'the doc has the .proto, the server, the client and the output')
   const imports = [...`${server}${client}`.matchAll(/from '([^']+)'/g)].map((m) => m[1]!)
-  t.same(imports.filter((i) => !i.startsWith('./')), ['nyala', 'nyala'], 'the code imports only the package entry point (and the generated file)')
+  t.same(imports.filter((i) => !i.startsWith('./')), ['nyala/krpc', 'nyala/krpc'], 'the code imports only the package\'s KRPC entry point (and the generated file)')
 
   const dir = mkdtempSync(join(tmpdir(), 'nyala-own-service-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))

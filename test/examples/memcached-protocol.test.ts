@@ -488,6 +488,7 @@ t.test('refusals: the status of each reason, opcode and opaque kept, never quiet
   const expected: Record<RefusalReason, [number, string]> = {
     busy: [0x85, 'Busy'],
     expired: [0x85, 'Busy'],
+    'timed-out': [0x85, 'Busy'],
     shutdown: [0x86, 'Temporary failure'],
     unavailable: [0x86, 'Temporary failure'],
     'no-service': [0x81, 'Unknown command'],

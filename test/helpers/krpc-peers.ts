@@ -18,7 +18,7 @@ import {
 } from '../../codec/krpc/frames.js'
 import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import { RpcError } from '../../codec/errors.js'
-import type { MessageType } from '../../codec/schema.js'
+import type { MessageType } from '../../codec/protobuf/schema.js'
 import type { Clock, TimerHandle } from '../../scheduling/clock.js'
 
 const NegotiateType = headerSchema.type<{

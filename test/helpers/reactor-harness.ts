@@ -13,7 +13,7 @@ import { Client, type ClientOptions } from '../../reactor/krpc/client.js'
 import { Server, type AddServiceOptions, type KrpcServerOptions as ServerOptions, type ServiceHandlers } from '../../reactor/krpc/server.js'
 import type { KrpcCallContext as CallContext } from '../../reactor/krpc/call.js'
 import { FakeClock } from '../../scheduling/clock.js'
-import type { ServiceDef } from '../../codec/schema.js'
+import type { ServiceDef } from '../../codec/protobuf/schema.js'
 import { CalculatorService, calculatorHandlers, crc32, type CalculatorMethods, type SleepResponse } from '../../examples/calculator/index.js'
 
 export { CalculatorService, calculatorHandlers, crc32 }

@@ -3,7 +3,7 @@
  * the reactor process that ran the call, so a test can tell reactors apart
  * without changing the demo service.
  */
-import { ProtoSchema } from '../../codec/schema.js'
+import { ProtoSchema } from '../../codec/protobuf/schema.js'
 import type { ServiceHandlers } from '../../reactor/krpc/server.js'
 
 export type ReactorMethods = {

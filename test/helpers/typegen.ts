@@ -26,8 +26,8 @@ function run (command: string, args: string[], cwd?: string): Promise<Ran> {
 
 /**
  * tsc over `files` of `dir` (no output written), with the repo's
- * tsconfig.json options and `extra`; `nyala`, `nyala/demo` and
- * `nyala/testing` resolve to the sources. Answers the exit code and the
+ * tsconfig.json options and `extra`; `nyala`, `nyala/krpc`, `nyala/demo`
+ * and `nyala/testing` resolve to the sources. Answers the exit code and the
  * diagnostics.
  */
 export async function runTsc (dir: string, files: string[], extra: Record<string, unknown> = {}): Promise<{ code: number, output: string }> {
@@ -41,6 +41,7 @@ export async function runTsc (dir: string, files: string[], extra: Record<string
     typeRoots: [join(REPO, 'node_modules/@types')],
     paths: {
       nyala: [join(REPO, 'reactor/index.ts')],
+      'nyala/krpc': [join(REPO, 'reactor/krpc/index.ts')],
       'nyala/demo': [join(REPO, 'examples/calculator/index.ts')],
       'nyala/testing': [join(REPO, 'reactor/testing.ts')]
     }
@@ -55,6 +56,7 @@ export async function runTsc (dir: string, files: string[], extra: Record<string
 export function toSources (text: string): string {
   return text
     .replace(/from 'nyala'/g, `from ${JSON.stringify(join(REPO, 'reactor/index.ts'))}`)
+    .replace(/from 'nyala\/krpc'/g, `from ${JSON.stringify(join(REPO, 'reactor/krpc/index.ts'))}`)
     .replace(/from 'nyala\/demo'/g, `from ${JSON.stringify(join(REPO, 'examples/calculator/index.ts'))}`)
     .replace(/from 'nyala\/testing'/g, `from ${JSON.stringify(join(REPO, 'reactor/testing.ts'))}`)
 }

@@ -4,7 +4,7 @@
 import t from 'tap'
 import { CalculatorService, calculatorHandlers, startServer, turns } from '../helpers/reactor-harness.js'
 import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
-import type { ProtocolServer } from '../../reactor/server.js'
+import type { KrpcServer } from '../../reactor/krpc/server.js'
 
 const SERVICE = CalculatorService.fullName
 const AddRequest = CalculatorService.methods.Add.requestType
@@ -19,7 +19,7 @@ async function until (ready: () => boolean, limit = 2000): Promise<boolean> {
 
 t.test('pipelined requests, close() called as the first of them is handled: the rest of that read answered normally', async (t) => {
   const count = 40
-  let server: ProtocolServer | null = null
+  let server: KrpcServer | null = null
   let closing: Promise<void> | null = null
   const running = await startServer(t, {
     workers: 10,

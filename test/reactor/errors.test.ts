@@ -4,7 +4,7 @@
 import t, { type Test } from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError, unsupportedFeatureFlagsOf } from '../../codec/krpc/codes.js'
-import type { MethodDef, ServiceDef } from '../../codec/schema.js'
+import type { MethodDef, ServiceDef } from '../../codec/protobuf/schema.js'
 import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import {
   CalculatorService, Probe, calculatorDef, calculatorHandlers, newClient, settle, startServer, tally, turns, rejection } from '../helpers/reactor-harness.js'

@@ -15,7 +15,7 @@ import { KRPC_PREAMBLE, NEGOTIATE_CALL_ID, RequestHeaderType, ResponseHeaderType
 import { FakeClock } from '../../scheduling/clock.js'
 import type { ClientOptions } from '../../reactor/krpc/client.js'
 import type { KrpcServerOptions } from '../../reactor/krpc/server.js'
-import { TlsTunnel } from '../../transport/tls-tunnel.js'
+import { TlsTunnel } from '../../codec/krpc/tls-tunnel.js'
 import { joinSlices } from '../helpers/bytes.js'
 import { CalculatorService, calculatorHandlers, newClient, rejection, settle, startServer, tally } from '../helpers/reactor-harness.js'
 import { withCerts, type TestCerts } from '../helpers/tls-certs.js'

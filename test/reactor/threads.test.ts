@@ -8,7 +8,7 @@
 import { RpcError } from '../../codec/errors.js'
 import t, { type Test } from 'tap'
 import { Server } from '../../reactor/krpc/server.js'
-import type { ServiceDef } from '../../codec/schema.js'
+import type { ServiceDef } from '../../codec/protobuf/schema.js'
 import {
   CalculatorService, calculatorDef, calculatorHandlers, crc32, newClient, pattern, settle, startServer, turns
 } from '../helpers/reactor-harness.js'

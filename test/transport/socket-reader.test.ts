@@ -192,7 +192,7 @@ t.test('readThrough keeps allowHalfOpen, and leaves a socket that is already rea
 })
 
 t.test('the client\'s FirstBytesReader keeps the first chunk when several were read before attach', async t => {
-  const { FirstBytesReader } = await import('../../reactor/krpc/client-connection.js')
+  const { FirstBytesReader } = await import('../../reactor/client/peer-connection.js')
   const reader = new FirstBytesReader()
   const read = (text: string): void => {
     const buf = reader.onread.buffer()

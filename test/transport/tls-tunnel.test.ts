@@ -7,7 +7,7 @@ import t, { type Test } from 'tap'
 import { once } from 'node:events'
 import { createServer, connect, type Socket } from 'node:net'
 import { createSecureContext } from 'node:tls'
-import { TlsTunnel } from '../../transport/tls-tunnel.js'
+import { TlsTunnel } from '../../codec/krpc/tls-tunnel.js'
 import { withCerts, type TestCerts } from '../helpers/tls-certs.js'
 
 withCerts(t, tests)

@@ -1,7 +1,7 @@
 import { existsSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import protobuf from 'protobufjs'
-import { ErrorCode, RpcError } from './errors.js'
+import { ErrorCode, RpcError } from '../errors.js'
 import { flatCodec } from './flat-codec.js'
 import { DEFAULT_INT64_MODE, INT64_MODES, int64Reader, usePlainMessages, wireForm, withoutDefaults, type Int64Mode } from './plain-messages.js'
 import { requestValidator } from './validate.js'
@@ -31,7 +31,7 @@ export interface MessageType<T = Message> {
    */
   encodeToScratch: (message: T) => ScratchBytes
   /**
-   * For a flat type (codec/flat-codec.ts): reads the fields of `message`
+   * For a flat type (codec/protobuf/flat-codec.ts): reads the fields of `message`
    * once, checks them as `verify` does and answers the bytes it encodes
    * to; `writeFlat` then writes them straight into a frame. -1 when the
    * type or this message is not for the fast path, invalid messages
@@ -59,7 +59,7 @@ export interface MessageType<T = Message> {
    * The first problem that makes `message` an invalid request of this type
    * (`field: problem`, a dotted path for nested fields), or null: missing
    * required fields, unknown fields, wrong types, out-of-range numbers
-   * (codec/validate.ts). `nyala call` checks its JSON with it.
+   * (codec/protobuf/validate.ts). `nyala call` checks its JSON with it.
    */
   validateRequest: (message: unknown) => string | null
   /**
@@ -103,7 +103,7 @@ const scratch: ScratchBytes = { bytes: EMPTY_BYTES, length: 0 }
 
 // The reader `decodeRange` reuses for Buffers (decoding never calls out of
 // the codec, so one is enough); a BufferReader, as protobufjs picks for them.
-// One per int64 mode: its 64-bit reads answer bigints, strings or numbers (codec/plain-messages.ts).
+// One per int64 mode: its 64-bit reads answer bigints, strings or numbers (codec/protobuf/plain-messages.ts).
 const rangeReaders: Record<Int64Mode, protobuf.Reader> = { bigint: int64Reader('bigint'), string: int64Reader('string'), number: int64Reader('number') }
 
 const NONE_MISSING: string[] = []
@@ -258,7 +258,7 @@ export interface SchemaOptions {
  * A parsed set of .proto definitions. Field names keep the .proto's case
  * (`sleep_micros`), as on the wire and in KRPC's text formats. Decoded
  * messages are plain objects holding every field (an unset one at its
- * default; codec/plain-messages.ts).
+ * default; codec/protobuf/plain-messages.ts).
  */
 export class ProtoSchema {
   readonly #root: protobuf.Root

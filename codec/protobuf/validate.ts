@@ -38,7 +38,7 @@
  * message again; otherwise the message itself.
  */
 import protobuf from 'protobufjs'
-import { ErrorCode, RpcError } from './errors.js'
+import { ErrorCode, RpcError } from '../errors.js'
 
 /**
  * 0: valid and encodable as it is; 1: valid, convert (copy) before

@@ -1,8 +1,8 @@
 import type { Socket } from 'node:net'
 import { Duplex } from 'node:stream'
 import { TLSSocket, connect as tlsConnect, type ConnectionOptions, type SecureContext } from 'node:tls'
-import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { SecureChannel, TlsEngine, TlsEngineStep } from '../codec/protocol.js'
+import { ErrorCode, RpcError } from '../errors.js'
+import type { SecureChannel, TlsEngine, TlsEngineStep } from '../protocol.js'
 
 /**
  * A TLS handshake carried by another protocol's messages (KRPC tunnels it in

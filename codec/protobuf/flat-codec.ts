@@ -26,7 +26,7 @@
  *   or a message carrying unknown fields it was decoded with is left to
  *   protobufjs.
  * - decoding builds the message protobufjs's decoder builds through the
- *   schema's plain constructors (codec/plain-messages.ts: a plain object,
+ *   schema's plain constructors (codec/protobuf/plain-messages.ts: a plain object,
  *   every field an own property, an unset one at its default), as one
  *   object literal made once the bytes are read, for canonical input
  *   only: one-byte tags of the type's
@@ -40,7 +40,7 @@
  * messages, every prefix and random bytes.
  */
 import protobuf from 'protobufjs'
-import { varintBytes as vlen, writeVarint as wv } from './varint.js'
+import { varintBytes as vlen, writeVarint as wv } from '../varint.js'
 
 /** The fast encoder and decoder of one flat type. */
 export interface FlatCodec<T = Record<string, unknown>> {

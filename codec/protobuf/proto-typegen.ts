@@ -3,7 +3,7 @@
  * const object and a type per enum, a method map and a typed `ServiceDef`
  * per service, and the schema itself embedded as a JSON descriptor, so that
  * the file needs no .proto at run time. Types follow what the runtime
- * gives (codec/plain-messages.ts), field names as the .proto spells them:
+ * gives (codec/protobuf/plain-messages.ts), field names as the .proto spells them:
  *
  *   double float int32 uint32 sint32 fixed32 sfixed32   number
  *   int64 uint64 sint64 fixed64 sfixed64               bigint | string | number (the int64 mode)

@@ -1,0 +1,581 @@
+import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
+import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
+import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
+import type { HandshakeStep } from '../../codec/protocol.js'
+import { realClock, type Clock } from '../../scheduling/clock.js'
+import { DeadlineLists } from '../../scheduling/deadline-lists.js'
+import type { OutlierEjectionOptions, OutlierEjectionStats } from '../../scheduling/outlier-ejection.js'
+import { BusyPoller } from '../../transport/busy-poll.js'
+import type { ConnectionStats } from '../../transport/connection.js'
+import type { BalancePolicy, Slot } from '../balancer.js'
+import { ConnectionLiveness, type LivenessOptions } from '../connection-liveness.js'
+import { RateLimitedLog, resolveLogger, type Logger } from '../logger.js'
+import { onAnswer } from './answers.js'
+import { FINISHED, QUEUED, SENDING, SENT, deliver, failEarly, invalid, newPendingCall, type CallConnection, type Callback, type PendingCall, type Reject } from './pending-call.js'
+import { PeerConnection, type PeerSettings } from './peer-connection.js'
+import { PushHub } from './pushes.js'
+import { Targets, type Target } from './targets.js'
+
+/** What every client made on the engine takes (`ProtocolClientOptions` and KRPC's `ClientOptions` name them). */
+export interface ClientEngineOptions {
+  /** Connections per endpoint (default 1); each call picks one by `balance`. */
+  connectionsPerEndpoint?: number
+  /** How a call picks its connection; default `p2c` (power of two choices on calls in flight). */
+  balance?: BalancePolicy
+  /** Resolve each endpoint's host name to all its addresses (DNS) and balance over them; re-resolved every 30 s. */
+  resolveAll?: boolean
+  /** Timeout of calls that name none, covering connect, set-up and retries; default 30000 ms; 0: no deadline. */
+  defaultTimeoutMs?: number
+  /** Deadline of a connection's connect and handshake; default 3000 ms. A short call timeout does not shorten it. */
+  connectTimeoutMs?: number
+  /** Largest answer frame; default the protocol's `maxFrameBytes`, else 50 MiB. */
+  maxMessageBytes?: number
+  /** Bound on a connection's queued request bytes; a call over it fails with RPC_ERR_QUEUE_FULL (unsent, so retried). */
+  maxOutboundBytes?: number
+  /** Calls in flight per connection (awaiting an answer); a call over it fails with RPC_ERR_QUEUE_FULL. Default 100000. */
+  maxInFlight?: number
+  /** TLS from the first byte (`node:tls` `tls.connect` options); see `ProtocolClientOptions.tls`. */
+  tls?: TlsConnectionOptions
+  /** `stream` answers: the most parts one call gathers; default 100000 (see `ProtocolClientOptions`). */
+  maxStreamParts?: number
+  /** Busy polling after each read and send, in microseconds (as `ServerOptions.busyPollUs`); off by default. */
+  busyPollUs?: number
+  /**
+   * Outlier ejection of each target's hosts (scheduling/outlier-ejection.ts):
+   * a host whose calls time out or lose their connection
+   * `consecutiveFailures` times in a row (default 5), or whose connection
+   * stays silent through a ping, is skipped for 500 ms doubling up to 3 s,
+   * then given one call (or ping) as a probe; at most half the hosts
+   * (rounded up, never all) are out at once. On by default; false: off.
+   */
+  ejection?: OutlierEjectionOptions | false
+  /**
+   * For protocols with a `ping` (reactor/connection-liveness.ts): after
+   * `pingAfterMs` (default 200) of silence while calls wait the ping goes,
+   * and after `pingTimeoutMs` (default 300) more with nothing read the
+   * connection is closed (RPC_ERR_CONNECTION_CLOSED; idempotent calls are
+   * retried elsewhere) and its host ejected. false: off.
+   */
+  liveness?: LivenessOptions | false
+  /** TCP keepalive on every connection, the first probe after this long idle; default 10000 ms; 0: off. */
+  keepAliveMs?: number
+  /** Where warnings go (rate-limited); default warnings on stderr, null: nowhere. */
+  logger?: Logger | null
+  /** Time for deadlines, backoffs and set-up timers; default the real clock (tests pass a `FakeClock`). */
+  clock?: Clock
+}
+
+/** How a client copes with hosts that fail: outlier ejection and liveness pings. */
+export interface ClientHealthStats {
+  /** Ejections, re-admissions, the hosts out now; null when off. */
+  ejection: OutlierEjectionStats | null
+  /** Liveness pings sent (`ClientProtocol.ping`). */
+  pings: number
+  /** Connections closed because nothing came back, not even an answer to a ping. */
+  unresponsiveConnections: number
+}
+
+/** Counters of one open connection. */
+export interface EngineConnectionStats extends ConnectionStats {
+  /** The connection's endpoint, `host:port`. */
+  endpoint: string
+  /** Calls awaiting an answer on this connection. */
+  pendingCalls: number
+}
+
+const DEFAULT_TIMEOUT_MS = 30_000
+const DEFAULT_CONNECT_TIMEOUT_MS = 3000
+const DEFAULT_MAX_IN_FLIGHT = 100_000
+const DEFAULT_MAX_STREAM_PARTS = 100_000
+const DEFAULT_KEEPALIVE_MS = 10_000
+/** Warnings of one kind are logged at most this often. */
+export const LOG_INTERVAL_MS = 10_000
+
+/** The in-place encoder: the protocol writes the call's request straight into the outbound slab. */
+const IN_PLACE = {
+  encodeInto (call: PendingCall<unknown, unknown>, protocol: ClientProtocol<unknown, unknown>, out: Buffer, at: number): void {
+    protocol.encodeInto(call.request, call.id, out, at)
+  }
+}
+
+/**
+ * The one client engine under `ProtocolClient` and KRPC's `Client`: targets
+ * and their connections, each call's attempt (a connection, a deadline,
+ * the write), the matching of answers (answers.ts) and every call's
+ * settlement, exactly once. Retries are the retry loop's (retry-loop.ts),
+ * around `attempt`.
+ */
+export class ClientEngine<Req, Res> {
+  readonly protocol: ClientProtocol<Req, Res>
+  readonly clock: Clock
+  readonly log: Required<Logger>
+  readonly targets: Targets
+  /** Open connections by slot key; retired ones are in `#retired` until their last call settles. */
+  readonly connections = new Map<string, CallConnection<Req, Res>>()
+  readonly #retired = new Set<CallConnection<Req, Res>>()
+  readonly pushes: PushHub
+  readonly inOrder: boolean
+  readonly maxStreamParts: number
+  readonly defaultTimeoutMs: number
+  /** The protocol's `isPush`: undefined for protocols without pushes, so that their answers pay one check. */
+  readonly isPush: ((buf: Buffer, start: number, end: number) => boolean) | undefined
+  readonly #deadlines: DeadlineLists<PendingCall<Req, Res>>
+  readonly #maxInFlight: number
+  readonly #connectTimeoutMs: number
+  readonly #settings: PeerSettings
+  readonly #poller: BusyPoller | undefined
+  readonly #logBroken: RateLimitedLog
+  readonly #liveness: LivenessOptions | null
+  readonly #health = { pings: 0, unresponsive: 0 }
+  closed = false
+  /** The protocol's `beforeSend`, as a connection's calls ask it. */
+  readonly beforeSend: ((call: PendingCall<Req, Res>, session: unknown) => RpcError | undefined) | undefined
+  /**
+   * The callback-form call being started, while it is: one that fails then
+   * is settled from setImmediate, its caller not having control back yet.
+   */
+  #startedCall: PendingCall<Req, Res> | null = null
+
+  constructor (protocol: ClientProtocol<Req, Res>, options: ClientEngineOptions) {
+    if (protocol.matching === 'id' && protocol.answerId === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'id' matching needs answerId`)
+    this.protocol = protocol
+    this.clock = options.clock ?? realClock
+    this.inOrder = protocol.matching === 'in-order'
+    this.#maxInFlight = options.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT
+    this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_TIMEOUT_MS
+    this.#connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
+    this.isPush = protocol.isPush
+    const beforeSend = protocol.beforeSend
+    this.beforeSend = beforeSend === undefined ? undefined : (call, session) => beforeSend.call(protocol, call.request, call.data, session)
+    this.maxStreamParts = options.maxStreamParts ?? DEFAULT_MAX_STREAM_PARTS
+    if (!(this.maxStreamParts >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxStreamParts must be at least 1, got ${options.maxStreamParts}`)
+    this.log = resolveLogger(options.logger)
+    const now = (): number => this.clock.now()
+    this.#logBroken = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    const log = this.log
+    this.pushes = new PushHub(new RateLimitedLog(LOG_INTERVAL_MS, now), (m, f) => log.warn(m, f))
+    this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
+    const tls = options.tls
+    const keepAliveMs = options.keepAliveMs ?? DEFAULT_KEEPALIVE_MS
+    if (!(keepAliveMs >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `keepAliveMs must be at least 0, got ${options.keepAliveMs}`)
+    this.#liveness = options.liveness === false || protocol.ping === undefined ? null : (options.liveness ?? {})
+    this.#settings = {
+      framing: protocol.framing,
+      maxFrameBytes: options.maxMessageBytes ?? protocol.maxFrameBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
+      maxOutboundBytes: options.maxOutboundBytes,
+      busyPoller: this.#poller,
+      keepAliveMs,
+      // Bad certificates and keys throw here, not at each connect.
+      tls: tls === undefined ? undefined : { ...tls, secureContext: tls.secureContext ?? createSecureContext(tls) }
+    }
+    this.targets = new Targets({
+      connectionsPerEndpoint: options.connectionsPerEndpoint ?? 1,
+      policy: options.balance ?? 'p2c',
+      resolveAll: options.resolveAll === true,
+      clock: this.clock,
+      outstanding: (slot) => this.connections.get(slot.key)?.inFlight ?? 0,
+      ejection: options.ejection === false ? null : (options.ejection ?? {})
+    })
+    this.#deadlines = new DeadlineLists<PendingCall<Req, Res>>(this.clock, this.#expire, isFinished)
+  }
+
+  /** Calls waiting for an answer on any connection, retired ones included. */
+  get pendingCalls (): number {
+    let n = 0
+    for (const cc of this.connections.values()) n += cc.inFlight
+    for (const cc of this.#retired) n += cc.inFlight
+    return n
+  }
+
+  /** Counters of each open connection. */
+  connectionStats (): EngineConnectionStats[] {
+    const out: EngineConnectionStats[] = []
+    for (const cc of this.connections.values()) out.push({ endpoint: cc.endpoint, pendingCalls: cc.inFlight, ...cc.connection.stats() })
+    return out
+  }
+
+  /** Outlier ejection and liveness counters. */
+  health (): ClientHealthStats {
+    return { ejection: this.targets.ejectionStats(), pings: this.#health.pings, unresponsiveConnections: this.#health.unresponsive }
+  }
+
+  /** The call in errors, without its endpoint. */
+  describe (request: Req, data: unknown): string {
+    return this.protocol.describe?.(request, data) ?? `${this.protocol.name} call`
+  }
+
+  /**
+   * One attempt of a call at `target`: a connection, a deadline, the write.
+   * It settles through `callback` when not null (never before this
+   * returns), else through `resolve` or `reject`.
+   */
+  attempt (target: Target, request: Req, data: unknown, signal: AbortSignal | undefined, timeoutMs: number,
+    resolve: (response: Res) => void, reject: Reject, callback: Callback<Res> | null): void {
+    if (this.closed) return failEarly(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), reject, callback)
+    if (signal?.aborted === true) return failEarly(new RpcError(ErrorCode.CANCELLED, `${this.describe(request, data)} was cancelled before it started`), reject, callback)
+    if (target.resolving !== null) {
+      // Names still resolving: this attempt starts once they are known.
+      target.resolving.then(() => this.attempt(target, request, data, signal, timeoutMs, resolve, reject, callback), (error: RpcError) => failEarly(error, reject, callback))
+      return
+    }
+    const protocol = this.protocol
+    let answer: AnswerKind
+    try {
+      answer = protocol.answerOf?.(request) ?? 'yes'
+    } catch (err) {
+      return failEarly(invalid(err), reject, callback)
+    }
+    if (answer !== 'yes') {
+      const problem = this.#answerProblem(answer)
+      if (problem !== null) return failEarly(problem, reject, callback)
+    }
+    if (protocol.check !== undefined) {
+      try {
+        protocol.check(request, data)
+      } catch (err) {
+        return failEarly(invalid(err), reject, callback)
+      }
+    }
+    const cc = this.#connectionFor(target)
+    if (cc instanceof RpcError) return failEarly(cc, reject, callback)
+    if (cc.inFlight >= this.#maxInFlight) {
+      return failEarly(new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(request, data)} to ${cc.endpoint}: ${cc.inFlight} calls in flight on the connection (maxInFlight)`), reject, callback)
+    }
+    const call = newPendingCall<Req, Res>(request, data, answer, cc, timeoutMs, resolve, reject, callback, signal)
+    if (timeoutMs > 0 && Number.isFinite(timeoutMs)) this.#deadlines.arm(call, timeoutMs)
+    if (signal !== undefined) {
+      call.onAbort = () => this.#cancel(call)
+      signal.addEventListener('abort', call.onAbort, { once: true })
+    }
+    if (callback === null) return this.#write(cc, call)
+    // Calls can nest (a callback run while this one starts may start another): the outer one's comes back after.
+    const outer = this.#startedCall
+    this.#startedCall = call
+    try {
+      this.#write(cc, call)
+    } finally {
+      this.#startedCall = outer
+    }
+  }
+
+  // Why `answerOf` said something this protocol or client cannot do, or null.
+  #answerProblem (answer: AnswerKind): RpcError | null {
+    const protocol = this.protocol
+    switch (answer) {
+      case 'maybe':
+        return this.inOrder ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'maybe' answers need 'id' matching`) : null
+      case 'stream':
+        return protocol.decodePart === undefined ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'stream' answers need decodePart`) : null
+      case 'no':
+        return null
+      default:
+        return new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: answerOf said ${String(answer)}, not yes, maybe, no or stream`)
+    }
+  }
+
+  #write (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
+    const protocol = this.protocol
+    const id = cc.takeId()
+    call.id = id
+    call.seq = cc.nextSeq++
+    // What the protocol may send as the request's timeout: the attempt's (at least 1 ms), 0 for none.
+    const timeoutMs = call.timeoutMs > 0 && Number.isFinite(call.timeoutMs) ? Math.max(1, call.timeoutMs) : 0
+    let bytes: number
+    try {
+      bytes = protocol.encodedLength(call.request, id, call.data, timeoutMs)
+    } catch (err) {
+      return this.fail(call, invalid(err))
+    }
+    // Registered before the write: the answer cannot come sooner, but the connection's failure can.
+    this.#register(cc, call)
+    const connection = cc.connection
+    try {
+      // A call with an AbortSignal stays a transfer of its own, so that it can be dropped unsent when cancelled.
+      if (bytes >= 0 && call.signal === undefined && connection.tryWriteFrame(bytes, IN_PLACE, call as PendingCall<unknown, unknown>, protocol as ClientProtocol<unknown, unknown>)) {
+        call.state = SENT
+        this.#afterWrite(cc, call)
+        return
+      }
+      let slices: Buffer[]
+      if (bytes < 0) {
+        if (protocol.encodeSlices === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: encodedLength said -1 but there is no encodeSlices`)
+        slices = protocol.encodeSlices(call.request, id, call.data, timeoutMs).map((s) => Buffer.isBuffer(s) ? s : Buffer.from(s.buffer, s.byteOffset, s.byteLength))
+        bytes = 0
+        for (const s of slices) bytes += s.length
+      } else {
+        const own = Buffer.allocUnsafe(bytes)
+        protocol.encodeInto(call.request, id, own, 0)
+        slices = [own]
+      }
+      call.slices = slices
+      call.bytes = bytes
+    } catch (err) {
+      this.#unregister(cc, call)
+      return this.fail(call, invalid(err))
+    }
+    if (!connection.send(call)) {
+      this.#unregister(cc, call)
+      return this.fail(call, new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(call.request, call.data)} to ${cc.endpoint}: the connection's outbound queue is full`))
+    }
+    this.#afterWrite(cc, call)
+  }
+
+  #register (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
+    if (call.answer === 'no') return
+    if (this.inOrder) cc.inOrder.push(call)
+    else {
+      cc.byId.set(call.id | 0, call)
+      if (call.answer === 'maybe') cc.quiet.push(call)
+    }
+    cc.liveness?.waiting(cc.inFlight)
+  }
+
+  // Undoes #register of the call just registered (nothing was written).
+  #unregister (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
+    if (call.answer === 'no') return
+    if (this.inOrder) {
+      if (cc.inOrder.peekBack() === call) cc.inOrder.pop()
+      return
+    }
+    if (cc.byId.get(call.id | 0) === call) cc.byId.delete(call.id | 0)
+    if (call.answer === 'maybe' && cc.quiet.peekBack() === call) cc.quiet.pop()
+  }
+
+  #afterWrite (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
+    if (call.answer === 'no') {
+      this.succeed(call, this.protocol.silentResult!(call.request))
+      return
+    }
+    if (call.answer !== 'maybe') {
+      cc.flushNeeded = false
+      return
+    }
+    // A quiet request: unless another request follows it this turn, send the protocol's flush request after it.
+    cc.flushNeeded = true
+    if (cc.flushScheduled || this.protocol.flushRequest === undefined) return
+    cc.flushScheduled = true
+    queueMicrotask(() => {
+      cc.flushScheduled = false
+      if (!cc.flushNeeded || cc.closed) return
+      cc.flushNeeded = false
+      // The flush request: an internal call, without a caller or a deadline.
+      this.#write(cc, newPendingCall<Req, Res>(this.protocol.flushRequest!(), undefined, 'yes', cc, 0, ignore, ignore, null, undefined))
+    })
+  }
+
+  /** Settles `call` (unless it has settled) with its response; `taken`: it is out of its connection's id table already. */
+  succeed (call: PendingCall<Req, Res>, response: Res, taken = false): void {
+    if (call.state === FINISHED) return
+    this.#finish(call, taken)
+    if (call.callback !== null) deliver(call.callback, null, response)
+    else call.resolve(response)
+  }
+
+  /** Fails `call` unless it has settled. */
+  readonly fail = (call: PendingCall<Req, Res>, error: RpcError): void => {
+    if (call.state === FINISHED) return
+    // Bytes handed to a socket that never connected did not reach the peer.
+    const sent = call.state !== QUEUED && call.conn !== null && call.conn.connected
+    this.#finish(call, false)
+    const callback = call.callback
+    if (callback === null) call.reject(error, sent, call.parts !== null)
+    // Failed while it starts: its caller has not got control back yet.
+    else if (call === this.#startedCall) setImmediate(deliver, callback, error, undefined)
+    else deliver(callback, error, undefined)
+  }
+
+  #finish (call: PendingCall<Req, Res>, taken: boolean): void {
+    call.state = FINISHED
+    this.#deadlines.leave(call)
+    if (call.signal !== undefined && call.onAbort !== undefined) call.signal.removeEventListener('abort', call.onAbort)
+    const cc = call.conn
+    if (cc === null) return
+    // In-order calls keep their place until their answer comes.
+    if (!taken && !this.inOrder && cc.byId.get(call.id | 0) === call) cc.byId.delete(call.id | 0)
+    cc.liveness?.waiting(cc.inFlight)
+    if (cc.retired && cc.inFlight === 0) cc.connection.destroy()
+  }
+
+  #cancel (call: PendingCall<Req, Res>): void {
+    if (call.state === FINISHED) return
+    const error = new RpcError(ErrorCode.CANCELLED, `${this.describe(call.request, call.data)} to ${call.conn?.endpoint ?? '?'} was cancelled`)
+    // Never truncate a frame nor release its buffers mid-write: wait.
+    if (call.state === SENDING) call.pendingError = error
+    else this.fail(call, error)
+  }
+
+  // The call's deadline passed (the deadline lists call this only for calls not finished).
+  readonly #expire = (call: PendingCall<Req, Res>, timeoutMs: number): void => {
+    // After a stall, an answer already in the socket buffer is read first.
+    this.clock.defer(() => {
+      if (call.state === FINISHED) return
+      const cc = call.conn
+      const label = `${this.describe(call.request, call.data)}${cc === null ? '' : ` to ${cc.endpoint}`}`
+      const setupName = this.protocol.setupName
+      const message = cc === null || cc.ready
+        ? `${label} timed out after ${timeoutMs} ms`
+        : setupName !== undefined ? `${setupName} for ${label} timed out after ${timeoutMs} ms` : `${label} timed out after ${timeoutMs} ms (still connecting)`
+      const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
+      // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect).
+      if (cc !== null && cc.ready) cc.balancer.callFailed(cc.slot)
+      // Mid-write, the caller's buffers are still being read: settle once the frame is out.
+      if (call.state === SENDING) call.pendingError = error
+      else this.fail(call, error)
+    })
+  }
+
+  // The connection of the slot the target's balancer picks, opened if need be.
+  #connectionFor (target: Target): CallConnection<Req, Res> | RpcError {
+    const slot = target.pick()
+    if (slot === undefined) return new RpcError(ErrorCode.CONNECT_FAILED, `no address for ${target.name}`)
+    const existing = this.connections.get(slot.key)
+    if (existing !== undefined) return existing
+    try {
+      return this.#open(target, slot)
+    } catch (err) {
+      target.balancer.failed(slot)
+      return err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${slot.address.host}:${slot.address.port}: ${(err as Error).message}`, { cause: err })
+    }
+  }
+
+  #open (target: Target, slot: Slot): CallConnection<Req, Res> {
+    const protocol = this.protocol
+    const tls = this.#settings.tls !== undefined
+    const handshake: ClientHandshake<unknown> | undefined = protocol.handshake?.(`${slot.address.host}:${slot.address.port}`, slot.address.host)
+    const cc = new PeerConnection<PendingCall<Req, Res>>(this, slot, target.balancer, this.#settings, this.inOrder, protocol.maxId ?? 0xffffffff, handshake?.failure !== undefined)
+    const key = cc.endpoint
+    const connection = cc.connection
+    this.connections.set(slot.key, cc)
+    if (this.#liveness !== null) cc.liveness = this.#livenessOf(cc)
+    connection.attach({
+      onFrame: (buf, start, end) => onAnswer(this, cc, buf, start, end),
+      onClose: (error) => this.connectionClosed(cc, cc.closeReason(error, handshake))
+    })
+    const connectMs = this.#connectTimeoutMs
+    cc.connectTimer = this.clock.setTimer(() => {
+      cc.connectTimer = null
+      if (cc.ready) return
+      cc.setupTimedOut = true
+      const setupName = protocol.setupName ?? `${protocol.name} set-up`
+      // With a handshake, the deadline is the set-up's, whether or not the
+      // 'connect' event has come yet (the peer may have accepted already).
+      connection.destroy(cc.connected || handshake !== undefined
+        ? new RpcError(ErrorCode.NEGOTIATION_FAILED, `${setupName} with ${key} timed out after ${connectMs} ms`)
+        : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: timed out after ${connectMs} ms`))
+    }, connectMs)
+    connection.socket.once(tls ? 'secureConnect' : 'connect', () => {
+      cc.connected = true
+      if (handshake === undefined) this.#ready(cc)
+    })
+    if (handshake !== undefined) {
+      // The session is known at the step that finishes the handshake: the
+      // requests held for it are written then, before the promise settles.
+      const onFrame = handshake.onFrame
+      const record = (step: HandshakeStep<unknown>): HandshakeStep<unknown> => {
+        if (step.done !== undefined) cc.session = step.done
+        return step
+      }
+      connection.handshake<unknown>({
+        ...handshake,
+        onFrame: (frame) => {
+          const step = onFrame(frame)
+          return step instanceof Promise ? step.then(record) : record(step)
+        }
+      }).then((session) => {
+        cc.session = session
+        this.#ready(cc)
+      }, () => {})
+    }
+    return cc
+  }
+
+  // The silence check of `cc`: its ping is an internal call whose answer (like any frame) proves the peer alive.
+  #livenessOf (cc: CallConnection<Req, Res>): ConnectionLiveness {
+    return new ConnectionLiveness(this.clock, this.#liveness!, {
+      ping: () => {
+        if (cc.closed || !cc.ready) return
+        this.#health.pings++
+        this.#write(cc, newPendingCall<Req, Res>(this.protocol.ping!(), undefined, 'yes', cc, 0, ignore, ignore, null, undefined))
+      },
+      dead: (silentMs) => {
+        this.#health.unresponsive++
+        cc.balancer.unresponsive(cc.slot)
+        cc.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${cc.endpoint} closed: nothing read for ${Math.round(silentMs)} ms, not even an answer to a ping`))
+      }
+    })
+  }
+
+  #ready (cc: CallConnection<Req, Res>): void {
+    if (cc.closed) return
+    cc.ready = true
+    if (cc.connectTimer !== null) this.clock.clearTimer(cc.connectTimer)
+    cc.connectTimer = null
+    cc.balancer.succeeded(cc.slot)
+  }
+
+  /** `cc` answered with a fatal remote error: new calls open another; it closes once its last call settles. */
+  retire (cc: CallConnection<Req, Res>): void {
+    if (cc.retired || cc.closed) return
+    if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
+    cc.retired = true
+    this.#retired.add(cc)
+    if (!this.closed) {
+      this.log.info(`connection to ${cc.endpoint} retired after a FATAL answer; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
+    }
+  }
+
+  /** The connection closed (or the client closes it): every call on it fails with `error`. */
+  connectionClosed (cc: CallConnection<Req, Res>, error: RpcError): void {
+    if (cc.closed) return
+    cc.closed = true
+    cc.liveness?.close()
+    if (cc.connectTimer !== null) this.clock.clearTimer(cc.connectTimer)
+    cc.connectTimer = null
+    if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
+    this.#retired.delete(cc)
+    const calls = this.inOrder ? cc.inOrder.toArray() : cc.byId.values()
+    const pending = calls.length
+    if (!cc.ready) cc.balancer.failed(cc.slot)
+    // Calls lost with the connection count against its host (the client's own close does not).
+    else if (pending > 0 && !this.closed) cc.balancer.callFailed(cc.slot)
+    cc.inOrder.clear()
+    cc.byId.clear()
+    cc.quiet.clear()
+    for (const call of calls) this.fail(call, error)
+    cc.connection.destroy(error)
+    if (!this.closed && !cc.retired) this.#logClose(cc, error, pending)
+    if (cc.ready && this.pushes.hasCloseHandlers) this.pushes.connectionClosed({ endpoint: cc.endpoint, error })
+  }
+
+  // A lost connection: its calls' errors tell their callers; the log tells the rest.
+  #logClose (cc: CallConnection<Req, Res>, error: RpcError, pendingCalls: number): void {
+    const fields = { endpoint: cc.endpoint, pendingCalls, negotiated: cc.ready }
+    const code = error.code
+    if (cc.ready && error.remote === undefined && (code === ErrorCode.MALFORMED_FRAME || code === ErrorCode.FRAME_TOO_LARGE)) {
+      // Not a peer going away: a server that broke the protocol after the
+      // set-up. (Before it, the calls' own error names such a peer.)
+      this.#logBroken.log((m, f) => this.log.warn(m, f), () => `closing the connection to ${cc.endpoint}: ${error.message}`, () => ({ ...fields, code }))
+      return
+    }
+    this.log.info(`connection to ${cc.endpoint} closed: ${error.message}`, { ...fields, code })
+  }
+
+  /** Fails every pending call with `error` and closes every connection; later attempts fail at once. */
+  close (error: RpcError): void {
+    if (this.closed) return
+    this.closed = true
+    this.#poller?.stop()
+    for (const cc of [...this.connections.values(), ...this.#retired]) this.connectionClosed(cc, error)
+    // Every call has settled: the lists' timers have nothing left to wait for.
+    this.#deadlines.close()
+    this.pushes.end()
+  }
+}
+
+function isFinished<Req, Res> (call: PendingCall<Req, Res>): boolean {
+  return call.state === FINISHED
+}
+
+function ignore (): void {}
+

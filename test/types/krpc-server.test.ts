@@ -1,0 +1,56 @@
+// The KRPC server wraps a generic ProtocolServer rather than extending it:
+// its routes come only from addService, which gives each the method
+// definition KRPC decodes and encodes it with. A route added through the
+// generic `addRoutes` had none, and every call to it was answered
+// ERROR_INVALID_REQUEST; the member is gone, for the compiler and at run time.
+import t from 'tap'
+import ts from 'typescript'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { KrpcServer, Server } from '../../reactor/krpc/index.js'
+import { ProtocolServer } from '../../reactor/index.js'
+
+const krpcEntry = fileURLToPath(new URL('../../reactor/krpc/index.ts', import.meta.url))
+
+function errorsOf (body: string): string[] {
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-types-'))
+  try {
+    const file = join(dir, 'case.ts')
+    writeFileSync(file, `import { KrpcServer, Server, type ServiceDef } from ${JSON.stringify(krpcEntry)}\nconst server = new KrpcServer({ logger: null })\n${body}`)
+    const program = ts.createProgram([file], {
+      target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext, moduleResolution: ts.ModuleResolutionKind.NodeNext,
+      strict: true, types: ['node'], skipLibCheck: true, noEmit: true, allowImportingTsExtensions: true
+    })
+    return ts.getPreEmitDiagnostics(program).filter(d => d.file?.fileName === file).map(d => ts.flattenDiagnosticMessageText(d.messageText, '\n'))
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+t.test('the KRPC server has no addRoutes for the compiler', async t => {
+  const errors = errorsOf(`server.addRoutes('kudu.Echo', { Echo: () => ({}) })`)
+  t.equal(errors.length, 1, errors.join('\n'))
+  t.match(errors[0], /addRoutes/)
+})
+
+t.test('its own API compiles, and the former name is the same class', async t => {
+  t.same(errorsOf(`
+declare const def: ServiceDef<{ Echo: { request: { x: number }, response: { x: number } } }>
+server.addService(def, { Echo: (req, ctx) => ({ x: req.x + ctx.sidecars.length }) })
+server.use((req, ctx, next) => next(req, ctx))
+const stats: number = server.stats().callsReceived + server.limits().maxConnections
+const old: Server = server
+void old.listen(0).then(() => server.close({ graceMs: 0 }))
+`), [])
+})
+
+t.test('at run time: no addRoutes, not a ProtocolServer', async t => {
+  const server = new KrpcServer({ logger: null })
+  t.notOk('addRoutes' in server, 'no addRoutes member')
+  t.equal((server as unknown as Record<string, unknown>).addRoutes, undefined)
+  t.notOk((server as unknown) instanceof ProtocolServer, 'wraps a ProtocolServer, is not one')
+  t.equal(Server, KrpcServer, 'Server is KrpcServer under its former name')
+  await server.close({ graceMs: 0 })
+})
