@@ -27,10 +27,10 @@ t.test('the entry point exports the server, the client, errors and schemas', asy
   client.close()
 })
 
-t.test('the exports map: nyala, nyala/demo and nyala/testing, each with a source; docs import only them', async t => {
+t.test('the exports map: nyala, nyala/krpc, nyala/demo and nyala/testing, each with a source; docs import only them', async t => {
   const exports = (JSON.parse(readFileSync(`${root}/package.json`, 'utf8')) as { exports: Record<string, { types: string, default: string } | string> }).exports
-  t.same(Object.keys(exports).sort(), ['.', './demo', './package.json', './testing'])
-  for (const name of ['.', './demo', './testing']) {
+  t.same(Object.keys(exports).sort(), ['.', './demo', './krpc', './package.json', './testing'])
+  for (const name of ['.', './krpc', './demo', './testing']) {
     const entry = exports[name] as { types: string, default: string }
     const source = entry.default.replace(/^\.\/dist\//, '').replace(/\.js$/, '.ts')
     t.ok(existsSync(`${root}/${source}`), `${name} → ${entry.default} (source ${source})`)
@@ -55,11 +55,11 @@ function markdownFiles (dir = root, prefix = ''): string[] {
   return found
 }
 
-t.test('the README and every doc import only the public entry points: nyala, nyala/demo, nyala/testing', async (t) => {
+t.test('the README and every doc import only the public entry points: nyala, nyala/krpc, nyala/demo, nyala/testing', async (t) => {
   const docs = markdownFiles()
   t.ok(docs.includes('README.md') && docs.includes('docs/cluster.md') && docs.includes('docs/threads.md'), `${docs.length} Markdown files`)
   for (const doc of readdirSync(`${root}/docs`)) if (doc.endsWith('.md')) t.ok(docs.includes(`docs/${doc}`), `docs/${doc} is checked`)
-  const publicEntries = ['nyala', 'nyala/demo', 'nyala/testing']
+  const publicEntries = ['nyala', 'nyala/krpc', 'nyala/demo', 'nyala/testing']
   for (const doc of docs) {
     const text = readFileSync(`${root}/${doc}`, 'utf8')
     // import ... from 'X', import('X'), require('X'), with either quote
@@ -67,7 +67,7 @@ t.test('the README and every doc import only the public entry points: nyala, nya
       t.ok(publicEntries.includes(m[1]!), `${doc} imports ${m[1]}`)
     }
     // and no deep path into the package in prose either (nyala/dist/..., nyala/reactor/...)
-    const deep = [...text.matchAll(/\bnyala\/(?!demo\b|testing\b)[\w.-]+/g)].map((m) => m[0])
+    const deep = [...text.matchAll(/\bnyala\/(?!krpc\b|demo\b|testing\b)[\w.-]+/g)].map((m) => m[0])
     t.same(deep, [], `${doc} names no path inside the package`)
   }
 })
