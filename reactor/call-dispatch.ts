@@ -404,7 +404,7 @@ export class CallDispatch {
     if (call.abandoned && this.#abandonment.settled(call)) return
     // A handler that gave up at its deadline (the signal's own reason) is
     // not a failure of the handler: the protocol answers it as a timeout.
-    if (err instanceof RpcError && err.code === ErrorCode.DEADLINE_EXCEEDED && call.isExpired) {
+    if (err instanceof RpcError && err.code === ErrorCode.DEADLINE_EXCEEDED && (err === call.abortReason || call.isExpired)) {
       this.#refuse(call, 'timed-out', `${call.service}.${call.method} timed out: its handler gave up at the call's deadline`, err)
       return
     }

@@ -171,6 +171,11 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
     return Math.max(0, this.deadline - this._clock.now())
   }
 
+  /** Why the handler's signal aborted (deadline, connection, shutdown); null while it has not. */
+  get abortReason (): RpcError | null {
+    return this._abortReason
+  }
+
   /** True once the deadline has passed. */
   get isExpired (): boolean {
     return this._clock.now() >= this.deadline

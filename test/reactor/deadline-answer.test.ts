@@ -92,3 +92,26 @@ t.test('the nyala client reports RPC_ERR_DEADLINE_EXCEEDED for a handler that gi
   await until(() => server.stats().callsInFlight === 0, 'every call released')
   t.same(await client.service(CalculatorService).Add({ x: 1, y: 2 }), { result: 3 }, 'the connection still serves')
 })
+
+// Node's timers may fire a fraction of a millisecond before the clock's
+// reading reaches the deadline: the signal's own reason decides, not the clock.
+class EarlyTimers extends FakeClock {
+  override setTimer (callback: () => void, ms: number): ReturnType<FakeClock['setTimer']> {
+    return super.setTimer(callback, ms - 0.5)
+  }
+}
+
+t.test('KRPC: the deadline abort that fires just before the clock reaches the deadline is still the deadline', async (t) => {
+  const clock = new EarlyTimers()
+  const { server, port } = await startServer(t, { clock, handlers: givesUp })
+  const raw = await RawClient.connect(port)
+  t.teardown(() => raw.close())
+  raw.write(clientHandshakeBytes())
+  raw.write(requestFrame(1, SERVICE, 'Sleep', SleepRequest.encode({ sleep_micros: 1_500_000 }), { timeoutMs: 300 }))
+  await until(() => server.stats().callsInFlight === 1, 'the Sleep call running')
+  clock.advance(299.5)
+  await until(() => server.stats().callsInFlight === 0, 'the Sleep call released')
+  raw.write(requestFrame(2, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 3 })))
+  const next = await raw.nextResponse()
+  t.equal(next.header.call_id, 2, 'nothing was sent for the Sleep')
+})
