@@ -6,7 +6,7 @@
 // client surfaces whichever comes first (a remote error, or "Service
 // unavailable" for ERROR_SERVER_TOO_BUSY outside a tablet), not its TimedOut.
 // Calls that expire while queued keep Kudu's ERROR_SERVER_TOO_BUSY answer.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { ErrorStatusType } from '../../codec/krpc/frames.js'
 import type { SleepResponse } from '../../examples/calculator/index.js'
@@ -34,18 +34,24 @@ async function until (condition: () => boolean, what: string): Promise<void> {
   }
 }
 
-t.test('KRPC: a handler that gives up at its deadline sends nothing for that call id; the connection goes on', async (t) => {
-  const clock = new FakeClock()
+// A Sleep (300 ms timeout) that gives up at its deadline once `clock` moves
+// by `advanceMs`, then an Add on the same connection: returns the raw client
+// and the Add's answer, the first one the connection gets.
+async function sleepThenAdd (t: Test, clock: FakeClock, advanceMs: number) {
   const { server, port } = await startServer(t, { clock, handlers: givesUp })
   const raw = await RawClient.connect(port)
   t.teardown(() => raw.close())
   raw.write(clientHandshakeBytes())
   raw.write(requestFrame(1, SERVICE, 'Sleep', SleepRequest.encode({ sleep_micros: 1_500_000 }), { timeoutMs: 300 }))
   await until(() => server.stats().callsInFlight === 1, 'the Sleep call running')
-  clock.advance(300)
+  clock.advance(advanceMs)
   await until(() => server.stats().callsInFlight === 0, 'the Sleep call released')
   raw.write(requestFrame(2, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 3 })))
-  const next = await raw.nextResponse()
+  return { raw, next: await raw.nextResponse() }
+}
+
+t.test('KRPC: a handler that gives up at its deadline sends nothing for that call id; the connection goes on', async (t) => {
+  const { raw, next } = await sleepThenAdd(t, new FakeClock(), 300)
   t.equal(next.header.call_id, 2, 'the first answer on the connection is the Add\'s')
   t.notOk(next.header.is_error)
   t.same(AddResponse.decode(next.message), { result: 5 })
@@ -102,16 +108,6 @@ class EarlyTimers extends FakeClock {
 }
 
 t.test('KRPC: the deadline abort that fires just before the clock reaches the deadline is still the deadline', async (t) => {
-  const clock = new EarlyTimers()
-  const { server, port } = await startServer(t, { clock, handlers: givesUp })
-  const raw = await RawClient.connect(port)
-  t.teardown(() => raw.close())
-  raw.write(clientHandshakeBytes())
-  raw.write(requestFrame(1, SERVICE, 'Sleep', SleepRequest.encode({ sleep_micros: 1_500_000 }), { timeoutMs: 300 }))
-  await until(() => server.stats().callsInFlight === 1, 'the Sleep call running')
-  clock.advance(299.5)
-  await until(() => server.stats().callsInFlight === 0, 'the Sleep call released')
-  raw.write(requestFrame(2, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 3 })))
-  const next = await raw.nextResponse()
+  const { next } = await sleepThenAdd(t, new EarlyTimers(), 299.5)
   t.equal(next.header.call_id, 2, 'nothing was sent for the Sleep')
 })

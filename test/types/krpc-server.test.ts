@@ -4,29 +4,15 @@
 // generic `addRoutes` had none, and every call to it was answered
 // ERROR_INVALID_REQUEST; the member is gone, for the compiler and at run time.
 import t from 'tap'
-import ts from 'typescript'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { KrpcServer, Server } from '../../reactor/krpc/index.js'
 import { ProtocolServer } from '../../reactor/index.js'
+import { compileErrors } from '../helpers/compile-errors.js'
 
 const krpcEntry = fileURLToPath(new URL('../../reactor/krpc/index.ts', import.meta.url))
 
 function errorsOf (body: string): string[] {
-  const dir = mkdtempSync(join(tmpdir(), 'nyala-types-'))
-  try {
-    const file = join(dir, 'case.ts')
-    writeFileSync(file, `import { KrpcServer, Server, type ServiceDef } from ${JSON.stringify(krpcEntry)}\nconst server = new KrpcServer({ logger: null })\n${body}`)
-    const program = ts.createProgram([file], {
-      target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext, moduleResolution: ts.ModuleResolutionKind.NodeNext,
-      strict: true, types: ['node'], skipLibCheck: true, noEmit: true, allowImportingTsExtensions: true
-    })
-    return ts.getPreEmitDiagnostics(program).filter(d => d.file?.fileName === file).map(d => ts.flattenDiagnosticMessageText(d.messageText, '\n'))
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
-  }
+  return compileErrors(`import { KrpcServer, Server, type ServiceDef } from ${JSON.stringify(krpcEntry)}\nconst server = new KrpcServer({ logger: null })\n${body}`)
 }
 
 t.test('the KRPC server has no addRoutes for the compiler', async t => {

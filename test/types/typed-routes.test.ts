@@ -4,11 +4,8 @@
 // than the protocol's union) compile. Checked with the TypeScript compiler
 // on small files written for the test.
 import t from 'tap'
-import ts from 'typescript'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { compileErrors } from '../helpers/compile-errors.js'
 
 const entry = fileURLToPath(new URL('../../reactor/index.ts', import.meta.url))
 
@@ -21,18 +18,7 @@ const server = new ProtocolServer(kv)
 `
 
 function errorsOf (body: string): string[] {
-  const dir = mkdtempSync(join(tmpdir(), 'nyala-types-'))
-  try {
-    const file = join(dir, 'case.ts')
-    writeFileSync(file, prelude + body)
-    const program = ts.createProgram([file], {
-      target: ts.ScriptTarget.ES2022, module: ts.ModuleKind.NodeNext, moduleResolution: ts.ModuleResolutionKind.NodeNext,
-      strict: true, types: ['node'], skipLibCheck: true, noEmit: true, allowImportingTsExtensions: true
-    })
-    return ts.getPreEmitDiagnostics(program).filter(d => d.file?.fileName === file).map(d => ts.flattenDiagnosticMessageText(d.messageText, '\n'))
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
-  }
+  return compileErrors(prelude + body)
 }
 
 t.test('handlers that fit the protocol compile', async t => {
