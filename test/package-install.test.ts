@@ -134,7 +134,8 @@ t.test('npm pack, then install the tarball into an empty project and run the kv 
   })
 
   t.test('the installed bin runs: nyala --version', async (t) => {
-    const run = spawnSync(join(app, 'node_modules', '.bin', 'nyala'), ['--version'], { cwd: app, env, encoding: 'utf8', timeout: 30_000 })
+    // env(1) clears the loader tap's process tracking puts into NODE_OPTIONS (on Node 26 it cannot load the extensionless launcher).
+    const run = spawnSync('env', ['-u', 'NODE_OPTIONS', join(app, 'node_modules', '.bin', 'nyala'), '--version'], { cwd: app, env, encoding: 'utf8', timeout: 30_000 })
     t.equal(run.status, 0, `exit 0 ${run.stderr}`)
     t.equal(run.stdout.trim(), pkg.version, 'the package\'s version')
   })

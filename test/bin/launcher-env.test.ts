@@ -35,9 +35,11 @@ async function launch (extra: Record<string, string>, how: 'program' | 'node' = 
   for (const v of VARIABLES) delete env[v]
   Object.assign(env, extra)
   const launcher = join(dir, 'bin', 'nyala')
-  const child = how === 'program'
-    ? spawn(launcher, ['serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] })
-    : spawn(process.execPath, [launcher, 'serve'], { env, stdio: ['ignore', 'pipe', 'pipe'] })
+  // tap's process tracking puts its loader into every child's NODE_OPTIONS
+  // (on Node 26 it cannot load the extensionless launcher); env(1) clears it
+  // and execs, so the launcher starts as a user's shell starts it, same pid.
+  const command = how === 'program' ? [launcher, 'serve'] : [process.execPath, launcher, 'serve']
+  const child = spawn('env', ['-u', 'NODE_OPTIONS', ...command], { env, stdio: ['ignore', 'pipe', 'pipe'] })
   const limit = setTimeout(() => { if (child.pid !== undefined) process.kill(child.pid, 'SIGKILL') }, RUN_LIMIT_MS)
   t.teardown(() => { clearTimeout(limit); if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL') })
   let stdout = ''
