@@ -15,41 +15,34 @@
  * same reads of the same frames whatever its speed. After the warm-up
  * (instrumentation off: the JIT settles) it switches instrumentation on,
  * runs `--batches` batches, dumps the counts and prints one JSON line:
- * `{ tree, calls, instructions, perCall }`. The client is the same for
+ * `{ tree, calls, instructions, perCall, allThreadsPerCall }`: the main
+ * thread's counts (V8's compiler and GC threads vary from run to run; the
+ * main thread's agree within about 0.5 %), and every thread's. The client is the same for
  * every tree measured, so only the server's code differs. Callgrind runs
  * the server about 50 times slower; GC still varies a little from run to
  * run (about 1 %), so compare trees with a few runs each.
  */
 import { spawn, execFileSync } from 'node:child_process'
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
 import { Client } from '../reactor/krpc/client.js'
 import { CalculatorService } from '../examples/calculator/index.js'
+import { COUNT_OPTIONS, countSettings, countedInstructions, listeningPort } from './callgrind-counts.js'
 
 const { values } = parseArgs({
   options: {
-    tree: { type: 'string' },
-    batches: { type: 'string', default: '1000' },
-    batch: { type: 'string', default: '100' },
-    'warmup-batches': { type: 'string', default: '2000' },
-    'payload-bytes': { type: 'string', default: '0' },
-    keep: { type: 'string' },
-    'node-flag': { type: 'string', multiple: true, default: [] }
+    ...COUNT_OPTIONS
   }
 })
 const root = resolve(fileURLToPath(new URL('../..', import.meta.url)))
-const tree = resolve(values.tree ?? root)
-const batches = Number(values.batches)
-const batch = Number(values.batch)
-const warmup = Number(values['warmup-batches'])
-const payload = Number(values['payload-bytes'])
+const { tree, batches, batch, warmup, payload } = countSettings(values, root)
 
 const out = mkdtempSync(join(tmpdir(), 'nyala-callgrind-'))
 const server = spawn('valgrind', [
-  '--tool=callgrind', '--instr-atstart=no', `--callgrind-out-file=${join(out, 'callgrind.out.%p')}`,
+  '--tool=callgrind', '--instr-atstart=no', '--separate-threads=yes', `--callgrind-out-file=${join(out, 'callgrind.out.%p')}`,
   process.execPath, ...values['node-flag'], join(tree, 'bin', 'nyala'), 'serve', '--host', '127.0.0.1', '--port', '0', '--reactors', '1'
 ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NODE_OPTIONS: '' } })
 
@@ -68,23 +61,8 @@ process.on('exit', () => {
   rmSync(out, { recursive: true, force: true })
 })
 
-function listening (): Promise<number> {
-  return new Promise((resolve, reject) => {
-    let text = ''
-    const timer = setTimeout(() => reject(new Error(`server not listening after 120 s: ${text}`)), 120_000)
-    const onData = (d: Buffer): void => {
-      text += d.toString()
-      const m = /listening on [^\s:]+:(\d+)/.exec(text)
-      if (m !== null) { clearTimeout(timer); resolve(Number(m[1])) }
-    }
-    server.stdout.on('data', onData)
-    server.stderr.on('data', onData)
-    server.once('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited (${code}): ${text}`)) })
-  })
-}
-
 async function main (): Promise<void> {
-  const port = await listening()
+  const port = await listeningPort(server, 120)
   const client = new Client({ endpoint: `127.0.0.1:${port}` })
   const calc = client.service(CalculatorService)
   const data = 'x'.repeat(payload)
@@ -107,13 +85,9 @@ async function main (): Promise<void> {
   execFileSync('callgrind_control', ['-d', pid], { stdio: 'ignore' })
   client.close()
   stop()
-  let instructions = 0
-  for (const name of readdirSync(out)) {
-    const text = readFileSync(join(out, name), 'utf8')
-    for (const m of text.matchAll(/^totals:\s+(\d+)/gm)) instructions += Number(m[1])
-  }
+  const { main: instructions, all } = countedInstructions(out)
   const calls = batches * batch
-  process.stdout.write(JSON.stringify({ tree, calls, instructions, perCall: Math.round(instructions / calls) }) + '\n')
+  process.stdout.write(JSON.stringify({ tree, calls, instructions, perCall: Math.round(instructions / calls), allThreadsPerCall: Math.round(all / calls) }) + '\n')
 }
 
 main().then(() => process.exit(0), (err: Error) => {

@@ -63,6 +63,8 @@ export class Balancer {
   readonly #ejection: OutlierEjection | null
   #slots: Slot[] = []
   #next = 0
+  /** The one slot, when there is exactly one (`pick` then always answers it); else null. */
+  soleSlot: Slot | null = null
 
   constructor (addresses: readonly Address[], options: BalancerOptions) {
     if (!Number.isInteger(options.connectionsPerEndpoint) || options.connectionsPerEndpoint < 1) {
@@ -93,6 +95,7 @@ export class Balancer {
     }
     this.#slots = slots
     this.#next = 0
+    this.soleSlot = slots.length === 1 ? slots[0]! : null
     this.#ejection?.setHosts([...new Set(slots.map((s) => s.host))])
   }
 

@@ -88,6 +88,8 @@ export class OutlierEjection {
   readonly #probeTimeoutMs: number
   #hosts = new Map<string, HostState>()
   #out = 0
+  /** Hosts in with failures counted since their last success: while 0 (and none out), a success has nothing to reset. */
+  #failing = 0
   readonly #counts = { ejections: 0, readmissions: 0, ejectionsRefused: 0, probeFailures: 0 }
 
   constructor (clock: Clock, options: OutlierEjectionOptions = {}) {
@@ -105,13 +107,16 @@ export class OutlierEjection {
   setHosts (keys: readonly string[]): void {
     const hosts = new Map<string, HostState>()
     let out = 0
+    let failing = 0
     for (const key of keys) {
       const state = this.#hosts.get(key) ?? { failures: 0, out: false, until: 0, timesEjected: 0, probeAt: -1 }
       if (state.out) out++
+      if (state.failures > 0) failing++
       hosts.set(key, state)
     }
     this.#hosts = hosts
     this.#out = out
+    this.#failing = failing
   }
 
   /** Hosts ejected or half-open now. */
@@ -152,9 +157,11 @@ export class OutlierEjection {
 
   /** A call, connection or ping to `key` worked. */
   succeeded (key: string): void {
+    // Every answer comes here: with no host failing or out, without a lookup.
+    if (this.#failing === 0 && this.#out === 0) return
     const state = this.#hosts.get(key)
     if (state === undefined) return
-    state.failures = 0
+    this.#setFailures(state, 0)
     // An ejected host's late answers prove nothing until it is probed.
     if (!state.out || state.probeAt < 0) return
     state.out = false
@@ -174,7 +181,7 @@ export class OutlierEjection {
       if (state.probeAt >= 0) this.#probeFailed(state, now)
       return
     }
-    state.failures++
+    this.#setFailures(state, state.failures + 1)
     if (state.failures < this.#threshold) return
     if (this.#out + 1 > this.maxEjected) {
       this.#counts.ejectionsRefused++
@@ -191,7 +198,7 @@ export class OutlierEjection {
   unresponsive (key: string): void {
     const state = this.#hosts.get(key)
     if (state === undefined) return
-    if (!state.out) state.failures = Math.max(state.failures, this.#threshold - 1)
+    if (!state.out) this.#setFailures(state, Math.max(state.failures, this.#threshold - 1))
     this.failed(key)
   }
 
@@ -200,6 +207,11 @@ export class OutlierEjection {
     const ejectedHosts: string[] = []
     for (const [key, state] of this.#hosts) if (state.out) ejectedHosts.push(key)
     return { ...this.#counts, ejected: this.#out, ejectedHosts }
+  }
+
+  #setFailures (state: HostState, failures: number): void {
+    if ((state.failures > 0) !== (failures > 0)) this.#failing += failures > 0 ? 1 : -1
+    state.failures = failures
   }
 
   #probeFailed (state: HostState, now: number): void {
@@ -212,7 +224,7 @@ export class OutlierEjection {
 
   #eject (state: HostState, now: number): void {
     state.out = true
-    state.failures = 0
+    this.#setFailures(state, 0)
     state.probeAt = -1
     state.until = now + Math.min(this.#maxMs, this.#baseMs * 2 ** Math.min(state.timesEjected, 30))
     state.timesEjected++

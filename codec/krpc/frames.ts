@@ -72,6 +72,20 @@ const bounds: FrameBounds = { headerStart: 0, headerEnd: 0, bodyStart: 0 }
 // answer is a shared object, valid until the next call.
 function frameBounds (frame: Buffer, start = 0, end = frame.length): FrameBounds | RpcError {
   if (end - start < 4 || readU32(frame, start) !== end - start - 4) return malformed('frame length does not match its prefix')
+  // Most frames: a header of under 128 bytes and a body of under 128 that
+  // ends the frame, their one-byte lengths read here (this runs per
+  // request; the varint reader is two calls). Anything else, and every
+  // error, takes the general path below.
+  const headerBytes = frame[start + 4]!
+  if (headerBytes < 0x80 && end - start > 5) {
+    const headerEnd = start + 5 + headerBytes
+    if (headerEnd < end && frame[headerEnd]! < 0x80 && headerEnd + 1 + frame[headerEnd]! === end) {
+      bounds.headerStart = start + 5
+      bounds.headerEnd = headerEnd
+      bounds.bodyStart = headerEnd + 1
+      return bounds
+    }
+  }
   const header = readVarint32(frame, start + 4, end, scratch)
   if (header.next < 0) return malformed('bad header length varint')
   const headerStart = header.next

@@ -292,20 +292,26 @@ function compile (type: protobuf.Type): Scan {
 
   const fields = type.fieldsArray
   out('if (typeof m !== "object" || m === null || Array.isArray(m)) return H.notObject("", ' + T + ', m)')
-  out(`var c = 0, r = 0, v, e, i, k${fields.map((_f, j) => `, f${j}`).join('')}`)
+  out(`var c = 0, r = 0, v, e, i, k, p${fields.map((_f, j) => `, f${j}, s${j} = 0`).join('')}`)
   // Own properties that are no field: refused (protobufjs would drop them).
   if (fields.length === 0) {
     out(`for (k in m) if (has.call(m, k)) return H.unknown("", k, ${T})`)
   } else {
+    // Fields for-in visits are marked: see the field checks below.
     out('for (k in m) { switch (k) {')
-    for (const field of fields) out(`case ${q(field.name)}:`)
-    out(`break; default: if (has.call(m, k)) return H.unknown("", k, ${T}) } }`)
+    fields.forEach((field, j) => out(`case ${q(field.name)}: s${j} = 1; break`))
+    out(`default: if (has.call(m, k)) return H.unknown("", k, ${T}) } }`)
   }
   fields.forEach((field, j) => {
     const n = q(field.name)
     out(`v = m[${n}]`)
+    // A plain object (or one without a prototype) inherits nothing
+    // enumerable: a field for-in visited is its own, and needs no
+    // hasOwnProperty call (a call per field per request). Asked after the
+    // first load, whose map check lets the compiler answer it in line.
+    if (j === 0) out('p = Object.getPrototypeOf(m); p = p === OP || p === null')
     // Absent: not an own property, or null or undefined.
-    out(`if (v == null || !has.call(m, ${n})) { ${field.required ? `return H.missing(${n})` : 'v = undefined'} } else {`)
+    out(`if (v == null || ((s${j} & p) !== 1 && !has.call(m, ${n}))) { ${field.required ? `return H.missing(${n})` : 'v = undefined'} } else {`)
     if (field instanceof protobuf.MapField) {
       out(`if (typeof v !== 'object' || Array.isArray(v) || v instanceof Uint8Array) return H.notMap(${n}, v)`)
       out('for (k in v) { if (!has.call(v, k)) continue')
@@ -346,9 +352,9 @@ function compile (type: protobuf.Type): Scan {
     out('return c')
   }
   // eslint-disable-next-line no-new-func, @typescript-eslint/no-implied-eval
-  const make = new Function('H', 'R', 'has', `return function check_${typeName.replace(/\W/g, '_')} (m) {\n${lines.join('\n')}\n}`) as
-    (h: typeof helpers, r: unknown[], has: typeof hasOwn) => Scan
-  const scan = make(helpers, refs, hasOwn)
+  const make = new Function('H', 'R', 'has', 'OP', `return function check_${typeName.replace(/\W/g, '_')} (m) {\n${lines.join('\n')}\n}`) as
+    (h: typeof helpers, r: unknown[], has: typeof hasOwn, op: object) => Scan
+  const scan = make(helpers, refs, hasOwn, Object.prototype)
   if (snapshot) snapshots.set(scan, refs[refs.length - 1] as Record<string, unknown>)
   return scan
 }
@@ -403,6 +409,7 @@ export interface RequestValidator<T> {
 /** The request checks of `type` (compiled once per type, on first use). */
 export function requestValidator<T> (type: protobuf.Type): RequestValidator<T> {
   let scan: Scan | null = null
+  let snapshot: T | undefined
   const typeName = type.fullName.replace(/^\./, '')
   return {
     validate (message: unknown): string | null {
@@ -412,7 +419,8 @@ export function requestValidator<T> (type: protobuf.Type): RequestValidator<T> {
       const check = (scan ??= scanOf(type))
       const r = check(message)
       if (r === 0) return message
-      if (r >= 2) return snapshots.get(check) as T
+      // The snapshot, looked up once (a WeakMap lookup per request otherwise).
+      if (r >= 2) return (snapshot ??= snapshots.get(check) as T)
       if (r < 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `invalid ${typeName}: ${problemOfLastFailure()}`)
       return convert(type, message as Record<string, unknown>) as T
     }

@@ -9,6 +9,8 @@ export interface AnswerOwner<Req, Res> {
   readonly inOrder: boolean
   readonly isPush: ((buf: Buffer, start: number, end: number) => boolean) | undefined
   readonly maxStreamParts: number
+  /** The protocol can make calls with `maybe` answers (it has `answerOf`): only then are quiet calls looked for. */
+  readonly quietAnswers: boolean
   readonly pushes: PushHub
   /** `taken`: the call is out of its connection's id table already. */
   succeed: (call: PendingCall<Req, Res>, response: Res, taken?: boolean) => void
@@ -30,7 +32,7 @@ export function onAnswer<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallConne
   let call: PendingCall<Req, Res> | undefined
   if (engine.inOrder) {
     call = cc.inOrder.shift()
-    if (call === undefined) return broken(cc, new RpcError(ErrorCode.MALFORMED_FRAME, `${protocol.name} answer from ${cc.endpoint} with no request waiting for it`))
+    if (call === undefined) return broken(cc, unexpected(protocol.name, cc.endpoint))
   } else {
     const id = protocol.answerId!(buf, start, end, cc.endpoint)
     if (typeof id !== 'number') return broken(cc, id)
@@ -38,27 +40,30 @@ export function onAnswer<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallConne
     call = cc.byId.take(id | 0)
     // Unknown, timed out or cancelled: dropped.
     if (call === undefined) return true
-    if (cc.quiet.length > 0) settleQuietBefore(engine, cc, call.seq)
+    if (engine.quietAnswers && cc.quiet.length > 0) settleQuietBefore(engine, cc, call.seq)
   }
   // An answer, whatever it says, is the host alive (outlier ejection).
   cc.balancer.callSucceeded(cc.slot)
   if (call.answer === 'stream') return onPart(engine, cc, call, buf, start, end)
   const result = protocol.decodeAnswer(call.request, buf, start, end, call.data, cc.endpoint)
-  if (result instanceof RpcError) {
-    if (result.remote === undefined) {
-      if (result.fatal) {
-        // Garbage: the stream can no longer be trusted.
-        engine.fail(call, result)
-        return broken(cc, result)
-      }
-    } else if (result.remote.fatal) {
-      // The peer says this connection must not be reused: new calls open another.
-      engine.retire(cc)
-    }
-    engine.fail(call, result)
-    return true
-  }
+  if (result instanceof RpcError) return onError(engine, cc, call, result)
   engine.succeed(call, result, !engine.inOrder)
+  return true
+}
+
+// The call's answer is an error (out of line: the per-answer path above is inlined into the reader's).
+function onError<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>, result: RpcError): boolean {
+  if (result.remote === undefined) {
+    if (result.fatal) {
+      // Garbage: the stream can no longer be trusted.
+      engine.fail(call, result)
+      return broken(cc, result)
+    }
+  } else if (result.remote.fatal) {
+    // The peer says this connection must not be reused: new calls open another.
+    engine.retire(cc)
+  }
+  engine.fail(call, result)
   return true
 }
 
@@ -114,6 +119,10 @@ function settleQuietBefore<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallCon
     if (cc.byId.get(front.id | 0) === front) cc.byId.delete(front.id | 0)
     engine.succeed(front, engine.protocol.silentResult!(front.request))
   }
+}
+
+function unexpected (name: string, endpoint: string): RpcError {
+  return new RpcError(ErrorCode.MALFORMED_FRAME, `${name} answer from ${endpoint} with no request waiting for it`)
 }
 
 function broken<Req, Res> (cc: CallConnection<Req, Res>, error: RpcError): false {

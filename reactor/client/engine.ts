@@ -114,9 +114,13 @@ export class ClientEngine<Req, Res> {
   /** Open connections by slot key; retired ones are in `#retired` until their last call settles. */
   readonly connections = new Map<string, CallConnection<Req, Res>>()
   readonly #retired = new Set<CallConnection<Req, Res>>()
+  /** The connection the last call took: most calls take it again, without a lookup. */
+  #last: CallConnection<Req, Res> | null = null
   readonly pushes: PushHub
   readonly inOrder: boolean
   readonly maxStreamParts: number
+  /** The protocol has `answerOf`, so calls may have `maybe` answers (quiet requests). */
+  readonly quietAnswers: boolean
   readonly defaultTimeoutMs: number
   /** The protocol's `isPush`: undefined for protocols without pushes, so that their answers pay one check. */
   readonly isPush: ((buf: Buffer, start: number, end: number) => boolean) | undefined
@@ -146,6 +150,7 @@ export class ClientEngine<Req, Res> {
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_TIMEOUT_MS
     this.#connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
     this.isPush = protocol.isPush
+    this.quietAnswers = protocol.answerOf !== undefined
     const beforeSend = protocol.beforeSend
     this.beforeSend = beforeSend === undefined ? undefined : (call, session) => beforeSend.call(protocol, call.request, call.data, session)
     this.maxStreamParts = options.maxStreamParts ?? DEFAULT_MAX_STREAM_PARTS
@@ -212,36 +217,26 @@ export class ClientEngine<Req, Res> {
    */
   attempt (target: Target, request: Req, data: unknown, signal: AbortSignal | undefined, timeoutMs: number,
     resolve: (response: Res) => void, reject: Reject, callback: Callback<Res> | null): void {
-    if (this.closed) return failEarly(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), reject, callback)
-    if (signal?.aborted === true) return failEarly(new RpcError(ErrorCode.CANCELLED, `${this.describe(request, data)} was cancelled before it started`), reject, callback)
-    if (target.resolving !== null) {
-      // Names still resolving: this attempt starts once they are known.
-      target.resolving.then(() => this.attempt(target, request, data, signal, timeoutMs, resolve, reject, callback), (error: RpcError) => failEarly(error, reject, callback))
-      return
-    }
+    // What is rare stays out of line (this runs per call, and what the
+    // compiler inlines into it has a budget): a closed client, a cancelled
+    // call, names still resolving.
+    if (this.closed || target.resolving !== null || signal?.aborted === true) return this.#notNow(target, request, data, signal, timeoutMs, resolve, reject, callback)
     const protocol = this.protocol
-    let answer: AnswerKind
-    try {
-      answer = protocol.answerOf?.(request) ?? 'yes'
-    } catch (err) {
-      return failEarly(invalid(err), reject, callback)
-    }
-    if (answer !== 'yes') {
-      const problem = this.#answerProblem(answer)
-      if (problem !== null) return failEarly(problem, reject, callback)
+    let answer: AnswerKind = 'yes'
+    if (protocol.answerOf !== undefined) {
+      const asked = this.#answerOf(request)
+      if (asked instanceof RpcError) return failEarly(asked, reject, callback)
+      answer = asked
     }
     if (protocol.check !== undefined) {
-      try {
-        protocol.check(request, data)
-      } catch (err) {
-        return failEarly(invalid(err), reject, callback)
-      }
+      const problem = checkRequest(protocol, request, data)
+      if (problem !== null) return failEarly(problem, reject, callback)
     }
-    const cc = this.#connectionFor(target)
+    // The last call's connection, when its target has no other slot to give (most calls); else the balancer's pick.
+    const last = this.#last
+    const cc = last !== null && last.slot === target.soleSlot && !last.closed && !last.retired ? last : this.#connectionFor(target)
     if (cc instanceof RpcError) return failEarly(cc, reject, callback)
-    if (cc.inFlight >= this.#maxInFlight) {
-      return failEarly(new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(request, data)} to ${cc.endpoint}: ${cc.inFlight} calls in flight on the connection (maxInFlight)`), reject, callback)
-    }
+    if (cc.inFlight >= this.#maxInFlight) return failEarly(this.#tooManyInFlight(cc, request, data), reject, callback)
     const call = newPendingCall<Req, Res>(request, data, answer, cc, timeoutMs, resolve, reject, callback, signal)
     if (timeoutMs > 0 && Number.isFinite(timeoutMs)) this.#deadlines.arm(call, timeoutMs)
     if (signal !== undefined) {
@@ -257,6 +252,31 @@ export class ClientEngine<Req, Res> {
     } finally {
       this.#startedCall = outer
     }
+  }
+
+  // `attempt` for a closed client, a cancelled call, or names still resolving.
+  #notNow (target: Target, request: Req, data: unknown, signal: AbortSignal | undefined, timeoutMs: number,
+    resolve: (response: Res) => void, reject: Reject, callback: Callback<Res> | null): void {
+    if (this.closed) return failEarly(new RpcError(ErrorCode.CLIENT_CLOSED, 'the client is closed'), reject, callback)
+    if (signal?.aborted === true) return failEarly(new RpcError(ErrorCode.CANCELLED, `${this.describe(request, data)} was cancelled before it started`), reject, callback)
+    // Names still resolving: this attempt starts once they are known.
+    target.resolving!.then(() => this.attempt(target, request, data, signal, timeoutMs, resolve, reject, callback), (error: RpcError) => failEarly(error, reject, callback))
+  }
+
+  // The protocol's `answerOf` for `request`, or why the call cannot be made.
+  #answerOf (request: Req): AnswerKind | RpcError {
+    let answer: AnswerKind
+    try {
+      answer = this.protocol.answerOf!(request) ?? 'yes'
+    } catch (err) {
+      return invalid(err)
+    }
+    if (answer === 'yes') return answer
+    return this.#answerProblem(answer) ?? answer
+  }
+
+  #tooManyInFlight (cc: CallConnection<Req, Res>, request: Req, data: unknown): RpcError {
+    return new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(request, data)} to ${cc.endpoint}: ${cc.inFlight} calls in flight on the connection (maxInFlight)`)
   }
 
   // Why `answerOf` said something this protocol or client cannot do, or null.
@@ -288,15 +308,30 @@ export class ClientEngine<Req, Res> {
       return this.fail(call, invalid(err))
     }
     // Registered before the write: the answer cannot come sooner, but the connection's failure can.
-    this.#register(cc, call)
+    if (call.answer === 'yes' && !this.inOrder && cc.liveness === null) cc.byId.set(id | 0, call)
+    else this.#register(cc, call)
     const connection = cc.connection
     try {
       // A call with an AbortSignal stays a transfer of its own, so that it can be dropped unsent when cancelled.
       if (bytes >= 0 && call.signal === undefined && connection.tryWriteFrame(bytes, IN_PLACE, call as PendingCall<unknown, unknown>, protocol as ClientProtocol<unknown, unknown>)) {
         call.state = SENT
-        this.#afterWrite(cc, call)
+        if (call.answer === 'yes') cc.flushNeeded = false
+        else this.#afterWrite(cc, call)
         return
       }
+    } catch (err) {
+      this.#unregister(cc, call)
+      return this.fail(call, invalid(err))
+    }
+    this.#send(cc, call, bytes, timeoutMs)
+  }
+
+  // The call's frame as a transfer of its own (slices; or one buffer, when
+  // it could not be written in place), queued on its connection.
+  #send (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>, bytes: number, timeoutMs: number): void {
+    const protocol = this.protocol
+    const id = call.id
+    try {
       let slices: Buffer[]
       if (bytes < 0) {
         if (protocol.encodeSlices === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: encodedLength said -1 but there is no encodeSlices`)
@@ -314,7 +349,7 @@ export class ClientEngine<Req, Res> {
       this.#unregister(cc, call)
       return this.fail(call, invalid(err))
     }
-    if (!connection.send(call)) {
+    if (!cc.connection.send(call)) {
       this.#unregister(cc, call)
       return this.fail(call, new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(call.request, call.data)} to ${cc.endpoint}: the connection's outbound queue is full`))
     }
@@ -367,7 +402,14 @@ export class ClientEngine<Req, Res> {
   /** Settles `call` (unless it has settled) with its response; `taken`: it is out of its connection's id table already. */
   succeed (call: PendingCall<Req, Res>, response: Res, taken = false): void {
     if (call.state === FINISHED) return
-    this.#finish(call, taken)
+    const cc = call.conn
+    // Most answers: out of the table already, nothing else to undo (#finish does the rest, out of line).
+    if (taken && call.signal === undefined && cc !== null && cc.liveness === null && !cc.retired) {
+      call.state = FINISHED
+      this.#deadlines.leave(call)
+    } else {
+      this.#finish(call, taken)
+    }
     if (call.callback !== null) deliver(call.callback, null, response)
     else call.resolve(response)
   }
@@ -427,10 +469,15 @@ export class ClientEngine<Req, Res> {
 
   // The connection of the slot the target's balancer picks, opened if need be.
   #connectionFor (target: Target): CallConnection<Req, Res> | RpcError {
+    const last = this.#last
     const slot = target.pick()
     if (slot === undefined) return new RpcError(ErrorCode.CONNECT_FAILED, `no address for ${target.name}`)
+    if (last !== null && last.slot === slot && !last.closed && !last.retired) return last
     const existing = this.connections.get(slot.key)
-    if (existing !== undefined) return existing
+    if (existing !== undefined) {
+      this.#last = existing
+      return existing
+    }
     try {
       return this.#open(target, slot)
     } catch (err) {
@@ -519,6 +566,7 @@ export class ClientEngine<Req, Res> {
     if (cc.retired || cc.closed) return
     if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
     cc.retired = true
+    if (this.#last === cc) this.#last = null
     this.#retired.add(cc)
     if (!this.closed) {
       this.log.info(`connection to ${cc.endpoint} retired after a FATAL answer; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
@@ -533,6 +581,7 @@ export class ClientEngine<Req, Res> {
     if (cc.connectTimer !== null) this.clock.clearTimer(cc.connectTimer)
     cc.connectTimer = null
     if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
+    if (this.#last === cc) this.#last = null
     this.#retired.delete(cc)
     const calls = this.inOrder ? cc.inOrder.toArray() : cc.byId.values()
     const pending = calls.length
@@ -579,3 +628,13 @@ function isFinished<Req, Res> (call: PendingCall<Req, Res>): boolean {
 
 function ignore (): void {}
 
+
+// The protocol's check of a request (before a connection is chosen): its throw as the call's error, or null.
+function checkRequest<Req> (protocol: ClientProtocol<Req, unknown>, request: Req, data: unknown): RpcError | null {
+  try {
+    protocol.check!(request, data)
+    return null
+  } catch (err) {
+    return invalid(err)
+  }
+}

@@ -143,6 +143,16 @@ export class PeerConnection<C> {
 
   /** The next request's id; `id` matching skips ids still waiting once the counter has wrapped. */
   takeId (): number {
+    const next = this.#nextId
+    // Small on purpose (inlined per call): the wrap is taken out of line.
+    if (next < this.#maxId && !this.#wrapped) {
+      this.#nextId = next + 1
+      return next
+    }
+    return this.#takeIdWrapping()
+  }
+
+  #takeIdWrapping (): number {
     for (;;) {
       const id = this.#nextId
       if (id >= this.#maxId) {

@@ -79,6 +79,11 @@ export class Target {
     }
   }
 
+  /** The slot every call takes (one address, one connection, no names to re-resolve), or null. */
+  get soleSlot (): Slot | null {
+    return this.#names === null ? this.balancer.soleSlot : null
+  }
+
   /** The slot for the next call; re-resolves the names in the background once they are older than 30 s (calls go on with the old addresses meanwhile). */
   pick (): Slot | undefined {
     if (this.#names !== null) this.#refresh()

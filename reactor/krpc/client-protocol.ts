@@ -219,17 +219,22 @@ export class KrpcClientProtocol implements ClientProtocol<Message, Message | Cal
   decodeAnswer (request: Message, buf: Buffer, _start: number, _end: number, data: unknown, endpoint?: string): Message | CallResult<Message> | RpcError {
     const parts = this.#parts
     const call = data as KrpcCall
-    if (parts.isError === true) {
-      const status = ErrorStatusType.decodeRange(buf, parts.messageStart, parts.messageEnd)
-      if (status instanceof RpcError) {
-        return new RpcError(ErrorCode.INVALID_RESPONSE, `${this.describe(request, data)} to ${endpoint}: was an RPC error but could not parse error response`)
-      }
-      const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
-      return krpcError(code, status.message, status.unsupported_feature_flags)
-    }
+    // The error answer out of line: this runs per answer, inlined into the client's.
+    if (parts.isError === true) return this.#errorOf(request, buf, data, endpoint)
     const response = call.method.methodDef.responseType.decodeRange(buf, parts.messageStart, parts.messageEnd)
     if (response instanceof RpcError) return new RpcError(ErrorCode.INVALID_RESPONSE, `${this.describe(request, data)} to ${endpoint}: invalid RPC response, ${response.message}`)
     return call.responseOnly ? response : { response, sidecars: parts.sidecars }
+  }
+
+  // An error answer (is_error set): its ErrorStatusPB as the call's error.
+  #errorOf (request: Message, buf: Buffer, data: unknown, endpoint: string | undefined): RpcError {
+    const parts = this.#parts
+    const status = ErrorStatusType.decodeRange(buf, parts.messageStart, parts.messageEnd)
+    if (status instanceof RpcError) {
+      return new RpcError(ErrorCode.INVALID_RESPONSE, `${this.describe(request, data)} to ${endpoint}: was an RPC error but could not parse error response`)
+    }
+    const code = status.code === undefined || status.code === 0 ? KrpcCode.FATAL_UNKNOWN : status.code
+    return krpcError(code, status.message, status.unsupported_feature_flags)
   }
 
   retryable (error: RpcError): boolean {

@@ -183,6 +183,26 @@ t.test('protobufjs messages: defaults on the prototype are not fields that were 
   t.equal(Add.validateRequest({ x: 1, y: 2 }), null)
 })
 
+t.test('own fields and inherited ones, on plain objects, prototype-less objects and instances', async (t) => {
+  // Plain objects skip hasOwnProperty for the fields for-in visits: what
+  // counts as set must not change with the kind of object.
+  t.equal(Req.validateRequest({ x: 1, y: 2 }), null, 'plain')
+  t.equal(Req.validateRequest(Object.assign(Object.create(null), { x: 1, y: 2 })), null, 'no prototype')
+  t.equal(Req.validateRequest(Object.create({ y: 2 }, { x: { value: 1, enumerable: true } })), 'y: required field missing', 'y only inherited')
+  t.equal(Req.validateRequest(Object.defineProperty({ x: 1 }, 'y', { value: 2, enumerable: false })), null, 'y own but not enumerable')
+  class Pair { x = 1; y = 2 }
+  t.equal(Req.validateRequest(new Pair()), null, 'an instance')
+  class Base { y = 2 }
+  class Derived extends Base { x = 1 }
+  t.equal(Req.validateRequest(new Derived()), null, 'fields set by a base class constructor are own')
+  const proto = { y: 2 }
+  t.equal(Req.validateRequest(Object.assign(Object.create(proto), { x: 1 })), 'y: required field missing', 'inherited y, x own')
+  t.equal(Req.validateRequest(Object.assign(Object.create(proto), { x: 1, y: 3 })), null, 'y own and inherited')
+  // The snapshot a scalar-only type answers holds this request's values, call after call.
+  t.same({ ...Req.prepareRequest({ x: 1, y: 2 }) }, { x: 1, y: 2 })
+  t.same({ ...Req.prepareRequest({ x: 5, y: 6 }) }, { x: 5, y: 6 })
+})
+
 t.test('base64 as Buffer and protobufjs decode it', async (t) => {
   for (const s of ['', 'AA', 'AAA', 'AAAA', 'AA==', 'AAA=', '-_8', '+/8=', 'SGVsbG8']) t.ok(isBase64(s), s)
   for (const s of ['A', 'AAAAA', 'A===', 'AA=', '=', 'AA=A', 'AA AA', 'Zm9v\n', 'é']) t.notOk(isBase64(s), s)
