@@ -9,18 +9,22 @@
  * root` when run as root, which memcached requires) and, per reactors
  * value, `node dist/examples/memcached/main.js --port 0 --reactors N`. Each
  * round runs `memcaslap -s 127.0.0.1:P -T 1 -c 16 -t <seconds>s -B` once
- * against each server, one after the other, the order flipped every round:
+ * against each server, one after the other, the order reversed every round:
  * the VM's speed drifts over tens of seconds, so only runs close in time
  * compare. It reads memcaslap's last line (`Ops: N TPS: T`) and prints, per
  * round, both TPS and their ratio (example / memcached), then the median
  * ratio per reactors value and how many rounds reached 0.8.
  *
  * With `--raw` each round also runs bench/raw-memcached.ts, a minimal
- * node:net GET/SET server with no framework (one process), third in the
- * round's order: the ceiling of a Node server under this load, printed as
- * its own TPS, µs/op and ratio to memcached. With `--native` the same for
- * bench/native-memcached.ts, the same GET/SET on the native reactor
- * prototype (epoll in Node's loop, one JS call per loop turn), after raw.
+ * node:net GET/SET server with no framework (one process): the ceiling of
+ * a Node server under this load, printed as its own TPS, µs/op and ratio to
+ * memcached. With `--native` the same for bench/native-memcached.ts, the
+ * same GET/SET on the native reactor prototype (a uv_poll_t per socket in
+ * Node's loop, one JS call per loop turn). A round's order is raw, native,
+ * memcached, example, reversed every other round (printed at the row's
+ * end): memcached sits between the example and native, so each ratio
+ * divides by the memcached run adjacent to it, and native goes first as
+ * often as memcached does.
  *
  * It also reports each server's CPU time per operation (µs/op): utime +
  * stime from /proc/PID/stat of the server process and of its live children
@@ -79,7 +83,7 @@ async function main (): Promise<void> {
     const memcached = await startMemcached()
     const examples = new Map<number, { child: ChildProcess, port: number }>()
     for (const reactors of reactorsList) examples.set(reactors, await startExample(reactors))
-    // The servers beside the pair, run after it each round: the node:net ceiling and the native reactor prototype.
+    // The servers beside the pair, on memcached's other side each round: the node:net ceiling and the native reactor prototype (pushed last: next to memcached).
     const extras: Array<{ name: string, server: { child: ChildProcess, port: number }, ratios: number[] }> = []
     if (values.raw) extras.push({ name: 'raw', server: await startNode([RAW, '--port', '0']), ratios: [] })
     if (values.native) extras.push({ name: 'native', server: await startNode([NATIVE, '--port', '0']), ratios: [] })
@@ -90,23 +94,28 @@ async function main (): Promise<void> {
       const example = examples.get(reactors)!
       const ratios: number[] = []
       for (let round = 0; round < rounds; round++) {
-        const exampleFirst = round % 2 === 1
-        const runs: Record<'memcached' | 'example', Run | undefined> = { memcached: undefined, example: undefined }
-        for (const which of exampleFirst ? ['example', 'memcached'] as const : ['memcached', 'example'] as const) {
-          const server = which === 'memcached' ? memcached : example
-          runs[which] = await memcaslap(server.port, seconds, server.child.pid!)
+        // memcached runs between the example and the extras (native beside it, raw beyond), and the order
+        // reverses every round: each ratio's two runs are adjacent in time, and each server goes first as
+        // often as last, so neither side of a ratio always inherits the VM's phase from the other.
+        const order = [...extras.map((x) => x.name), 'memcached', 'example']
+        if (round % 2 === 1) order.reverse()
+        const runs = new Map<string, Run>()
+        for (const which of order) {
+          const server = which === 'memcached' ? memcached : which === 'example' ? example : extras.find((x) => x.name === which)!.server
+          runs.set(which, await memcaslap(server.port, seconds, server.child.pid!))
         }
-        const m = runs.memcached!
-        const e = runs.example!
+        const m = runs.get('memcached')!
+        const e = runs.get('example')!
         const ratio = e.tps / m.tps
         ratios.push(ratio)
         let extraColumns = ''
         for (const x of extras) {
-          const r = await memcaslap(x.server.port, seconds, x.server.child.pid!)
+          const r = runs.get(x.name)!
           x.ratios.push(r.tps / m.tps)
           extraColumns += `  ${String(r.tps).padStart(12)}  ${r.cpuUsPerOp.toFixed(2).padStart(5)}  ${(r.tps / m.tps).toFixed(3).padStart(12)}`
         }
-        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${extraColumns}${exampleFirst ? '  (example first)' : ''}`)
+        const exampleFirst = order.indexOf('example') < order.indexOf('memcached')
+        console.log(`${String(reactors).padStart(8)} ${String(round + 1).padStart(5)}  ${String(m.tps).padStart(13)}  ${m.cpuUsPerOp.toFixed(2).padStart(5)}  ${String(e.tps).padStart(12)}  ${e.cpuUsPerOp.toFixed(2).padStart(5)}   ${ratio.toFixed(3)}${extraColumns}${exampleFirst ? '  (example first)' : ''}${extras.length > 0 ? `  order: ${order.join(', ')}` : ''}`)
       }
       summary.push(`reactors ${reactors}: median ratio ${median(ratios).toFixed(3)}, ${ratios.filter((r) => r >= TARGET_RATIO).length}/${rounds} rounds at ≥ ${TARGET_RATIO}`)
     }
