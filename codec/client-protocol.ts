@@ -55,7 +55,9 @@ export type AnswerKind = 'yes' | 'maybe' | 'no' | 'stream'
  * ends the stream.
  */
 export interface AnswerPart {
+  /** The part's value, appended to the call's result; `undefined` keeps nothing (a terminator). */
   readonly value: unknown
+  /** True for the stream's final part: the call then resolves with the values kept. */
   readonly last: boolean
 }
 
@@ -84,6 +86,7 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
   readonly name: string
   /** Where answer frames end: a length field or a scan. */
   readonly framing: Framing | ScanFraming
+  /** How answers are matched to requests: by an id they carry, or by their order. */
   readonly matching: ClientMatching
   /** The largest answer frame accepted; the client's `maxMessageBytes` overrides it. Default 50 MiB. */
   readonly maxFrameBytes?: number

@@ -19,9 +19,15 @@ import type { Framing, ScanFraming } from './frame-decoder.js'
 export interface Handshake<T> {
   /** Bytes the client sends before any frame, to be checked by `checkPreamble` (server side); 0 for none. */
   readonly preambleBytes?: number
+  /** Judges the `preambleBytes` bytes (server side): null to go on, an error to close the connection without a reply. */
   checkPreamble?: (bytes: Buffer) => RpcError | null
   /** What to send first (client side). */
   start?: () => Buffer[][]
+  /**
+   * Takes each whole frame the peer sends during the set-up (a copy it may
+   * keep) and says what comes next; bytes after the frame wait while a
+   * returned promise is pending. A throw or a rejection fails the set-up.
+   */
   onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
   /**
    * Largest frame accepted while the handshake runs (checked as early as
@@ -41,10 +47,15 @@ export interface Handshake<T> {
  * `sendUpgraded` is the first thing written through it.
  */
 export interface HandshakeStep<T> {
+  /** Frames to write now, before any `upgrade` (on the raw socket when there is none yet). */
   send?: Buffer[][] | undefined
+  /** Switches the connection to a secure channel over its socket `raw`, once `send` is written; a throw fails the set-up. */
   upgrade?: ((raw: Socket) => SecureChannel) | undefined
+  /** Frames written through the new channel right after the switch (a refusal sent over TLS too). */
   sendUpgraded?: Buffer[][] | undefined
+  /** The set-up succeeded with this result: later frames are calls, under the regular `maxFrameBytes`. */
   done?: T | undefined
+  /** The set-up failed: what is queued is sent, then the connection closes with this error. */
   error?: RpcError | undefined
 }
 
@@ -112,9 +123,11 @@ export class CallHead<Data = unknown> {
   routeKey: object | undefined = undefined
   /** The whole frame: `buf[start, end)`. */
   start = 0
+  /** End of the frame in `buf` (exclusive); see `start`. */
   end = 0
   /** Where the request's body lies in the frame, for `decodeRequest` (defaults: the whole frame). */
   bodyStart = 0
+  /** End of the body (exclusive); defaults to `end`. */
   bodyEnd = 0
   /**
    * The frame is not a request (RESP's empty command, a blank line): no
@@ -140,7 +153,9 @@ export class CallHead<Data = unknown> {
 
 /** What a protocol's encoders see of a call: a `CallHead`'s fields as decoded (the server's call object, or the head itself before there is one). */
 export interface CallInfo<Data = unknown> {
+  /** The route's group, as `decodeHead` set it (`CallHead.service`). */
   readonly service: string
+  /** The route within the group, as `decodeHead` set it (`CallHead.method`). */
   readonly method: string
   /** The id the head carried (in-order protocols: as decoded, usually 0). */
   readonly callId: number
@@ -150,6 +165,7 @@ export interface CallInfo<Data = unknown> {
 
 /** A call being answered: its head, and the route it was registered under. */
 export interface AnsweredCall<Data = unknown> extends CallInfo<Data> {
+  /** The registered route the call ran on. */
   readonly route: RouteInfo
 }
 
@@ -171,6 +187,7 @@ export type RefusalReason = 'busy' | 'expired' | 'timed-out' | 'shutdown' | 'una
 
 /** A request body `decodeRequest` could not accept: answered as the refusal `invalid` (the connection stays up). */
 export class InvalidRequest {
+  /** Why the body was refused: the text of the `invalid` refusal. */
   readonly message: string
   /** Anything the protocol wants to carry to its `refusal` encoder (KRPC: unsupported feature flags). */
   readonly detail: unknown
@@ -186,8 +203,11 @@ export class InvalidRequest {
  * nothing).
  */
 export interface RouteInfo {
+  /** The group the route was registered in. */
   readonly service: string
+  /** The route's name within its group. */
   readonly method: string
+  /** What the application registered with the route (`RouteDefinition.spec`); undefined when nothing. */
   readonly spec: unknown
 }
 
@@ -217,6 +237,7 @@ export interface ConnectionHandle {
   readonly state: unknown
   /** Resolves once the connection has closed (never rejects). */
   readonly closed: Promise<void>
+  /** True once the connection has closed. */
   readonly isClosed: boolean
   /**
    * Encodes `message` with the protocol's `encodePush` and queues it (at
@@ -234,10 +255,13 @@ export interface ConnectionHandle {
   readonly bufferedBytes: number
   /** Stops reading the peer's requests (a broker holding back a publisher) until `resumeReading`. */
   pauseReading: () => void
+  /** Reads the peer's requests again after `pauseReading`. */
   resumeReading: () => void
   /** `'drain'`: writable again. `'close'`: the connection closed (its error, if any, as the argument). */
   on: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
+  /** Like `on`, for the next such event only. */
   once: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
+  /** Removes a listener added with `on` or `once`. */
   off: (event: 'drain' | 'close', listener: (error?: Error) => void) => this
 }
 
@@ -271,7 +295,10 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * The connection's set-up, if the protocol has one; its result is the
    * connection's peer identity (`user`) for the calls that follow.
    */
-  handshake?: (remoteAddress: string, connection: ConnectionHandle) => Handshake<{ user?: string }>
+  handshake?: (remoteAddress: string, connection: ConnectionHandle) => Handshake<{
+    /** The peer's identity for its calls (`ctx.user`); left out, the one TLS gave (its certificate's CN) or ''. */
+    user?: string
+  }>
   /**
    * State of the protocol's own per connection (RESP: the client's name),
    * made when the connection is accepted. `decodeHead` and

@@ -23,9 +23,11 @@ import { ListenError, type ServesReactor as Server } from './server.js'
 import { resolveLogger, type Logger } from './logger.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 
+/** Options of `serveReactors`: the processes, the address they share, and their supervision. */
 export interface ReactorsOptions {
   /** Reactor processes; 1 serves in this process, without forking (the embedded default). */
   reactors: number
+  /** The address every reactor listens on (an IP or a name, as `Server.listen` takes it). */
   host: string
   /** 0 picks a free port; every reactor then serves that one port. */
   port: number
@@ -41,7 +43,12 @@ export interface ReactorsOptions {
   /** Shutdown grace per reactor (`Server.close`); default 30 s. */
   graceMs?: number
   /** Delay before restarting a reactor that died: `baseMs × 2^(deaths − 1)`, at most `maxMs`. Default 100 ms .. 10 s. */
-  restartBackoff?: { baseMs: number, maxMs: number }
+  restartBackoff?: {
+    /** The first restart's delay, in ms. */
+    baseMs: number
+    /** The longest delay, in ms. */
+    maxMs: number
+  }
   /** Script the reactor processes run; default `process.argv[1]`. It must call `serveReactors` with the same options. */
   exec?: string
   /** Arguments of that script; default `process.argv.slice(2)`. */
@@ -56,7 +63,14 @@ export interface ReactorsOptions {
 
 /** The serving processes, seen from the primary (or from the one process with `reactors: 1`). */
 export interface Reactors {
-  readonly address: { host: string, port: number }
+  /** Where the reactors listen: the address bound, once the first reactor listens (the port chosen for port 0). */
+  readonly address: {
+    /** The address bound. */
+    host: string
+    /** The port bound. */
+    port: number
+  }
+  /** How connections reach the reactors: `single` with `reactors: 1` (this process serves). */
   readonly distribution: 'round-robin' | 'reusePort' | 'single'
   /** Every process serving: the primary first in cluster mode, then the reactors that listen (not one still starting). */
   pids (): number[]
@@ -70,7 +84,13 @@ export interface Reactors {
   close (): Promise<void>
 }
 
-export interface ProcessUsage { pid: number, usage: NodeJS.ResourceUsage }
+/** One serving process's resource usage (`Reactors.processUsage`). */
+export interface ProcessUsage {
+  /** The process's id. */
+  pid: number
+  /** Its `process.resourceUsage()`. */
+  usage: NodeJS.ResourceUsage
+}
 
 const DEFAULT_BACKOFF = { baseMs: 100, maxMs: 10_000 }
 /** A reactor that ran this long (or `maxMs`, if longer) before dying restarts after `baseMs` again. */

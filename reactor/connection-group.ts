@@ -30,10 +30,12 @@ export class ConnectionGroup implements Iterable<ConnectionHandle> {
     return true
   }
 
+  /** True when `connection` is a member (it leaves by itself once it closes). */
   has (connection: ConnectionHandle): boolean {
     return connection instanceof ServerConnectionHandle && this.#members.has(connection)
   }
 
+  /** How many connections are members. */
   get size (): number {
     return this.#members.size
   }
@@ -44,6 +46,7 @@ export class ConnectionGroup implements Iterable<ConnectionHandle> {
     this.#members.clear()
   }
 
+  /** The members, in the order they joined. */
   [Symbol.iterator] (): Iterator<ConnectionHandle> {
     return this.#members.values()
   }

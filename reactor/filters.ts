@@ -9,7 +9,10 @@ import type { CallContext } from './inbound-call.js'
  * GET handler a `GetRequest`); a handler whose request or answer has nothing
  * in common with the protocol's still fails to compile.
  */
-export type Handler<Req, Res, State = unknown> = { bivariant (request: Req, ctx: CallContext<State>): Res | Promise<Res> }['bivariant']
+export type Handler<Req, Res, State = unknown> = {
+  /** Answers `request` (what the protocol's `decodeRequest` made of the body); `ctx` is the call's context. */
+  bivariant (request: Req, ctx: CallContext<State>): Res | Promise<Res>
+}['bivariant']
 
 /**
  * Wraps the handlers of a server (`server.use`) or of a group
@@ -45,6 +48,7 @@ export function composeFilters (filters: readonly Filter[], handler: Handler<any
  * could be sent).
  */
 export interface CallOutcome {
+  /** How it ended: `ok`, `closed`, or the refusal's reason. */
   readonly reason: 'ok' | 'closed' | RefusalReason
   /** Why, for refusals; '' for `ok`. */
   readonly message: string
@@ -54,10 +58,15 @@ export interface CallOutcome {
 
 /** What an `onCallEnd` observer sees of a call (also of a request refused before it became a call). */
 export interface EndedCall {
+  /** The route's group, as the request named it. */
   readonly service: string
+  /** The route within the group, as the request named it. */
   readonly method: string
+  /** The request's id (in-order protocols: usually 0). */
   readonly callId: number
+  /** The peer's identity from the connection's set-up; '' without one. */
   readonly user: string
+  /** `ip:port` of the peer. */
   readonly remoteAddress: string
   /** When its frame arrived, on the server's clock (ms). */
   readonly receivedAt: number

@@ -7,6 +7,7 @@ import type { MethodMetrics } from './metrics.js'
 export interface CallContext<State = unknown> {
   /** The route's group (KRPC: `package.Service`) and the route within it (KRPC: the method). */
   readonly service: string
+  /** The route within its group (KRPC: the method; memcached: the command). */
   readonly method: string
   /** The id the request carried (KRPC call_id, memcached opaque). */
   readonly callId: number
@@ -45,13 +46,17 @@ export interface CallContext<State = unknown> {
 
 /** A route as the server resolved it: names, what was registered with it, handler and metrics. Internal. */
 export interface CallRoute extends RouteInfo {
+  /** The route's handler inside its filters. */
   readonly handler: (request: unknown, ctx: CallContext) => unknown
+  /** The route's metrics (counts, latencies). */
   readonly metrics: MethodMetrics
 }
 
 /** Who sent a call: the server's connection state answers for it. Internal. */
 export interface CallPeer {
+  /** Who the connection's set-up said the peer is; '' without one. */
   readonly user: string
+  /** `ip:port` of the peer. */
   readonly remoteAddress: string
   /** The connection's protocol state (`ServerProtocol.connectionState`). */
   readonly state?: unknown
@@ -79,10 +84,12 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
   // construct path (about 100 instructions a call more, counted with
   // bench/server-instructions.ts).
   declare readonly callId: number
+  /** When its whole frame arrived, on the server's clock (ms). */
   declare readonly receivedAt: number
   declare readonly deadline: number
   /** The protocol's per-call data, as its `decodeHead` filled `CallHead.data`. */
   declare readonly data: Data
+  /** The request as the protocol's `decodeRequest` made it: what the handler gets. */
   declare readonly request: unknown
   /** Its route, handler and metrics. Internal. */
   declare readonly route: CallRoute

@@ -15,9 +15,13 @@ const LISTEN_ERRORS: Record<string, string> = {
  * 127.0.0.1:7050: address already in use (EADDRINUSE)`.
  */
 export class ListenError extends Error {
+  /** The errno code (EADDRINUSE, EACCES, ...); 'UNKNOWN' when node gave none. */
   readonly code: string
+  /** The host `listen` was asked for. */
   readonly host: string
+  /** The port `listen` was asked for (0: any free one). */
   readonly port: number
+  /** The system call that failed (`listen`, `bind`, `getaddrinfo`), as node reported it. */
   readonly syscall: string | undefined
 
   constructor (cause: NodeJS.ErrnoException, host: string, port: number) {

@@ -19,7 +19,7 @@ export const LATENCY_BUCKETS_MS: readonly number[] = [
 
 /** A latency histogram with fixed buckets; observe is a few comparisons and two additions. */
 export class LatencyHistogram {
-  /** Observations per bucket of {@link LATENCY_BUCKETS_MS}, the last one past its last bound. */
+  /** Observations per bucket (upper bounds 0.05 ms to 30 s, as `snapshot().buckets` lists them), the last one past 30 s. */
   readonly counts = new Float64Array(LATENCY_BUCKETS_MS.length + 1)
   /** Observations so far. */
   count = 0

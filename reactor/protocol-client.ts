@@ -55,15 +55,21 @@ export type ClientInterceptor<Req, Res> = (next: (request: Req, options: Protoco
 export interface ComposedProtocolClient<Req, Res> {
   /** The call through every interceptor, the first outermost; options default to `{}`. */
   call: (request: Req, options?: ProtocolCallOptions) => Promise<Res>
+  /** The client's `close`. */
   close: () => Promise<void>
+  /** The client's `stats`. */
   stats: () => ProtocolClientStats
+  /** The client's `onPush`: pushes do not go through the interceptors. */
   onPush: (handler: (push: unknown, info: PushInfo) => void) => () => void
+  /** The client's `pushes`. */
   pushes: (options?: ProtocolPushOptions) => AsyncIterableIterator<unknown>
 }
 
+/** Options of one `ProtocolClient.call`. */
 export interface ProtocolCallOptions {
   /** The call's deadline from now, covering connect and every retry; default the client's `defaultTimeoutMs`; 0: none. */
   timeoutMs?: number
+  /** Cancels the call: it settles with RPC_ERR_CANCELLED (with `id` matching, one not written yet is never sent). */
   signal?: AbortSignal
   /** Safe to repeat after a lost connection even once sent (as `ClientProtocol.retryable` can say per request). */
   idempotent?: boolean
@@ -78,11 +84,13 @@ export type ProtocolClientConnectionStats = EngineConnectionStats
 
 /** A `ProtocolClient`'s counters; `ejection`, `pings` and `unresponsiveConnections` are its health (outlier ejection, liveness). */
 export interface ProtocolClientStats extends ClientHealthStats {
+  /** Each open connection's counters. */
   connections: ProtocolClientConnectionStats[]
   /** Retries made (attempts after the first). */
   retries: number
   /** Calls that failed with a retryable error after their last attempt. */
   exhausted: number
+  /** The retry budget's counters; null with retries off or no budget. */
   budget: RetryBudgetStats | null
   /** Pushes received (`ClientProtocol.isPush`), decoded ones only. */
   pushesReceived: number

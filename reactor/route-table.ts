@@ -7,6 +7,7 @@ import type { MethodMetrics } from './metrics.js'
 
 /** A route with something the protocol needs to know about it (KRPC: the method's message types). */
 export interface RouteDefinition<Req = unknown, Res = unknown, State = unknown> {
+  /** Answers the route's calls. */
   handler: Handler<Req, Res, State>
   /** Handed to the protocol's `decodeRequest` and kept on the route (`RouteInfo.spec`). */
   spec?: unknown

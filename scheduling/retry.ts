@@ -35,6 +35,7 @@ export interface Backoff {
  */
 export type Jitter = 'full' | 'equal' | 'none'
 
+/** Options of `ExponentialBackoff`; every one has a default. */
 export interface ExponentialBackoffOptions {
   /** Delay unit in ms (default 1, as in the Java client). */
   baseMs?: number
@@ -74,9 +75,13 @@ function unit (random: () => number): number {
  * rounded to whole milliseconds (Java truncates to a long).
  */
 export class ExponentialBackoff implements Backoff {
+  /** The delay unit in ms (option `baseMs`, default 1). */
   readonly baseMs: number
+  /** Where the exponent stops growing (option `maxExponent`, default 12). */
   readonly maxExponent: number
+  /** The bound on any delay in ms (option `capMs`, default Infinity). */
   readonly capMs: number
+  /** How delays are randomized (option `jitter`, default `'full'`). */
   readonly jitter: Jitter
   readonly #random: () => number
 
@@ -109,6 +114,7 @@ export class ExponentialBackoff implements Backoff {
   }
 }
 
+/** Options of `LinearBackoff`; every one has a default. */
 export interface LinearBackoffOptions {
   /** Added per attempt in ms (default 500, the Java client's policy before 2016). */
   stepMs?: number
@@ -118,7 +124,9 @@ export interface LinearBackoffOptions {
 
 /** Linear backoff: retry n waits `min(capMs, stepMs × n)` ms. Deterministic. */
 export class LinearBackoff implements Backoff {
+  /** Added per attempt in ms (option `stepMs`, default 500). */
   readonly stepMs: number
+  /** The bound on any delay in ms (option `capMs`, default Infinity). */
   readonly capMs: number
 
   constructor (options: LinearBackoffOptions = {}) {
@@ -137,6 +145,7 @@ export class LinearBackoff implements Backoff {
   }
 }
 
+/** Options of `RetryBudget`; every one has a default. */
 export interface RetryBudgetOptions {
   /** Retries allowed per first attempt in the window (default 0.2: 20 % extra load at most). */
   ratio?: number
@@ -177,8 +186,11 @@ export interface RetryBudgetStats {
  * with a `FakeClock` (nyala/testing) in tests.
  */
 export class RetryBudget {
+  /** Retries earned per first attempt in the window (option `ratio`, default 0.2). */
   readonly ratio: number
+  /** Retries allowed per second whatever the traffic (option `minRetriesPerSecond`, default 10). */
   readonly minRetriesPerSecond: number
+  /** The sliding window in ms (option `windowMs`, default 10 000). */
   readonly windowMs: number
   readonly #clock: Clock
   readonly #bucketMs: number
@@ -243,6 +255,7 @@ export class RetryBudget {
     return Math.max(0, Math.floor(this.#available()))
   }
 
+  /** Lifetime totals: first attempts, retries granted and refused. */
   get stats (): RetryBudgetStats {
     return { calls: this.#totalCalls, retries: this.#totalRetries, refused: this.#totalRefused }
   }

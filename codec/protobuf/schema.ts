@@ -73,12 +73,20 @@ export interface MessageType<T = Message> {
 }
 
 /** Request and response types of each method: what a typed stub is built from. */
-export type MethodMap = Record<string, { request: unknown, response: unknown }>
+export type MethodMap = Record<string, {
+  /** The method's request message type. */
+  request: unknown
+  /** The method's response message type. */
+  response: unknown
+}>
 
 /** One RPC method of a service. */
 export interface MethodDef<Req = Message, Res = Message> {
+  /** The method's name in its service, as in the .proto file. */
   readonly name: string
+  /** The type of its request message. */
   readonly requestType: MessageType<Req>
+  /** The type of its response message. */
   readonly responseType: MessageType<Res>
 }
 
@@ -86,6 +94,7 @@ export interface MethodDef<Req = Message, Res = Message> {
 export interface ServiceDef<M extends MethodMap = MethodMap> {
   /** The name on the wire: `package.Service`. */
   readonly fullName: string
+  /** Its methods, by name. */
   readonly methods: { readonly [K in keyof M & string]: MethodDef<M[K]['request'], M[K]['response']> }
 }
 
@@ -93,7 +102,9 @@ type PbType = protobuf.Type
 
 /** Where `encodeToScratch` left a message's bytes: `bytes[0, length)`. One shared object. */
 export interface ScratchBytes {
+  /** The codec's scratch buffer; only its first `length` bytes are the message. */
   bytes: Uint8Array
+  /** How many bytes of `bytes` the message took. */
   length: number
 }
 

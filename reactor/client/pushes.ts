@@ -11,6 +11,7 @@ export interface ConnectionCloseInfo {
   readonly error: RpcError
 }
 
+/** Options of a push iterator (`ProtocolClient.pushes`). */
 export interface ProtocolPushOptions {
   /**
    * Pushes held for an iterator that is not reading; default 1024. Past it

@@ -30,6 +30,7 @@ export interface RetryStats {
   retries: number
   /** Calls that failed with a retryable error after their last attempt (deadline, attempts or budget spent). */
   exhausted: number
+  /** The retry budget's counters; null without a budget. */
   budget: RetryBudgetStats | null
   /** Attempts of idempotent calls abandoned at `attemptTimeoutMs` (retried when time and budget allowed). */
   attemptTimeouts: number

@@ -5,7 +5,12 @@ import { OutlierEjection, type OutlierEjectionOptions, type OutlierEjectionStats
 import { Balancer, type Address, type BalancePolicy, type Slot } from '../balancer.js'
 
 /** `host:port`, or its parts. */
-export type ClientEndpoint = string | { host: string, port: number }
+export type ClientEndpoint = string | {
+  /** A host name or an IP address. */
+  host: string
+  /** The TCP port, 1 to 65535. */
+  port: number
+}
 
 /** One endpoint, or several to balance calls over. */
 export type ClientTarget = ClientEndpoint | readonly ClientEndpoint[]

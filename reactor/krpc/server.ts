@@ -90,7 +90,10 @@ export interface AddServiceOptions {
 }
 
 /** `addService` options of a thread-mode service. */
-export type ThreadServiceOptions = AddServiceOptions & { threads: number }
+export type ThreadServiceOptions = AddServiceOptions & {
+  /** The `worker_threads` threads the handlers run in (see `AddServiceOptions.threads`). */
+  threads: number
+}
 
 /** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
 const THREAD_HOLD_WINDOW_MS = 10
