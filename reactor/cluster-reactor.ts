@@ -7,7 +7,6 @@
  * when it gets SIGTERM or SIGINT, or when the primary is gone.
  */
 import { ListenError, type ServesReactor as Server } from './server.js'
-import type { ReactorsOptions } from './cluster.js'
 
 // Environment of a reactor process, set by the primary.
 export const ENV_SLOT = 'NYALA_REACTOR'
@@ -25,8 +24,25 @@ export type FromReactor =
   | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
   | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
 
+/**
+ * What a reactor reads of `serveReactors`' options (`ReactorsOptions` in
+ * reactor/cluster.ts, which documents them); the rest is the primary's.
+ */
+export interface ReactorOptions {
+  /** The address to listen on. */
+  host: string
+  /** The port to listen on, unless the primary names the one it bound (`ENV_PORT`). */
+  port: number
+  /** Makes this reactor's server. */
+  build: () => Server | Promise<Server>
+  /** Passed to the server's `setMaxConnectionAgeMs`; default: no limit. */
+  maxConnectionAgeMs?: number
+  /** The server's shutdown grace (`close({ graceMs })`). */
+  graceMs?: number
+}
+
 /** Runs in a reactor process: builds and listens, answers the primary, drains and exits when asked; never resolves. */
-export function runReactor (options: ReactorsOptions): Promise<never> {
+export function runReactor (options: ReactorOptions): Promise<never> {
   const distribution = process.env[ENV_DISTRIBUTION] === 'reusePort' ? 'reusePort' : 'round-robin'
   const port = Number(process.env[ENV_PORT] ?? options.port)
   let server: Server | null = null

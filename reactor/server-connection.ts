@@ -1,9 +1,19 @@
-import type { AnswerSlices } from '../codec/protocol.js'
+import type { RpcError } from '../codec/errors.js'
+import type { AnswerSlices, ConnectionHandle } from '../codec/protocol.js'
 import type { Connection } from '../transport/connection.js'
 import type { AdmissionCandidate } from './admission.js'
 import { CallTable } from './call-table.js'
-import type { ServerConnectionHandle } from './connection-handle.js'
 import type { CallPeer, InboundCall, PartSink } from './inbound-call.js'
+
+/**
+ * A connection's public handle as the server holds it (a
+ * `ServerConnectionHandle`, which holds the ServerConnection in turn): handed
+ * out as `ctx.connection`, and told when the connection closes.
+ */
+export interface ServerHandle extends ConnectionHandle {
+  /** The connection closed: the handle lets go of it. */
+  connectionClosed: (error: RpcError | undefined) => void
+}
 
 /** Where the parts of streamed answers are encoded and sent (the server's call dispatch). */
 export interface PartWriter {
@@ -43,7 +53,7 @@ export class ServerConnection implements AdmissionCandidate, PartSink {
   /** The protocol's own state for this connection (`ServerProtocol.connectionState`); set once, at accept. */
   state: unknown
   /** Its public handle (`ctx.connection`), made at accept. */
-  handle: ServerConnectionHandle | null = null
+  handle: ServerHandle | null = null
   /** Something was pushed to it (`ConnectionHandle.send`, a group): the push output limits apply. */
   pushed = false
   /** Since when its unsent bytes have been over the soft push limit; -1: not over it. */

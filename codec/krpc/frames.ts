@@ -1,5 +1,8 @@
 import { ErrorCode, RpcError } from '../errors.js'
-import { RequestHeaderFields, ResponseHeaderFields, decodeRequestHeaderInto, decodeResponseHeaderInto, requestHeaderOf, responseHeaderOf } from './header-decoder.js'
+import {
+  RequestHeaderFields, ResponseHeaderFields, decodeRequestHeaderInto, decodeResponseHeaderInto, requestHeaderOf, responseHeaderOf,
+  type RequestHeader, type ResponseHeader
+} from './header-decoder.js'
 import type { Framing } from '../frame-decoder.js'
 import { ProtoSchema, assetPath } from '../protobuf/schema.js'
 import { int32Bytes, readVarint32, varintBytes, writeInt32, writeVarint, type VarintRead } from '../varint.js'
@@ -129,23 +132,6 @@ function sidecarsOf (frame: Buffer, bodyStart: number, offsets: readonly number[
 
 // ---------------------------------------------------------------------------
 // Header messages.
-
-/** A decoded RequestHeader. */
-export interface RequestHeader {
-  call_id: number
-  remote_method?: { service_name: string, method_name: string }
-  timeout_millis?: number
-  required_feature_flags?: number[]
-  request_id?: { client_id: string, seq_no: number, first_incomplete_seq_no: number, attempt_no: number }
-  sidecar_offsets?: number[]
-}
-
-/** A decoded ResponseHeader. */
-export interface ResponseHeader {
-  call_id: number
-  is_error?: boolean
-  sidecar_offsets?: number[]
-}
 
 /** A decoded ErrorStatusPB. */
 export interface ErrorStatus {

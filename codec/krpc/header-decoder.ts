@@ -1,5 +1,4 @@
 import { ErrorCode, RpcError } from '../errors.js'
-import type { RequestHeader, ResponseHeader } from './frames.js'
 import { readVarint32, type VarintRead } from '../varint.js'
 
 /**
@@ -164,6 +163,23 @@ function fail (what: string, detail: string): RpcError {
 const EMPTY = new Uint8Array(0)
 // The reader of top-level headers, reused (decoding never re-enters).
 const headerReader = new Reader(EMPTY, 0, 0)
+
+/** A decoded RequestHeader. */
+export interface RequestHeader {
+  call_id: number
+  remote_method?: { service_name: string, method_name: string }
+  timeout_millis?: number
+  required_feature_flags?: number[]
+  request_id?: { client_id: string, seq_no: number, first_incomplete_seq_no: number, attempt_no: number }
+  sidecar_offsets?: number[]
+}
+
+/** A decoded ResponseHeader. */
+export interface ResponseHeader {
+  call_id: number
+  is_error?: boolean
+  sidecar_offsets?: number[]
+}
 
 /**
  * The fields of a ResponseHeader, decoded by `decodeResponseHeaderInto`

@@ -2,6 +2,7 @@ import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
 import { globMatch } from './glob.js'
 import { error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
+import { Subscriptions } from './subscriptions.js'
 
 /**
  * Redis Pub/Sub as RESP2 has it (pubsub.c): SUBSCRIBE, UNSUBSCRIBE,
@@ -24,25 +25,6 @@ import { error, simple, type ConnectionState, type Reply, type RespRequest } fro
  * `client-output-buffer-limit pubsub`), past which the connection closes
  * and the others go on receiving.
  */
-
-/** The channels and patterns one connection is subscribed to, and the handle their messages are pushed through. */
-export class Subscriptions {
-  readonly connection: ConnectionHandle
-  readonly channels = new Set<string>()
-  readonly patterns = new Set<string>()
-  /** Removes the connection's subscriptions from the registry when it closes. */
-  readonly onClose: () => void
-
-  constructor (connection: ConnectionHandle, onClose: () => void) {
-    this.connection = connection
-    this.onClose = onClose
-  }
-
-  /** What confirmations report: channels and patterns together, as Redis counts them. */
-  get count (): number {
-    return this.channels.size + this.patterns.size
-  }
-}
 
 /** The registry of one server: channel → subscribers, pattern → subscribers. */
 export class PubSub {

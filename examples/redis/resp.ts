@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
 import { commandOf, UNKNOWN_COMMAND, type Command } from './commands.js'
-import type { Subscriptions } from './pubsub.js'
+import type { Subscriptions } from './subscriptions.js'
 
 /**
  * RESP2, the Redis serialization protocol, as a nyala `ServerProtocol`.
@@ -206,7 +206,7 @@ export function parseInteger (buf: Uint8Array, start: number, end: number): numb
 export class ConnectionState {
   readonly id: number
   name = ''
-  /** The channels and patterns it is subscribed to (pubsub.ts); null when none: then it is not in subscribed mode. */
+  /** The channels and patterns it is subscribed to (subscriptions.ts, filled by pubsub.ts); null when none: then it is not in subscribed mode. */
   subscriptions: Subscriptions | null = null
   constructor (id: number) {
     this.id = id

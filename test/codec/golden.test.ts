@@ -9,10 +9,10 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import {
   ErrorStatusType, KRPC_PREAMBLE, RequestHeaderType, ResponseHeaderType, encodeErrorFrame, encodeRemoteMethod,
   encodeRequestFrame, encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, splitFrame,
-  type RequestFrame, type RequestHeader, type ResponseFrame, type ResponseHeader
+  type RequestFrame, type ResponseFrame
 } from '../../codec/krpc/frames.js'
 import { ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep } from '../../codec/krpc/negotiation.js'
-import { decodeRequestHeader, decodeResponseHeader } from '../../codec/krpc/header-decoder.js'
+import { decodeRequestHeader, decodeResponseHeader, type RequestHeader, type ResponseHeader } from '../../codec/krpc/header-decoder.js'
 import { ProtoSchema } from '../../codec/protobuf/schema.js'
 import { int32Bytes, writeInt32 } from '../../codec/varint.js'
 import { hex, joinFrames, joinSlices, toHex } from '../helpers/bytes.js'

@@ -5,10 +5,10 @@
  * answers tallied by status. Only the package's public names are used, so
  * the suites keep testing the core while its internals move.
  */
-import { connect } from 'node:net'
+import { connect, createServer, type Socket } from 'node:net'
 import { once } from 'node:events'
 import type { Test } from 'tap'
-import { ErrorCode, ProtocolClient, ProtocolServer, RpcError, type CallContext, type ProtocolClientOptions, type ServerOptions, type ServerProtocol } from '../../reactor/index.js'
+import { ErrorCode, ProtocolClient, ProtocolServer, RpcError, type CallContext, type Clock, type ProtocolClientOptions, type ServerOptions, type ServerProtocol, type TimerHandle } from '../../reactor/index.js'
 import { FakeClock } from '../../reactor/testing.js'
 import { Peer } from './socket-peer.js'
 import { taggedAnswers, taggedProtocol } from './toy-protocols.js'
@@ -178,4 +178,86 @@ export function activeResources (): Record<string, number> {
   const out: Record<string, number> = {}
   for (const kind of process.getActiveResourcesInfo()) out[kind] = (out[kind] ?? 0) + 1
   return out
+}
+
+/**
+ * An endpoint nothing listens on. Not a port 0 pick just freed: a test file
+ * running beside this one may be given it. Port 1 (tcpmux) is privileged and
+ * served by nothing here.
+ */
+export const CLOSED_ENDPOINT = '127.0.0.1:1'
+
+/**
+ * A raw listener on 127.0.0.1:0 standing in for a server the client test
+ * scripts by hand: `onData` sees each connection's chunks, `sockets` holds
+ * the accepted connections. Teardown destroys them and closes the listener.
+ */
+export async function rawServer (t: Test, onData: (socket: Socket, chunk: Buffer) => void = () => {}): Promise<{ port: number, sockets: Socket[] }> {
+  const sockets: Socket[] = []
+  const server = createServer((socket) => {
+    sockets.push(socket)
+    socket.on('error', () => {})
+    socket.on('data', (chunk: Buffer) => { onData(socket, chunk) })
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  t.teardown(async () => {
+    for (const socket of sockets) socket.destroy()
+    await new Promise<void>((resolve) => server.close(() => resolve()))
+  })
+  return { port: (server.address() as { port: number }).port, sockets }
+}
+
+/** A tagged answer frame (status ok) for call `id`, as a raw server sends it. */
+export function taggedAnswer (id: number, text: string): Buffer {
+  const out = Buffer.alloc(7 + Buffer.byteLength(text))
+  out.writeUInt16BE(5 + Buffer.byteLength(text), 0)
+  out.writeUInt32BE(id, 3)
+  out.write(text, 7)
+  return out
+}
+
+/**
+ * A clock whose timers fire only through `fire()`, while `defer` is a real
+ * `setImmediate`. Firing from a real timer callback reproduces a loop that
+ * was stalled: the overdue timer runs in the timers phase, and the I/O that
+ * is ready (an answer already in the socket) is read before the deferred
+ * check.
+ */
+export class ManualClock implements Clock {
+  #now = 1000
+  #timers = new Set<{ at: number, callback: () => void }>()
+
+  now (): number {
+    return this.#now
+  }
+
+  setTimer (callback: () => void, ms: number): TimerHandle {
+    const timer = { at: this.#now + Math.max(0, ms), callback }
+    this.#timers.add(timer)
+    return timer as unknown as TimerHandle
+  }
+
+  clearTimer (handle: TimerHandle): void {
+    this.#timers.delete(handle as unknown as { at: number, callback: () => void })
+  }
+
+  defer (callback: () => void): void {
+    setImmediate(callback)
+  }
+
+  /** Timers set and not yet fired or cleared. */
+  get pendingTimers (): number {
+    return this.#timers.size
+  }
+
+  /** Moves time by `ms` and runs, synchronously, every timer now due. */
+  fire (ms: number): void {
+    this.#now += ms
+    const due = [...this.#timers].filter(t => t.at <= this.#now).sort((a, b) => a.at - b.at)
+    for (const t of due) {
+      this.#timers.delete(t)
+      t.callback()
+    }
+  }
 }

@@ -6,20 +6,18 @@
  * - `FakeServer`: a listener that negotiates like a KRPC server (or never
  *   does), records each request frame, and lets the test answer by hand:
  *   out of order, malformed, for unknown call ids, or not at all.
- * - `ManualClock`: a Clock whose timers fire only when told, but whose
- *   `defer` is a real `setImmediate`, to reproduce an event-loop stall.
  */
 import { createServer, connect, type Server as NetServer, type Socket } from 'node:net'
 import { once } from 'node:events'
 import { FrameDecoder } from '../../codec/frame-decoder.js'
 import {
   KRPC_PREAMBLE, NEGOTIATE_CALL_ID, encodeErrorFrame, headerSchema, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame, krpcFraming,
-  parseRequestFrame, parseResponseFrame, type RequestHeader, type ResponseFrame
+  parseRequestFrame, parseResponseFrame, type ResponseFrame
 } from '../../codec/krpc/frames.js'
+import type { RequestHeader } from '../../codec/krpc/header-decoder.js'
 import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/krpc/negotiation.js'
 import { RpcError } from '../../codec/errors.js'
 import type { MessageType } from '../../codec/protobuf/schema.js'
-import type { Clock, TimerHandle } from '../../scheduling/clock.js'
 
 const NegotiateType = headerSchema.type<{
   step: number, supported_features?: number[], sasl_mechanisms?: Array<{ mechanism: string }>, authn_types?: Array<{ sasl?: object }>
@@ -308,56 +306,8 @@ export class FakeServer {
   }
 }
 
-/**
- * A clock whose timers fire only through `fire()`, while `defer` is a real
- * `setImmediate`. Firing from a real timer callback reproduces a loop that
- * was stalled: the overdue timer runs in the timers phase, and the I/O that
- * is ready (a response already in the socket) is read before the deferred
- * check.
- */
-export class ManualClock implements Clock {
-  #now = 1000
-  #timers = new Set<{ at: number, callback: () => void }>()
-
-  now (): number {
-    return this.#now
-  }
-
-  setTimer (callback: () => void, ms: number): TimerHandle {
-    const timer = { at: this.#now + Math.max(0, ms), callback }
-    this.#timers.add(timer)
-    return timer as unknown as TimerHandle
-  }
-
-  clearTimer (handle: TimerHandle): void {
-    this.#timers.delete(handle as unknown as { at: number, callback: () => void })
-  }
-
-  defer (callback: () => void): void {
-    setImmediate(callback)
-  }
-
-  get pendingTimers (): number {
-    return this.#timers.size
-  }
-
-  /** Moves time by `ms` and runs, synchronously, every timer now due. */
-  fire (ms: number): void {
-    this.#now += ms
-    const due = [...this.#timers].filter(t => t.at <= this.#now).sort((a, b) => a.at - b.at)
-    for (const t of due) {
-      this.#timers.delete(t)
-      t.callback()
-    }
-  }
-}
-
-/**
- * An endpoint nothing listens on. Not a port 0 pick just freed: a test file
- * running beside this one may be given it. Port 1 (tcpmux) is privileged and
- * served by nothing here.
- */
-export const CLOSED_ENDPOINT = '127.0.0.1:1'
+/** An endpoint nothing listens on (defined with the core harness, which uses it too). */
+export { CLOSED_ENDPOINT } from './core-harness.js'
 
 /** Lets I/O run until `ready()` holds (at most `limit` loop turns); returns whether it did. */
 export async function untilReady (ready: () => boolean, limit = 2000): Promise<boolean> {

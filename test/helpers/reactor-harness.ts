@@ -74,7 +74,7 @@ export function newClient (t: Test, options: ClientOptions = {}): Client {
  */
 export type Outcome = string
 
-export function outcomeOf (error: unknown): Outcome {
+function outcomeOf (error: unknown): Outcome {
   if (error instanceof RpcError) return error.remote?.code !== undefined ? `REMOTE:${krpcCodeName(error.remote?.code)}` : error.code
   return `THROWN:${error instanceof Error ? error.message : String(error)}`
 }

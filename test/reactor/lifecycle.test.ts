@@ -1,71 +1,13 @@
-// Behaviours 19–23 of Kudu's rpc-test list: the peer closing with calls
-// pending, connect failures, client shutdown with calls pending,
-// cancellation in every state (including mid-write of 8 MiB sidecars),
-// idle-connection GC on the server, and server shutdown while serving.
+// The KRPC client's life: per-call endpoints, close() and cancellation of calls queued behind KRPC negotiation, 8 MiB sidecar calls cancelled mid-write.
+// The generic server and client lifecycle (peers and servers going away, idle close, shutdown, connect failures) is tested in test/core/lifecycle.test.ts.
 import t from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { KrpcCode } from '../../codec/krpc/codes.js'
 import { Client } from '../../reactor/krpc/client.js'
-import { FakeClock } from '../../scheduling/clock.js'
 import {
   CalculatorService, Probe, calculatorDef, calculatorHandlers, crc32, newClient, pattern, prng, settle, startServer, tally, track, turns
 } from '../helpers/reactor-harness.js'
-import { CLOSED_ENDPOINT, FakeServer } from '../helpers/krpc-peers.js'
 
 const MiB = 1024 * 1024
-
-t.test('the peer closing with calls pending fails every one of them promptly', async (t) => {
-  const fake = await FakeServer.start()
-  t.teardown(() => fake.close())
-  const client = newClient(t, { endpoint: fake.endpoint, defaultTimeoutMs: 0 })
-  const calc = client.service(CalculatorService)
-  const N = 7
-  const pending = Array.from({ length: N }, (_, i) => settle(calc.Add({ x: i, y: i })))
-  const peer = await fake.peer()
-  await peer.callsReceived(N)
-  peer.socket.destroy()
-  t.same(tally(await Promise.all(pending)), { [ErrorCode.CONNECTION_CLOSED]: N }, 'no deadline needed: the close fails them')
-  t.equal(client.pendingCalls, 0)
-  t.equal(client.connectionCount, 0)
-})
-
-t.test('a half-close (FIN) from the peer fails pending calls too', async (t) => {
-  const fake = await FakeServer.start()
-  t.teardown(() => fake.close())
-  const client = newClient(t, { endpoint: fake.endpoint, defaultTimeoutMs: 0 })
-  const calc = client.service(CalculatorService)
-  const pending = [settle(calc.Add({ x: 1, y: 1 })), settle(calc.Echo({ data: 'a' }))]
-  const peer = await fake.peer()
-  await peer.callsReceived(2)
-  peer.socket.end()
-  t.same(tally(await Promise.all(pending)), { [ErrorCode.CONNECTION_CLOSED]: 2 })
-})
-
-t.test('a real server going away with calls in flight fails them with a connection error', async (t) => {
-  const probe = new Probe()
-  const { endpoint, server } = await startServer(t, { handlers: probe.handlers() })
-  const client = newClient(t, { endpoint, defaultTimeoutMs: 0 })
-  const calc = client.service(CalculatorService)
-  const pending = Array.from({ length: 4 }, () => settle(calc.Sleep({ sleep_micros: 30_000_000 })))
-  await probe.started('Sleep', 4)
-  await server.close({ graceMs: 0 })
-  t.same(tally(await Promise.all(pending)), { [ErrorCode.CONNECTION_CLOSED]: 4 })
-})
-
-t.test('connecting to a closed port fails with RPC_ERR_CONNECT_FAILED, five times in a row', async (t) => {
-  const client = newClient(t, { endpoint: CLOSED_ENDPOINT })
-  const calc = client.service(CalculatorService)
-  for (let i = 0; i < 5; i++) {
-    const error = await calc.Add({ x: 1, y: 1 }, { timeoutMs: 10_000 }).then(() => null, (e: unknown) => e)
-    t.ok(error instanceof RpcError)
-    t.equal((error as RpcError).code, ErrorCode.CONNECT_FAILED, `attempt ${i + 1}`)
-    t.match((error as RpcError).message, CLOSED_ENDPOINT, 'names the endpoint')
-    t.equal(client.connectionCount, 0)
-  }
-  // Concurrent calls queued on the failing connection all fail the same way.
-  const concurrent = await Promise.all(Array.from({ length: 5 }, () => settle(calc.Add({ x: 1, y: 1 }))))
-  t.same(tally(concurrent), { [ErrorCode.CONNECT_FAILED]: 5 })
-})
 
 t.test('a malformed endpoint fails the call, it does not throw', async (t) => {
   const client = newClient(t)
@@ -99,22 +41,6 @@ t.test('client.close() with calls pending rejects each exactly once with RPC_ERR
   t.equal(await settle(calc.Add({ x: 1, y: 1 })), ErrorCode.CLIENT_CLOSED, 'later calls fail at once')
   client.close()
   t.pass('close is idempotent')
-})
-
-t.test('a call aborted in the turn it was made, on a ready connection, is dropped unsent', async (t) => {
-  const probe = new Probe()
-  const { endpoint } = await startServer(t, { handlers: probe.handlers() })
-  const client = newClient(t, { endpoint })
-  const calc = client.service(CalculatorService)
-  t.same(await calc.Add({ x: 1, y: 1 }), { result: 2 }, 'the connection is negotiated')
-
-  const controller = new AbortController()
-  const aborted = settle(calc.Add({ x: 2, y: 2 }, { signal: controller.signal }))
-  controller.abort()
-  const plain = calc.Add({ x: 3, y: 3 })
-  t.equal(await aborted, ErrorCode.CANCELLED)
-  t.same(await plain, { result: 6 })
-  t.same(probe.calls.map(c => c.method), ['Add', 'Add'], 'the server ran the first and the last call, not the aborted one')
 })
 
 t.test('cancellation before start, while queued, and after sending', async (t) => {
@@ -210,69 +136,4 @@ t.test('8 MiB sidecar calls cancelled at random points never corrupt the stream'
   const check = pattern(MiB, 3)
   const final = await client.call<{ crcs: number[] }>(endpoint, calculatorDef, 'PushStrings', { sidecar_indexes: [0] }, { sidecars: [check] })
   t.equal(final.response.crcs[0], crc32(check), 'the connection still carries large frames intact')
-})
-
-t.test('idle connections are closed by the server, never while a call is in flight', async (t) => {
-  const clock = new FakeClock()
-  const probe = new Probe()
-  const { endpoint, server } = await startServer(t, { handlers: probe.handlers(), clock, idleTimeoutMs: 100 })
-  const client = newClient(t, { endpoint, defaultTimeoutMs: 10_000 })
-  const calc = client.service(CalculatorService)
-  await calc.Add({ x: 1, y: 1 })
-
-  // A Sleep (real time) outlasts many idle periods of the server's fake time.
-  const sleep = calc.Sleep({ sleep_micros: 30_000 })
-  await probe.started('Sleep')
-  for (let i = 0; i < 20; i++) clock.advance(50)
-  t.equal(server.stats().idleClosed, 0, 'not closed while the call is in flight')
-  t.same(await sleep, {})
-  t.equal(client.connectionCount, 1)
-
-  clock.advance(1000)
-  t.equal(server.stats().idleClosed, 1, 'closed once idle long enough')
-  while (client.connectionCount > 0) await turns(1)
-  t.pass('the client saw the close')
-  t.equal((await calc.Add({ x: 2, y: 2 })).result, 4, 'the next call reconnects')
-  t.equal(server.stats().connectionsAccepted, 2)
-})
-
-t.test('idle GC: an active connection survives, and idleTimeoutMs 0 disables it', async (t) => {
-  const clock = new FakeClock()
-  const { endpoint, server } = await startServer(t, { clock, idleTimeoutMs: 100 })
-  const client = newClient(t, { endpoint })
-  const calc = client.service(CalculatorService)
-  for (let i = 0; i < 10; i++) {
-    await calc.Add({ x: i, y: i })
-    clock.advance(60)
-  }
-  t.equal(server.stats().idleClosed, 0, 'a call every 60 ms keeps a 100 ms idle timeout away')
-
-  const never = new FakeClock()
-  const kept = await startServer(t, { clock: never, idleTimeoutMs: 0 })
-  const client2 = newClient(t, { endpoint: kept.endpoint })
-  await client2.service(CalculatorService).Add({ x: 1, y: 1 })
-  never.advance(24 * 3600 * 1000)
-  t.equal(kept.server.stats().idleClosed, 0)
-  t.equal((await client2.service(CalculatorService).Add({ x: 1, y: 1 })).result, 2)
-  t.equal(kept.server.stats().connectionsAccepted, 1)
-})
-
-t.test('server.close(): in-flight calls finish and are answered; new calls are refused', async (t) => {
-  const probe = new Probe()
-  const { endpoint, server } = await startServer(t, { handlers: probe.handlers() })
-  const client = newClient(t, { endpoint })
-  const calc = client.service(CalculatorService)
-  await calc.Add({ x: 1, y: 1 })
-  const inFlight = settle(calc.Sleep({ sleep_micros: 40_000 }))
-  await probe.started('Sleep')
-  const closing = server.close()
-  const refused = await calc.Add({ x: 1, y: 1 }).then(() => 'OK', (e: RpcError) => e)
-  t.ok(refused instanceof RpcError)
-  const r = refused as RpcError
-  t.ok(r.remote?.code === KrpcCode.FATAL_SERVER_SHUTTING_DOWN || r.code === ErrorCode.CONNECTION_CLOSED,
-    `refused with FATAL_SERVER_SHUTTING_DOWN or a closed connection (${r.codeName})`)
-  t.equal(await inFlight, 'OK', 'the in-flight Sleep got its answer')
-  await closing
-  while (client.connectionCount > 0) await turns(1)
-  t.equal(await settle(calc.Add({ x: 1, y: 1 }, { timeoutMs: 5000 })), ErrorCode.CONNECT_FAILED, 'after close nothing listens')
 })

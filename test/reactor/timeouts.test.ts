@@ -1,13 +1,11 @@
-// Behaviours 11–15 of Kudu's rpc-test list: call timeouts (on a FakeClock,
-// so nothing here measures a duration), timeouts during negotiation, queued
-// calls that time out are never sent, event-loop stalls, and deadline
-// propagation to the server.
+// KRPC's timeouts: timeout_millis on the wire, timeouts during and behind KRPC negotiation, the server's deadline from timeout_millis.
+// The generic timeouts (idle, frame, slow frames, handler deadlines, client deadlines and a stalled loop) are tested in test/core/timeouts.test.ts.
 import t from 'tap'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { CallContext } from '../../reactor/inbound-call.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { CalculatorService, Probe, newClient, settle, startServer, track, turns, rejection } from '../helpers/reactor-harness.js'
-import { FakeServer, ManualClock } from '../helpers/krpc-peers.js'
+import { FakeServer } from '../helpers/krpc-peers.js'
 
 const AddResponse = CalculatorService.methods.Add.responseType
 
@@ -133,62 +131,6 @@ t.test('a call that times out while queued behind negotiation is never sent; neg
   t.same(probe.calls.map(c => c.callId), [1], 'the timed-out call kept its id but was dropped unsent')
   t.equal(server.stats().connectionsAccepted, 1, 'the same connection was used')
   t.equal(client.connectionCount, 1)
-})
-
-t.test('event-loop stall: a timer that fires late loses to a response already in the socket', async (t) => {
-  const fake = await FakeServer.start()
-  t.teardown(() => fake.close())
-  const clock = new ManualClock()
-  const client = newClient(t, { endpoint: fake.endpoint, clock })
-  const calc = client.service(CalculatorService)
-  const peer = await (async () => {
-    const first = calc.Add({ x: 0, y: 0 }, { timeoutMs: 0 })
-    const p = await fake.peer()
-    const c = await p.nextCall()
-    p.respond(c.header.call_id, AddResponse, { result: 0 })
-    await first
-    return p
-  })()
-
-  const call = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
-  const frame = await peer.nextCall()
-  // From a timers-phase callback (as after a stall): the answer reaches the
-  // client's kernel buffer, then the call's overdue timer fires before the
-  // client has read it. The deferred check must see the response first.
-  await new Promise<void>((resolve) => setTimeout(() => {
-    peer.respond(frame.header.call_id, AddResponse, { result: 3 })
-    clock.fire(100)
-    resolve()
-  }, 0))
-  t.equal(await call.done, 'OK', 'no spurious timeout')
-
-  // Control: with nothing to read, the same timer does time the call out.
-  const lost = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
-  const lostFrame = await peer.nextCall()
-  await new Promise<void>((resolve) => setTimeout(() => { clock.fire(100); resolve() }, 0))
-  t.equal(await lost.done, ErrorCode.DEADLINE_EXCEEDED)
-  peer.respond(lostFrame.header.call_id, AddResponse, { result: 3 })
-  t.equal(clock.pendingTimers, 0, 'no call timer left behind')
-})
-
-t.test('FakeClock: a timer fired by advance() before the response has been read times the call out', async (t) => {
-  // The FakeClock runs deferred callbacks inside advance(); with the answer
-  // not yet read, the call must time out and the late answer be dropped.
-  const fake = await FakeServer.start()
-  t.teardown(() => fake.close())
-  const clock = new FakeClock()
-  const client = newClient(t, { endpoint: fake.endpoint, clock })
-  const calc = client.service(CalculatorService)
-  const call = track(calc.Add({ x: 1, y: 2 }, { timeoutMs: 100 }))
-  const peer = await fake.peer()
-  const frame = await peer.nextCall()
-  clock.advance(100)
-  peer.respond(frame.header.call_id, AddResponse, { result: 3 })
-  t.equal(await call.done, ErrorCode.DEADLINE_EXCEEDED)
-  const next = calc.Add({ x: 2, y: 2 }, { timeoutMs: 100 })
-  const nextFrame = await peer.nextCall()
-  peer.respond(nextFrame.header.call_id, AddResponse, { result: 4 })
-  t.same(await next, { result: 4 })
 })
 
 t.test('deadline propagation: the server\'s deadline is receipt time + timeout_millis, cached on the call', async (t) => {
