@@ -19,7 +19,7 @@
  * The variants: `on` is the servers' default remedy: the allocator tuning
  * of examples/malloc-env.ts (bin/nyala sets it; the examples in one
  * process get it from their environment, as here) and the idle collection
- * of examples/idle-gc.ts; `off` is neither (NYALA_MALLOC=system,
+ * of reactor/idle-collection.ts; `off` is neither (NYALA_MALLOC=system,
  * NYALA_IDLE_GC=0);
  * `--variant NAME=ENV=VALUE;ENV=VALUE` adds one with those variables on top
  * of `off` (to try another remedy).
@@ -47,7 +47,7 @@ import { FrameDecoder } from '../codec/frame-decoder.js'
 import { encodeRemoteMethod, krpcFraming, requestFrameBytes, requestHeaderTail, writeRequestFrameHead } from '../codec/krpc/frames.js'
 import { clientHandshakeBytes } from '../codec/krpc/negotiation.js'
 import { CalculatorService } from '../examples/calculator/index.js'
-import { IDLE_GC_OPT_OUT } from '../examples/idle-gc.js'
+import { IDLE_COLLECTION_OPT_OUT as IDLE_GC_OPT_OUT } from '../reactor/idle-collection.js'
 import { MALLOC_OPT_OUT, mallocTuning } from '../examples/malloc-env.js'
 
 const ROOT = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? '../' : '../../', import.meta.url))

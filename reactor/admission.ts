@@ -150,6 +150,7 @@ export interface FrameCandidate extends AdmissionCandidate {
     readonly framesRead: number
     readonly isReadingPaused: boolean
     readonly isReadingHeld: boolean
+    readonly isReadingSuspended: boolean
     readonly partialFrameBytes: number
     destroy: (error?: RpcError) => void
   }
@@ -289,6 +290,6 @@ export class Admission<C extends FrameCandidate> {
 export function frameProgress (sc: FrameCandidate, now: number): FrameProgress | null {
   const connection = sc.connection
   if (sc.partialSince < 0 || !connection.hasPartialFrame || sc.partialFrame !== connection.framesRead) return null
-  if (connection.isReadingPaused || connection.isReadingHeld) return null
+  if (connection.isReadingPaused || connection.isReadingHeld || connection.isReadingSuspended) return null
   return { bytes: connection.partialFrameBytes, arrivingMs: now - sc.partialSince }
 }

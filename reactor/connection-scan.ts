@@ -6,6 +6,9 @@ import type { PushOutputLimit } from './push-output-limit.js'
 import { DEFAULT_FRAME_TIMEOUT_MS, LOG_INTERVAL_MS, RETIRED_BUSY_LIMIT_MS, RETIRED_QUIET_MS, type ServerOptions } from './server-options.js'
 import type { ServerConnection } from './server-connection.js'
 
+/** The longest a connection whose reading is paused goes without a probe read (`Connection.probeRead`). */
+export const PROBE_PERIOD_MS = 1000
+
 /** What the connection scan needs of the server around it. */
 export interface ScanHost {
   readonly clock: Clock
@@ -35,8 +38,9 @@ export interface ScanHost {
  * frames that take too long (`frameTimeoutMs`) or arrive too slowly
  * (`minFrameBytesPerSecond`), retires connections past
  * `maxConnectionAgeMs`, closes pushed-to ones over the soft push limit,
- * abandons overdue handlers, and watches the descriptor count. One timer
- * per server, its period a quarter of the shortest limit (10 ms to 1 s).
+ * abandons overdue handlers, probes connections whose reading is paused
+ * (their peer may have gone unseen), and watches the descriptor count. One
+ * timer per server, its period a quarter of the shortest limit (10 ms to 1 s).
  */
 export class ConnectionScan {
   readonly #host: ScanHost
@@ -72,7 +76,8 @@ export class ConnectionScan {
     const softMs = host.pushLimit.softBytes > 0 ? Math.max(host.pushLimit.softMs, 40) : Infinity
     // The frame rate needs the scan to see partial frames (for admission too): at most a second apart.
     const rateMs = host.minFrameRate > 0 ? Math.max(host.slowFrameGraceMs, 4 * MIN_EVICTABLE_IDLE_MS) : Infinity
-    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs, softMs, rateMs)
+    // Connections whose reading is paused are probed (probeRead) at least once a second, whatever the limits.
+    const shortest = Math.min(positive(idleMs), positive(maxAgeMs), positive(frameMs), abandonMs, softMs, rateMs, 4 * PROBE_PERIOD_MS)
     if (shortest === Infinity || this.#timer !== null) return
     const periodMs = Math.max(10, Math.min(1000, shortest / 4))
     let lastScanAt = host.clock.now()
@@ -89,6 +94,8 @@ export class ConnectionScan {
       host.checkDescriptors()
       for (const sc of host.connections) {
         const connection = sc.connection
+        // Paused, the socket is not polled: a read tells whether its peer has gone (and closes it if so).
+        if (connection.isReadingPaused || connection.isReadingHeld || connection.isReadingSuspended) connection.probeRead()
         if (this.#partialFrameTimed(sc, now)) {
           if (frameMs > 0 && this.#frameOverdue(sc, now, frameMs)) continue
           if (onTime && this.#frameTooSlow(sc, now)) continue
@@ -130,8 +137,8 @@ export class ConnectionScan {
       sc.partialSince = -1
       return false
     }
-    if (connection.isReadingPaused || connection.isReadingHeld) {
-      // We stopped reading it (outbound budget): the rest of its frame cannot arrive; its clock restarts.
+    if (connection.isReadingPaused || connection.isReadingHeld || connection.isReadingSuspended) {
+      // We stopped reading it (outbound budget or bound): the rest of its frame cannot arrive; its clock restarts.
       sc.partialSince = now
       return false
     }

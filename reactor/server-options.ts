@@ -3,6 +3,7 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { Clock } from '../scheduling/clock.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import type { ConnectionStats } from '../transport/connection.js'
+import type { IdleCollectionOptions } from './idle-collection.js'
 import type { Logger } from './logger.js'
 import type { LimitCounters } from './metrics.js'
 import type { PushOutputLimitOptions } from './push-output-limit.js'
@@ -10,6 +11,7 @@ import type { PushOutputLimitOptions } from './push-output-limit.js'
 // The server's options: their types, defaults and checks. The server
 // (reactor/server.ts) reads them; the KRPC server passes them through.
 
+/** Options of a `ProtocolServer` (KRPC's `KrpcServer` takes them too): limits, timeouts, scheduling, TLS and logging; each has a default. */
 export interface ServerOptions {
   /** Largest inbound frame, checked as early as the framing allows; default: the protocol's `maxFrameBytes`, else 50 MiB. */
   maxMessageBytes?: number
@@ -50,7 +52,14 @@ export interface ServerOptions {
    * largest incomplete frame is closed (FRAME_TOO_LARGE).
    */
   maxInboundBufferedBytes?: number
-  /** Bound on a connection's unsent response bytes (default 100 MiB); a client that reads slower than that is disconnected. */
+  /**
+   * Bound on a connection's unsent response bytes (default 100 MiB),
+   * judged on what the kernel did not take. Past it the connection is not
+   * read until its peer has taken enough; answers to requests already read
+   * are still queued, up to twice the bound. Past twice the bound, or when
+   * the peer takes nothing for 500 ms (`SUSPENDED_GRACE_MS`), it is closed
+   * (QUEUE_FULL): a client that reads slower than it asks is disconnected.
+   */
   maxOutboundBytes?: number
   /**
    * The slow-consumer limits of connections that have received a push
@@ -132,6 +141,17 @@ export interface ServerOptions {
    * by default. See docs/performance.md.
    */
   busyPollUs?: number
+  /**
+   * A full garbage collection once the process is idle after it grew, so
+   * that an attack's buffers are freed (reactor/idle-collection.ts): run
+   * while the server listens, stopped by `close()`. Default on, with
+   * `IDLE_COLLECTION_DEFAULTS` (every 5000 ms; idle below 0.05 event-loop
+   * utilization; RSS 64 MiB above where the last collection left it);
+   * `false` turns it off, as NYALA_IDLE_GC=0 in the environment does for
+   * every server.
+   */
+  idleCollection?: IdleCollectionOptions | false
+  /** The clock of every deadline, timeout and metric timestamp; default `realClock` (tests pass a `FakeClock`). */
   clock?: Clock
   /**
    * TLS from the first byte: every accepted connection runs a TLS handshake
@@ -157,18 +177,27 @@ export interface ServerOptions {
 
 /** Counters of one open connection of the server (`Server.connectionStats`). */
 export interface ServerConnectionStats extends ConnectionStats {
+  /** `ip:port` of the peer. */
   remoteAddress: string
+  /** Its calls received and not answered yet (queued or running). */
   callsInFlight: number
 }
 
 /** Counters the server keeps (the limits' counters are also Prometheus counters). */
 export interface ServerStats extends LimitCounters {
+  /** Connections accepted since start (not those refused at `maxConnections`). */
   connectionsAccepted: number
+  /** Connections open now, negotiating ones included. */
   connectionsOpen: number
+  /** Requests received since start, refused ones included. */
   callsReceived: number
+  /** Calls answered with their handler's response. */
   callsSucceeded: number
+  /** Calls the server answered itself (`RefusalReason`: busy, expired, failed, ...). */
   callsFailed: number
+  /** Calls received and not answered yet, over every connection (queued or running). */
   callsInFlight: number
+  /** Connections closed for a stream the server could not read (malformed frames, duplicate ids, TLS record errors). */
   badFrames: number
   /** Connections closed because they reached `maxConnectionAgeMs`. */
   agedClosed: number
@@ -200,6 +229,12 @@ export const DEFAULT_ABANDON_AFTER_MS = 5000
 export const DEFAULT_MAX_ABANDONED = 100
 /** Open descriptors this close to the limit mean accept() fails (libuv keeps one in reserve). */
 export const DESCRIPTOR_SLACK = 2
+/**
+ * How long a connection over `maxOutboundBytes` (not read meanwhile) may go
+ * without its peer taking a byte of what waits before it is closed as a
+ * slow consumer (QUEUE_FULL).
+ */
+export const SUSPENDED_GRACE_MS = 500
 /** Refusals, evictions and accept errors are logged at most this often, each kind. */
 export const LOG_INTERVAL_MS = 10_000
 /** `workers` (per group) by default. */
@@ -225,9 +260,13 @@ export interface WriteWatermarks {
 
 /** The limits in force, defaults resolved (`limits()`, as `nyala serve` reports them). */
 export interface ServerLimits {
+  /** `ServerOptions.maxConnections`, resolved (by default from the descriptor limit). */
   maxConnections: number
+  /** `ServerOptions.maxNegotiatingConnections`, resolved. */
   maxNegotiatingConnections: number
+  /** `ServerOptions.maxInboundBufferedBytes`, resolved. */
   maxInboundBufferedBytes: number
+  /** `ServerOptions.maxOutboundBufferedBytes`, resolved. */
   maxOutboundBufferedBytes: number
 }
 

@@ -27,10 +27,11 @@ import { Admission, DEFAULT_MIN_FRAME_BYTES_PER_SECOND, DEFAULT_SLOW_FRAME_GRACE
 import { ConnectionScan } from './connection-scan.js'
 import {
   DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_NEGOTIATION_BYTES, DEFAULT_NEGOTIATION_TIMEOUT_MS,
-  LOG_INTERVAL_MS, groupDefaultsOf, nonNegative, tlsHandshakeTimeoutOf, writeWatermarksOf,
+  LOG_INTERVAL_MS, SUSPENDED_GRACE_MS, groupDefaultsOf, nonNegative, tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
+import { startIdleCollection } from './idle-collection.js'
 import { ListenError } from './listen-error.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
@@ -90,6 +91,11 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   readonly #poller: BusyPoller | undefined
   /** With `tls`: TLS from the first byte for every accepted connection. */
   readonly #tls: TlsAccept | null = null
+  /** Connections not read for their outbound bound, and the timer that judges whether their peer takes anything. */
+  readonly #suspended = new Map<ServerConnection, TimerHandle>()
+  readonly #logSlowConsumer = new RateLimitedLog(LOG_INTERVAL_MS, () => this.#clock.now())
+  /** Stops the idle collection (`idleCollection`), once listening; null before and after. */
+  #stopIdleCollection: (() => void) | null = null
 
   /**
    * The server's types follow the protocol's: `addRoutes` takes handlers
@@ -274,6 +280,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const onListening = (): void => {
         this.#net.off('error', onError)
         this.#scan.arm()
+        const idle = this.#options.idleCollection
+        if (idle !== false && this.#stopIdleCollection === null) this.#stopIdleCollection = startIdleCollection(idle)
         resolve(this.#net.address() as AddressInfo)
       }
       const onError = (err: NodeJS.ErrnoException): void => {
@@ -307,6 +315,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return this.#net.address() as AddressInfo | null
   }
 
+  /** The server's counters now, in a new object. */
   stats (): ServerStats {
     let inFlight = 0
     for (const sc of this.#connections) inFlight += sc.inFlight.size
@@ -418,6 +427,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   close (options: { graceMs?: number } = {}): Promise<void> {
     if (this.#closing !== null) return this.#closing
     this.#poller?.stop()
+    this.#stopIdleCollection?.()
+    this.#stopIdleCollection = null
     const closed = new Promise<void>((resolve) => {
       const graceMs = options.graceMs ?? 30_000
       const startedAt = this.#clock.now()
@@ -528,7 +539,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       maxOutboundBytes: this.#options.maxOutboundBytes,
       busyPoller: this.#poller,
       inboundBudget: this.#inbound,
-      onBackedUp: () => this.#outbound.watch(connection)
+      onBackedUp: () => this.#outbound.watch(connection),
+      onReadingSuspended: () => this.#watchSuspended(sc)
     })
     const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch)
     const handle = new ServerConnectionHandle(this.#pushHost, sc)
@@ -549,7 +561,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const dispatch = this.#dispatch
     connection.attach({
       onFrame: (buf, start, end) => dispatch.onFrame(sc, buf, start, end),
-      onFramingError: (error) => dispatch.framingError(sc, error),
+      onFramingError: (error) => dispatch.framingError(sc, error) || this.#framingRefused(sc, error),
       onClose: (error) => this.#onClose(sc, error)
     })
     if (secure === null) {
@@ -611,8 +623,53 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return make === undefined ? undefined : make(remoteAddress, handle)
   }
 
+  // Past its outbound bound the connection is not read (the kernel left
+  // more than the bound). A peer that takes none of what waits for
+  // SUSPENDED_GRACE_MS at a time is a slow consumer: closed (QUEUE_FULL).
+  // Taking is the kernel's write queue falling, or a drain; answers still
+  // coming for requests already read do not count.
+  #watchSuspended (sc: ServerConnection): void {
+    const connection = sc.connection
+    let lastQueue = connection.writeQueueBytes
+    let lastDrains = connection.drains
+    const check = (): void => {
+      this.#suspended.delete(sc)
+      if (connection.isClosed || !connection.isReadingSuspended) return
+      const queue = connection.writeQueueBytes
+      if (queue < lastQueue || connection.drains !== lastDrains) {
+        lastQueue = queue
+        lastDrains = connection.drains
+        this.#suspended.set(sc, this.#clock.setTimer(check, SUSPENDED_GRACE_MS))
+        return
+      }
+      const unsent = connection.outboundBytes
+      this.#logSlowConsumer.log(this.#warn, () => `closing ${sc.remoteAddress}: it took none of its ${unsent} unsent bytes in ${SUSPENDED_GRACE_MS} ms, over the bound of ${connection.maxOutboundBytes}`,
+        () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, maxOutboundBytes: connection.maxOutboundBytes }))
+      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+    }
+    const armed = this.#suspended.get(sc)
+    if (armed !== undefined) this.#clock.clearTimer(armed)
+    this.#suspended.set(sc, this.#clock.setTimer(check, SUSPENDED_GRACE_MS))
+  }
+
+  // A stream the protocol has no answer for (no protocolError), e.g. a frame
+  // over maxMessageBytes refused at its prefix: a bad frame, counted and
+  // logged here; false lets the connection close with `error`.
+  #framingRefused (sc: ServerConnection, error: RpcError): false {
+    if (sc.badFrame) return false
+    this.#stats.badFrames++
+    sc.badFrame = true
+    this.#logBadData.log(this.#warn, () => `received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`, () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, code: error.code }))
+    return false
+  }
+
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
     this.#connections.delete(sc)
+    if (this.#suspended.size > 0) {
+      const timer = this.#suspended.get(sc)
+      if (timer !== undefined) this.#clock.clearTimer(timer)
+      this.#suspended.delete(sc)
+    }
     this.#negotiating.delete(sc)
     sc.closedAt = this.#clock.now()
     if (this.#connections.size === 0) this.#onLastClose?.()

@@ -12,6 +12,9 @@ import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from '.
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 
+/** What probe reads of a paused connection set aside before they stop (`Connection.probeRead`): 64 KiB, one read's worth. */
+export const PROBE_BYTES = 64 * 1024
+
 interface SetupState { handshake: Handshake<unknown>, resolve: (value: unknown) => void, reject: (error: RpcError) => void }
 
 function setupFailed (err: unknown): HandshakeStep<unknown> {
@@ -41,7 +44,14 @@ export interface ConnectionOptions {
   framing: AnyFraming
   /** Largest inbound frame accepted; checked as soon as its length prefix arrives. */
   maxFrameBytes?: number | undefined
-  /** Bound on outbound bytes queued or buffered. */
+  /**
+   * Bound on outbound bytes queued or buffered, judged on what the kernel
+   * did not take: past it `send` and `writeFrame` return false. With
+   * `onReadingSuspended`, past it the connection reads nothing more until
+   * the peer has taken enough to bring it back under (`isReadingSuspended`),
+   * and the answers to requests already read are still taken, up to twice
+   * the bound.
+   */
   maxOutboundBytes?: number | undefined
   /**
    * A frame sent with nothing queued waits for the end of the current
@@ -59,6 +69,13 @@ export interface ConnectionOptions {
   inboundBudget?: InboundBudget | undefined
   /** Called when the transfer queue starts waiting for 'drain' (the peer reads slower than we send). */
   onBackedUp?: (() => void) | undefined
+  /**
+   * With it, past `maxOutboundBytes` the connection stops reading instead of
+   * refusing sends (see `maxOutboundBytes`), and this is called when it does
+   * (`isReadingSuspended`): the owner judges whether the peer still takes
+   * any. Without it, a send past the bound returns false.
+   */
+  onReadingSuspended?: (() => void) | undefined
 }
 
 /** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
@@ -118,6 +135,11 @@ export class Connection {
   // a publisher). The socket reads again only when neither holds it.
   #readingPaused = false
   #readingHeld = false
+  // A third reason, the connection's own: its unsent bytes passed
+  // maxOutboundBytes (what the kernel left of them), so nothing more is read
+  // until the peer has taken enough (see onOverBound in the constructor).
+  #readingSuspended = false
+  #drains = 0
   /** Called on each 'drain' of the stream (the kernel took what was buffered), after the queue wrote more; null: none. */
   onDrain: (() => void) | null = null
   readonly #budget: InboundBudget | null
@@ -125,6 +147,16 @@ export class Connection {
   readonly #poller: BusyPoller | null
   readonly #readPath: 'onread' | 'data'
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
+  // Where reads go: the reader's sink or the socket's 'data' listener (swapped for a probe read, see probeRead).
+  readonly #reader: SocketReader | null
+  readonly #onData: (chunk: Buffer) => void
+  readonly #onProbeData = (chunk: Buffer): void => this.#onProbe(chunk)
+  readonly #onReadingSuspended: (() => void) | undefined
+  /** A probe read is armed: the socket reads, and what it reads is set aside while reading is paused. */
+  #probing = false
+  /** What probe reads set aside, delivered first when reading resumes; null: nothing. */
+  #probed: Buffer[] | null = null
+  #probedBytes = 0
 
   constructor (socket: Socket, options: ConnectionOptions) {
     this.socket = socket
@@ -132,12 +164,19 @@ export class Connection {
     this.#decoder = isScanFraming(options.framing) ? new ScanDecoder(options.framing, options.maxFrameBytes) : new FrameDecoder(options.framing, options.maxFrameBytes)
     this.#maxFrameBytes = this.#decoder.maxFrameBytes
     this.#queue = new TransferQueue(socket, {
-      maxOutboundBytes: options.maxOutboundBytes, coalesceMicrotasks: options.coalesceMicrotasks ?? true, onBackedUp: options.onBackedUp
+      maxOutboundBytes: options.maxOutboundBytes,
+      coalesceMicrotasks: options.coalesceMicrotasks ?? true,
+      onBackedUp: options.onBackedUp,
+      // Only an owner that judges a suspended connection (a server) stops reading past the bound; a client's send fails instead.
+      onOverBound: options.onReadingSuspended === undefined ? undefined : () => this.#suspendReading()
     })
     this.#budget = options.inboundBudget ?? null
+    this.#onReadingSuspended = options.onReadingSuspended
     this.#poller = options.busyPoller ?? null
     socket.setNoDelay(true)
     const onData = (chunk: Buffer): void => this.#onSocketData(chunk)
+    this.#onData = onData
+    this.#reader = options.reader ?? null
     this.#readPath = options.reader !== undefined ? 'onread' : 'data'
     if (options.reader !== undefined) options.reader.attach(onData)
     else socket.on('data', onData)
@@ -148,7 +187,12 @@ export class Connection {
     stream.on('drain', () => {
       // The peer read what we sent: progress, for the owner's idle scan.
       this.#activity++
+      this.#drains++
       this.#queue.onSocketDrain()
+      if (this.#readingSuspended && this.#queue.backlogBytes <= this.#queue.maxOutboundBytes) {
+        this.#readingSuspended = false
+        this.#resumeUnlessHeld()
+      }
       this.onDrain?.()
     })
     // An RpcError is already the reason (a secure channel that read the peer's refusal).
@@ -253,14 +297,139 @@ export class Connection {
     this.#resumeUnlessHeld()
   }
 
-  // The socket reads again once neither reason holds it.
+  // The socket reads again once no reason holds it.
   #resumeUnlessHeld (): void {
-    if (!this.#readingPaused && !this.#readingHeld) this.socket.resume()
+    if (this.#readingStopped) return
+    if (this.#probing) this.#disarmProbe()
+    // What a probe read set aside comes first (and may pause reading again).
+    if (this.#probed !== null && !this.#releaseProbed()) return
+    this.socket.resume()
+  }
+
+  /**
+   * While reading is paused, held or suspended, reads on, to learn whether the
+   * peer has gone: a paused socket is not polled for reading (libuv's
+   * readStop), so its peer's FIN or RST goes unseen, and the connection,
+   * its partial frame with it, stays until a timeout. The socket reads
+   * on: the end or an error closes the connection at once; bytes are set
+   * aside, counted in the inbound budget, and decoded first when reading
+   * resumes. Once `PROBE_BYTES` are aside, reading stops again (so at most
+   * one read more: under 128 KiB per paused connection, more only what a
+   * 'data'-path stream had buffered already) and there is no further probe
+   * until reading resumes: a peer that sent that much before it closed is
+   * seen only then. The owner's periodic scan calls it; false when there is
+   * nothing to probe (reading, closed, in set-up, or enough set aside).
+   */
+  probeRead (): boolean {
+    if (this.#closed || this.#ending || this.#probedBytes >= PROBE_BYTES || this.#setup !== null || this.#held !== null) return false
+    if (!this.#readingStopped) return false
+    if (!this.#probing) {
+      this.#probing = true
+      if (this.#reader !== null) this.#reader.attach(this.#onProbeData)
+      else {
+        this.socket.off('data', this.#onData)
+        this.socket.on('data', this.#onProbeData)
+      }
+    }
+    // Again for an armed probe: a pause since then (holdReading) stopped its read.
+    this.socket.resume()
+    return true
+  }
+
+  /** Bytes a probe read set aside while reading is paused (counted in the inbound budget). */
+  get probedBytes (): number {
+    return this.#probedBytes
+  }
+
+  #onProbe (chunk: Buffer): void {
+    if (this.#closed) return
+    const probed = this.#probed ??= []
+    probed.push(chunk)
+    this.#probedBytes += chunk.length
+    const paused = this.#readingStopped
+    // Under PROBE_BYTES the probe stays armed: the peer's end may follow
+    // what it sent, in a later read. A 'data'-path stream also hands on
+    // what it had buffered: all of it, its end may be behind it.
+    if (paused && (this.#probedBytes < PROBE_BYTES || (this.#readPath === 'data' && this.socket.readableLength > 0))) {
+      this.#reportProbed()
+      return
+    }
+    this.#disarmProbe()
+    if (paused) {
+      this.socket.pause()
+      this.#reportProbed()
+      return
+    }
+    // Reading resumed while the probe waited: the bytes go on now.
+    this.#releaseProbed()
+  }
+
+  // Reads go to the decoder again.
+  #disarmProbe (): void {
+    this.#probing = false
+    if (this.#reader !== null) this.#reader.attach(this.#onData)
+    else {
+      this.socket.off('data', this.#onProbeData)
+      this.socket.on('data', this.#onData)
+    }
+  }
+
+  // Decodes what probe reads set aside; false when that paused reading again (or closed the connection).
+  #releaseProbed (): boolean {
+    const probed = this.#probed!
+    this.#probed = null
+    this.#probedBytes = 0
+    for (let i = 0; i < probed.length; i++) {
+      if (this.#closed) return false
+      if (this.#readingStopped) {
+        // A frame paused reading again: the rest stays aside.
+        const rest = probed.slice(i)
+        this.#probed = rest
+        for (const chunk of rest) this.#probedBytes += chunk.length
+        this.#reportProbed()
+        return false
+      }
+      this.#onSocketData(probed[i]!)
+    }
+    this.#reportHeld()
+    return !this.#closed && !this.#readingStopped
+  }
+
+  // The inbound budget counts bytes set aside with the decoder's (it may close this connection).
+  #reportProbed (): void {
+    if (this.#budget === null) return
+    const held = this.#decoder.heldBytes + this.#probedBytes
+    if (held === this.#heldReported) return
+    this.#heldReported = held
+    this.#budget.update(this, held)
   }
 
   /** Held by `holdReading`. */
   get isReadingHeld (): boolean {
     return this.#readingHeld
+  }
+
+  /** Times the socket drained (the kernel took everything it buffered): the peer's progress, with `writeQueueBytes` falling. */
+  get drains (): number {
+    return this.#drains
+  }
+
+  /** Not read because its unsent bytes passed `maxOutboundBytes` (the kernel left more than that); reads again once the peer has taken enough. */
+  get isReadingSuspended (): boolean {
+    return this.#readingSuspended
+  }
+
+  // Some reason holds reading.
+  get #readingStopped (): boolean {
+    return this.#readingPaused || this.#readingHeld || this.#readingSuspended
+  }
+
+  // The queue passed the bound: nothing more is read until the peer takes enough.
+  #suspendReading (): void {
+    if (this.#readingSuspended || this.#closed) return
+    this.#readingSuspended = true
+    this.socket.pause()
+    this.#onReadingSuspended?.()
   }
 
   get isClosed (): boolean {
@@ -354,6 +523,8 @@ export class Connection {
     this.socket.destroy()
     if (this.#stream !== this.socket) this.#stream.destroy()
     this.#held = null
+    this.#probed = null
+    this.#probedBytes = 0
     const setup = this.#setup
     this.#setup = null
     setup?.handshake.abort?.()

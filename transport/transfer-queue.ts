@@ -49,6 +49,15 @@ export interface TransferQueueOptions {
   coalesceMicrotasks?: boolean | undefined
   /** Called each time the queue starts waiting for 'drain' (the kernel buffer is full), and for each MiB it grows while waiting. */
   onBackedUp?: (() => void) | undefined
+  /**
+   * Called when a frame passes `maxOutboundBytes` even after the queued
+   * frames were written (the kernel left more than the bound): the owner
+   * stops reading the peer's requests until it has taken enough, and the
+   * frame is taken; frames are then taken up to `OVER_BOUND_FACTOR` times
+   * the bound (the answers to requests already read), refused past it.
+   * Without it, a frame past the bound is refused.
+   */
+  onOverBound?: (() => void) | undefined
 }
 
 /** Counters a connection exposes, as Kudu's `DumpConnections` does. */
@@ -80,6 +89,8 @@ export interface TransferQueueStats {
 }
 
 export const DEFAULT_MAX_OUTBOUND_BYTES = 100 * 1024 * 1024
+/** With `onOverBound`, how far past `maxOutboundBytes` the answers to requests already read may take a connection while it is not read: twice the bound. */
+export const OVER_BOUND_FACTOR = 2
 /**
  * Frames per batch write: more frames a write means fewer syscalls (each
  * write also wakes the peer: ~15-20 us of CPU on this VM), fewer means more
@@ -178,8 +189,12 @@ function newSlab (): Buffer {
  * Bound: bytes queued here plus bytes the socket buffers may not exceed
  * `maxOutboundBytes`; `enqueue` then returns false and the caller decides
  * (a client fails the call, a server closes the slow reader's connection).
- * A single transfer is always accepted when nothing is backed up, so a frame
- * larger than the bound can still be sent.
+ * It judges what the kernel did not take: frames held for one write are
+ * written before a frame past the bound is refused. With `onOverBound` (a
+ * server's connections) a frame past it stops reading instead, and is
+ * refused only past `OVER_BOUND_FACTOR` times the bound. A single transfer
+ * is always accepted when nothing is backed up, so a frame larger than the
+ * bound can still be sent.
  */
 export class TransferQueue {
   #sink: WritableSink
@@ -187,6 +202,7 @@ export class TransferQueue {
   readonly #batchFrames: number
   readonly #coalesceMicrotasks: boolean
   readonly #onBackedUp: (() => void) | undefined
+  readonly #onOverBound: (() => void) | undefined
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
   // Frames queued: a SlabRun entry holds several.
@@ -227,6 +243,7 @@ export class TransferQueue {
     this.#batchFrames = Math.max(2, options.batchFrames ?? DEFAULT_BATCH_FRAMES)
     this.#coalesceMicrotasks = options.coalesceMicrotasks === true
     this.#onBackedUp = options.onBackedUp
+    this.#onOverBound = options.onOverBound
   }
 
   /** Queues `transfer`, writing it at once when possible; false when the bound is exceeded (nothing was queued). */
@@ -237,7 +254,7 @@ export class TransferQueue {
       return true
     }
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
-    if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes) return false
+    if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes && this.#overBound(transfer.bytes)) return false
     if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading || this.#coalesceMicrotasks) {
       this.#push(transfer)
       this.#queuedFrames++
@@ -274,13 +291,30 @@ export class TransferQueue {
     this.#reservedAt = -1
     if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#closedError !== null) return null
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
-    if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes) return null
+    if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes && this.#overBound(bytes)) return null
     if (this.#waitingDrain) return this.#reserveOwn(bytes)
     let slab = slabs.slab
     if (slab === null || slab.length - slabs.at < bytes) slab = newSlab()
     this.#reservedAt = slabs.at
     this.#reservation = ++slabs.reservation
     return slab
+  }
+
+  // A frame of `bytes` would pass the bound; true: refuse it. Frames queued
+  // but not written (one read's answers, held for one write) are written
+  // first, and the bound judges what the kernel left: a peer that reads
+  // at once is not judged by what one read of its requests asked for.
+  // Still over: with `onOverBound` the owner stops reading (the answers to
+  // requests already read still come), and frames are taken up to twice
+  // the bound; past that, or without it, refused. Out of line: only a queue
+  // at its bound comes here.
+  #overBound (bytes: number): boolean {
+    if (this.#queue.length > 0 && !this.#held && !this.#waitingDrain) this.#drainQueue()
+    const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
+    if (backlog === 0 || backlog + bytes <= this.#maxOutboundBytes) return false
+    if (this.#onOverBound === undefined || this.#held || backlog + bytes > OVER_BOUND_FACTOR * this.#maxOutboundBytes) return true
+    this.#onOverBound()
+    return false
   }
 
   // Room in the queue's own chunk (out of line: only backed-up queues come here).

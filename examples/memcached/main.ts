@@ -20,7 +20,8 @@
  * process (`--reactors 1`) gets it from its caller's environment
  * (NYALA_MALLOC=system: neither; see examples/malloc-env.ts). Each process
  * also runs a full collection once it is idle after it grew, so the
- * buffers are freed (examples/idle-gc.ts; NYALA_IDLE_GC=0 turns it off).
+ * buffers are freed (the server's idleCollection, reactor/idle-collection.ts;
+ * NYALA_IDLE_GC=0 turns it off).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own cache: with `--reactors` above 1 a key set through one
@@ -35,7 +36,6 @@ import { ProtocolServer, serveReactors } from '../../reactor/index.js'
 import { memcachedHandlers } from './handlers.js'
 import { memcachedProtocol } from './protocol.js'
 import { MemcachedStore } from './store.js'
-import { startIdleGc } from '../idle-gc.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
 
@@ -94,9 +94,8 @@ async function main (argv: string[]): Promise<void> {
   const graceMs = positiveInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
   // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
-  // each process collects once it is idle after it grew (../idle-gc.ts).
+  // each one's server collects once it is idle after it grew (its idleCollection option, on by default).
   tuneForkedProcesses()
-  startIdleGc()
   const served = await serveReactors({ reactors, host, port, graceMs, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

@@ -28,7 +28,8 @@
  * process (`--reactors 1`) gets it from its caller's environment
  * (NYALA_MALLOC=system: neither; see examples/malloc-env.ts). Each process
  * also runs a full collection once it is idle after it grew, so the
- * buffers are freed (examples/idle-gc.ts; NYALA_IDLE_GC=0 turns it off).
+ * buffers are freed (the server's idleCollection, reactor/idle-collection.ts;
+ * NYALA_IDLE_GC=0 turns it off).
  *
  * Prints `listening on HOST:PORT` once it serves. Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
@@ -45,7 +46,6 @@ import { redisHandlers } from './handlers.js'
 import { PubSub } from './pubsub.js'
 import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
 import { RedisStore } from './store.js'
-import { startIdleGc } from '../idle-gc.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
 
@@ -194,9 +194,8 @@ async function main (argv: string[]): Promise<void> {
   const graceMs = nonNegativeInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
   // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
-  // each process collects once it is idle after it grew (../idle-gc.ts).
+  // each one's server collects once it is idle after it grew (its idleCollection option, on by default).
   tuneForkedProcesses()
-  startIdleGc()
   const served = await serveReactors({
     reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit })
   })

@@ -48,6 +48,7 @@ export interface HandlerModule {
 
 /** Counters of one service's threads. */
 export interface ThreadPoolStats {
+  /** Threads the pool runs (the service's `threads`). */
   threads: number
   /** Calls a thread may hold at once (the pool's workers are threads x this). */
   callsPerThread: number
@@ -108,6 +109,8 @@ interface Pending {
   readonly seq: number
   readonly call: ThreadCall
   readonly settle: (result: ThreadResult) => void
+  /** The handler gave up at the deadline: the call's run rejects with this (see `run`). */
+  readonly gaveUp: (error: RpcError) => void
 }
 
 export interface ThreadPoolOptions {
@@ -236,7 +239,7 @@ export class ThreadPool {
       user: call.user,
       remoteAddress: call.remoteAddress
     }
-    const result = new Promise<ThreadResult>((resolve) => { slot.pending.set(seq, { seq, call, settle: resolve }) })
+    const result = new Promise<ThreadResult>((resolve, reject) => { slot.pending.set(seq, { seq, call, settle: resolve, gaveUp: reject }) })
     const thread = slot.worker
     call.onAbort = (reason) => {
       if (slot.pending.get(seq)?.call === call && slot.worker === thread) {
@@ -264,7 +267,9 @@ export class ThreadPool {
     slot.loaded = false
     slot.lastError = null
     worker.on('message', (m: ThreadReply | ThreadStatus) => {
-      if ('seq' in m) {
+      if ('gaveUp' in m) {
+        this.#gaveUp(slot, m.seq, m.gaveUp)
+      } else if ('seq' in m) {
         this.#settle(slot, m.seq, m.error === undefined ? { body: m.body, sidecars: m.sidecars } : { error: m.error })
       } else if ('ready' in m) {
         slot.loaded = true
@@ -297,6 +302,20 @@ export class ThreadPool {
         this.#start(slot)
       }
     })
+  }
+
+  // The thread's handler gave up at the call's deadline. The run rejects
+  // with the call's own abort reason (the deadline's, forwarded to the
+  // thread), or else one of DEADLINE_EXCEEDED: the server then refuses the
+  // call as 'timed-out', as it does a main-thread handler that gives up.
+  #gaveUp (slot: Slot, seq: number, message: string): void {
+    const pending = slot.pending.get(seq)
+    if (pending === undefined) return
+    slot.pending.delete(seq)
+    pending.call.onAbort = null
+    slot.handled++
+    const reason = pending.call.abortReason
+    pending.gaveUp(reason !== null && reason.code === ErrorCode.DEADLINE_EXCEEDED ? reason : new RpcError(ErrorCode.DEADLINE_EXCEEDED, message))
   }
 
   #settle (slot: Slot, seq: number, result: ThreadResult): void {

@@ -64,6 +64,8 @@ export interface ThreadCancelMessage {
 export type ThreadReply =
   | { seq: number, body: Uint8Array, sidecars: Uint8Array[] | undefined, error?: undefined }
   | { seq: number, error: { message: string, krpcCode: number } }
+  // The handler gave up at the call's deadline (it threw or rejected with its signal's reason): a timeout, not a failure.
+  | { seq: number, gaveUp: string, error?: undefined }
 
 export type ThreadStatus = { ready: true } | { failed: string }
 
@@ -167,6 +169,11 @@ class ThreadContext implements KrpcCallContext {
     return this.responseSidecars.length - 1
   }
 
+  /** True when `err` is the reason this call's signal aborted with (the handler gave up for it). */
+  isAbortReason (err: unknown): boolean {
+    return err !== null && err === this.#abortReason
+  }
+
   abort (reason: RpcError): void {
     if (this.#abortReason !== null) return
     this.#abortReason = reason
@@ -228,6 +235,10 @@ function serve (port: MessagePort, data: ThreadWorkerData): void {
   const failed = (seq: number, ctx: ThreadContext, err: unknown): void => {
     ctx.finish()
     current.delete(seq)
+    if (err instanceof RpcError && err.code === ErrorCode.DEADLINE_EXCEEDED && ctx.isAbortReason(err)) {
+      port.postMessage({ seq, gaveUp: err.message } satisfies ThreadReply)
+      return
+    }
     const code = krpcCodeOf(err)
     if (typeof code === 'number') fail(seq, stripCodePrefix((err as Error).message), code)
     else fail(seq, err instanceof Error ? err.message : String(err), KrpcCode.ERROR_APPLICATION)

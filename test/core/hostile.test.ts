@@ -1,8 +1,9 @@
 // Hostile peers against the generic server, on the toy protocols: garbage,
 // oversize length prefixes, partial frames that never finish, duplicate
 // ids (policy 'close' and 'allow'), a peer that half-closes, and a flood of
-// tiny requests from a peer that does not read. Each time the server keeps
-// serving others, and every call it read ends exactly once.
+// tiny requests from a peer that does not read; and a handler rejecting
+// with a value that refuses String(). Each time the server keeps serving
+// others, and every call it read ends exactly once.
 import t, { type Test } from 'tap'
 import { type CallOutcome, type ServerProtocol } from '../../reactor/index.js'
 import { FakeClock, Gate, helloTaggedProtocol, serveCore, tally, turns, until } from '../helpers/core-harness.js'
@@ -207,4 +208,18 @@ t.test('a flood of tiny requests from a peer that never reads: its unsent answer
   t.ok(received < count, `${received} of ${count} requests read before the close`)
   t.equal([...ends.values()].reduce((a, b) => a + b, 0), received, 'every call read ended once')
   await stillServes(t, open)
+})
+
+t.test('a handler rejecting with a value that refuses String() is answered failed, and its worker is freed', async (t) => {
+  const noStringForm = async (): Promise<Buffer> => { throw Object.create(null) }
+  const { server, open } = await serveCore(t, taggedProtocol(), { fail: noStringForm, echo }, { workers: 1, idleTimeoutMs: 0 })
+  const peer = await open()
+  peer.socket.write(taggedRequest('fail', 1, 'x'))
+  await peer.until(() => taggedAnswers(peer.received).length === 1, 'the failure answered')
+  t.same(taggedAnswers(peer.received)[0]!.slice(0, 2), ['failed', 1])
+  t.match(taggedAnswers(peer.received)[0]![2], /no string form/, 'the message says what it was')
+  peer.socket.write(taggedRequest('echo', 2, 'next'))
+  await peer.until(() => taggedAnswers(peer.received).length === 2, 'the one worker serves the next call')
+  t.same(tally(peer.received), { failed: 1, ok: 1 })
+  t.equal(server.stats().callsInFlight, 0)
 })

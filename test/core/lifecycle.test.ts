@@ -3,12 +3,13 @@
 // after, close() called during a read, the end of the grace period (peers
 // that do not read cannot hold it), and nothing left behind: no timer of
 // the server's clock, no socket or listener. The client's side: close()
-// with calls pending, and the server going away under them.
+// with calls pending, the server going away or half-closing under them,
+// connecting where nothing listens, and a call aborted before it is sent.
 import t from 'tap'
 import { connect } from 'node:net'
 import { once } from 'node:events'
 import { ErrorCode, ListenError, ProtocolServer, type CallContext } from '../../reactor/index.js'
-import { FakeClock, Gate, activeResources, outcomes, serveCore, taggedClient, tally, turns, until } from '../helpers/core-harness.js'
+import { CLOSED_ENDPOINT, FakeClock, Gate, activeResources, outcomes, rawServer, serveCore, taggedClient, tally, turns, until } from '../helpers/core-harness.js'
 import { Peer } from '../helpers/socket-peer.js'
 import { taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
@@ -150,4 +151,41 @@ t.test('ProtocolClient: close() with calls pending rejects each exactly once; a 
   t.same(await outcomes(inFlight), { [ErrorCode.CONNECTION_CLOSED]: 5 })
   await closing
   gate.releaseAll()
+})
+
+t.test('ProtocolClient: a server that half-closes (FIN) with calls pending fails every one of them, no deadline needed', async (t) => {
+  let requests = 0
+  const { port, sockets } = await rawServer(t, (_socket, chunk) => {
+    for (let at = 0; at + 7 <= chunk.length; at += 2 + chunk.readUInt16BE(at)) requests++
+  })
+  const client = taggedClient(t, port, { retry: false, defaultTimeoutMs: 0 })
+  const pending = Array.from({ length: 7 }, (_, i) => client.call({ route: 'echo', payload: `${i}` }))
+  await until(() => requests === 7, 'all seven sent')
+  sockets[0]!.end()
+  t.same(await outcomes(pending), { [ErrorCode.CONNECTION_CLOSED]: 7 })
+  await until(() => client.stats().connections.length === 0, 'the connection gone')
+})
+
+t.test('ProtocolClient: where nothing listens every call fails RPC_ERR_CONNECT_FAILED naming the endpoint, one after another and together', async (t) => {
+  const client = taggedClient(t, 0, { endpoint: CLOSED_ENDPOINT, retry: false })
+  for (let i = 0; i < 5; i++) {
+    const error = await client.call({ route: 'echo' }, { timeoutMs: 10_000 }).catch((e: unknown) => e)
+    t.match(error, { code: ErrorCode.CONNECT_FAILED, message: new RegExp(CLOSED_ENDPOINT) }, `attempt ${i + 1}`)
+    t.equal(client.stats().connections.length, 0)
+  }
+  // Calls queued together on the failing connection all fail the same way.
+  t.same(await outcomes(Array.from({ length: 5 }, () => client.call({ route: 'echo' }))), { [ErrorCode.CONNECT_FAILED]: 5 })
+})
+
+t.test('ProtocolClient: a call aborted in the turn it was made, on a ready connection, is dropped unsent', async (t) => {
+  const { server, port } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0 })
+  const client = taggedClient(t, port, { retry: false })
+  t.equal(await client.call({ route: 'echo', payload: 'ready' }), 'ready', 'the connection is up')
+  const controller = new AbortController()
+  const aborted = client.call({ route: 'echo', payload: 'aborted' }, { signal: controller.signal })
+  controller.abort()
+  const plain = client.call({ route: 'echo', payload: 'plain' })
+  t.same(await outcomes([aborted]), { [ErrorCode.CANCELLED]: 1 })
+  t.equal(await plain, 'plain')
+  t.equal(server.stats().callsReceived, 2, 'the server got the first and the last call, not the aborted one')
 })

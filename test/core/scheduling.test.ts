@@ -3,8 +3,10 @@
 // first in the queue, the latest deadline evicted from a full queue (calls
 // without one first), the most recently parked worker takes the next call,
 // a call that finds a parked worker never waits in the queue, deadlines
-// computed once per call when its frame completed, and the direct
-// scheduler. FakeClock throughout: the burst check runs when the test says.
+// computed once per call when its frame completed, burst absorption (a
+// call held past a full queue is served if a worker made progress before
+// the check), and the direct scheduler. FakeClock throughout: the burst
+// check runs when the test says.
 import t from 'tap'
 import { ProtocolServer, type CallContext, type InboundCall } from '../../reactor/index.js'
 import { FakeClock, Gate, serveCore, tally, timedTaggedProtocol, turns, until } from '../helpers/core-harness.js'
@@ -144,6 +146,28 @@ t.test('deadlines are computed once per call, when its whole frame has arrived',
   t.same(seen, [{ deadline: start + 300 + 1000, remainingAtStart: 1000, deadlineLater: start + 1300, remainingLater: 600 }],
     'from the completed frame (not its first byte); unchanged while time passes')
   t.same(received, [start + 300], 'the call was received when its frame completed')
+})
+
+t.test('burst absorption: a call held past a full queue is served when a worker made progress before the one-turn check', async (t) => {
+  const clock = new FakeClock()
+  const gate = new Gate()
+  const { server, open } = await serveCore(t, taggedProtocol(), { block: gate.handler, echo }, { clock, workers: 1, queueLength: 1, idleTimeoutMs: 0 })
+  const peer = await open()
+  peer.socket.write(taggedRequest('block', 1, 'blocker'))
+  await until(() => gate.waiting === 1, 'the worker held')
+  peer.socket.write(Buffer.concat([taggedRequest('echo', 2, 'queued'), taggedRequest('echo', 3, 'held')]))
+  await until(() => server.stats().callsReceived === 3, 'three read')
+  await turns(5)
+  t.equal(peer.received.length, 0, 'the saturating call waits for the check, not refused')
+  // The worker finishes (and drains the queue) before the check runs.
+  gate.releaseOne()
+  await peer.until(() => taggedAnswers(peer.received).length === 2, 'the blocker and the queued one answered')
+  await turns(5)
+  t.same(taggedAnswers(peer.received).map(a => a[1]), [1, 2], 'the held one still waits for the check')
+  clock.runDeferred()
+  await peer.until(() => taggedAnswers(peer.received).length === 3, 'the held one served')
+  t.same(tally(peer.received), { ok: 3 })
+  t.equal(server.metrics.snapshot().tagged!.methods.echo!.queueOverflows, 0, 'nothing refused')
 })
 
 t.test('scheduler "direct": every handler runs at once, unbounded; no queue, no busy', async (t) => {

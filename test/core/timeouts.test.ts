@@ -1,14 +1,17 @@
-// The generic core's timeouts on the toy protocols, all on a FakeClock: the
-// server's idle timeout (never while a call is in flight; 0 disables), its
-// frame timeout and slow-frame (minimum rate) eviction, a handler's
-// deadline (ctx.signal aborts exactly at it, and the handler's answer on
-// abort is what the peer gets), and ProtocolClient's call deadlines and
-// retries against a ProtocolServer.
+// The generic core's timeouts on the toy protocols, all on a fake clock:
+// the server's idle timeout (never while a call is in flight or a slow
+// reader takes an answer; 0 disables), its frame timeout and slow-frame
+// (minimum rate) eviction, a handler's deadline (ctx.signal aborts exactly
+// at it, and the handler's answer on abort is what the peer gets), and
+// ProtocolClient's call deadlines (an answer already in the socket beats a
+// timer that fires late) and retries against a ProtocolServer.
 import t from 'tap'
 import { ErrorCode, LinearBackoff, type CallContext, type CallOutcome } from '../../reactor/index.js'
-import { FakeClock, Gate, outcomes, serveCore, taggedClient, tally, timedTaggedProtocol, turns, until } from '../helpers/core-harness.js'
+import { connect, type Socket } from 'node:net'
+import { once } from 'node:events'
+import { FakeClock, Gate, ManualClock, outcomes, rawServer, serveCore, taggedAnswer, taggedClient, tally, timedTaggedProtocol, turns, until } from '../helpers/core-harness.js'
 import type { Peer } from '../helpers/socket-peer.js'
-import { taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
+import { linesProtocol, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
 const echo = (req: Buffer): Buffer => req
 
@@ -52,6 +55,33 @@ t.test('idleTimeoutMs 0 disables the idle close', async (t) => {
   await pass(clock, 120_000, 10_000)
   t.notOk(peer.closed)
   t.equal(server.stats().idleClosed, 0)
+})
+
+t.test('idleTimeoutMs: a slow but steady reader of one large answer is not idle: the kernel taking its bytes is progress', async (t) => {
+  const clock = new FakeClock()
+  const size = 24 * 1024 * 1024
+  const { server, port } = await serveCore(t, linesProtocol(), { big: (arg: string) => 'z'.repeat(Number(arg)) }, { clock, idleTimeoutMs: 1000, frameTimeoutMs: 0 })
+  // A plain socket, not a Peer: it reads only when the test says.
+  const socket: Socket = connect(port, '127.0.0.1')
+  t.teardown(() => socket.destroy())
+  await once(socket, 'connect')
+  socket.write(`big ${size}\n`)
+  await until(() => server.stats().callsSucceeded === 1, 'the answer made')
+  // The client takes 1 MiB per 250 ms of server time: one write request the whole while.
+  let received = 0
+  let closedWhileWriting = false
+  for (let step = 0; step < 200 && received <= size; step++) {
+    const c = server.connectionStats()[0]
+    if (c !== undefined && c.socketBufferedBytes + c.queuedBytes > 0) closedWhileWriting ||= server.stats().idleClosed > 0
+    const target = received + 1024 * 1024
+    for (let k = 0; k < 500 && received < target && received <= size; k++) {
+      for (let chunk = socket.read() as Buffer | null; chunk !== null; chunk = socket.read() as Buffer | null) received += chunk.length
+      await turns(1)
+    }
+    clock.advance(250)
+  }
+  t.notOk(closedWhileWriting, 'not closed as idle while the answer was being written')
+  t.equal(received, size + 1, 'the whole answer arrived')
 })
 
 /** Sends `frame` one byte per `everyMs` of the clock, until the server closes the peer or the frame is done. */
@@ -190,4 +220,41 @@ t.test('ProtocolClient retries (FakeClock): a call refused busy goes again after
   gate.releaseAll()
   t.same(await outcomes(hold), { ok: 2 })
   t.same(ends.filter(e => e === 'busy').length, 4, 'four refusals, each an attempt')
+})
+
+t.test('ProtocolClient (event-loop stall): a call timer that fires late loses to an answer already in the socket; with nothing to read it times the call out', async (t) => {
+  const requests: Array<{ socket: Socket, id: number }> = []
+  const { port } = await rawServer(t, (socket, chunk) => {
+    for (let at = 0; at + 7 <= chunk.length; at += 2 + chunk.readUInt16BE(at)) requests.push({ socket, id: chunk.readUInt32BE(at + 3) })
+  })
+  const clock = new ManualClock()
+  const client = taggedClient(t, port, { clock, retry: false })
+  const first = client.call({ route: 'echo', payload: 'connect' }, { timeoutMs: 0 })
+  await until(() => requests.length === 1, 'the first request')
+  requests[0]!.socket.write(taggedAnswer(requests[0]!.id, 'connected'))
+  t.equal(await first, 'connected')
+
+  const call = client.call({ route: 'echo', payload: 'x' }, { timeoutMs: 100 })
+  await until(() => requests.length === 2, 'the request')
+  // From a timers-phase callback (as after a stall): the answer reaches the
+  // client's kernel buffer, then the call's overdue timer fires before the
+  // client has read it. The deferred check must see the answer first.
+  await new Promise<void>((resolve) => setTimeout(() => {
+    requests[1]!.socket.write(taggedAnswer(requests[1]!.id, 'in time'))
+    clock.fire(100)
+    resolve()
+  }, 0))
+  t.equal(await call, 'in time', 'no spurious timeout')
+
+  // Control: with nothing to read, the same timer does time the call out.
+  const lost = client.call({ route: 'echo', payload: 'y' }, { timeoutMs: 100 })
+  await until(() => requests.length === 3, 'the third request')
+  await new Promise<void>((resolve) => setTimeout(() => { clock.fire(100); resolve() }, 0))
+  t.same(await outcomes([lost]), { [ErrorCode.DEADLINE_EXCEEDED]: 1 })
+  t.equal(clock.pendingTimers, 0, 'no call timer left behind')
+  // Its late answer is dropped; the connection goes on.
+  const next = client.call({ route: 'echo', payload: 'z' }, { timeoutMs: 0 })
+  await until(() => requests.length === 4, 'the fourth request')
+  requests[2]!.socket.write(Buffer.concat([taggedAnswer(requests[2]!.id, 'too late'), taggedAnswer(requests[3]!.id, 'z!')]))
+  t.equal(await next, 'z!')
 })

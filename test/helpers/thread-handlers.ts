@@ -29,6 +29,10 @@ export const handlers: ServiceHandlers<CalculatorMethods> = {
       case 'thread': return { data: String(threadId) }
       case 'remaining': return { data: String(ctx.remainingMs()) }
       case 'until-aborted': return untilAborted(ctx.signal)
+      // Gives up when its signal aborts (the deadline), rejecting with the signal's reason.
+      case 'gives-up': return new Promise<EchoResponse>((_resolve, reject) => {
+        ctx.signal.addEventListener('abort', () => reject(ctx.signal.reason), { once: true })
+      })
       case 'crash':
         // An exception outside any promise: the thread dies.
         setImmediate(() => { throw new Error('thread crashed on purpose') })

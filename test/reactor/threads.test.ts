@@ -12,11 +12,14 @@ import type { ServiceDef } from '../../codec/protobuf/schema.js'
 import {
   CalculatorService, calculatorDef, calculatorHandlers, crc32, newClient, pattern, settle, startServer, turns
 } from '../helpers/reactor-harness.js'
+import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
 
 // Worker threads start through the TypeScript loader: about 30 s here, 45 s on a loaded machine.
 t.setTimeout(300_000)
 
 const SERVICE = CalculatorService.fullName
+const EchoRequest = CalculatorService.methods.Echo.requestType
+const AddRequest = CalculatorService.methods.Add.requestType
 const DEMO_MODULE = { module: new URL('../../examples/calculator/index.ts', import.meta.url), export: 'calculatorHandlers' }
 const TEST_MODULE = { module: new URL('../helpers/thread-handlers.ts', import.meta.url) }
 
@@ -146,6 +149,24 @@ t.test('handler errors, crashed threads, LIFO reuse, queue overflow and cancella
     t.equal(stats.restarts, restarts + 2)
     t.equal(stats.alive, 2)
   })
+})
+
+t.test('a thread handler that gives up at its deadline (rejects with its signal\'s reason) is refused timed-out: nothing is sent for its call id', async (t) => {
+  const { server, endpoint } = await threadServer(t, TEST_MODULE, { threads: 1 })
+  const outcomes: string[] = []
+  server.onCallEnd((call, outcome) => { outcomes.push(`${call.method}:${outcome.reason}`) })
+  const raw = await RawClient.connect(Number(endpoint.split(':')[1]))
+  t.teardown(() => raw.close())
+  raw.write(clientHandshakeBytes())
+  raw.write(requestFrame(1, SERVICE, 'Echo', EchoRequest.encode({ data: 'gives-up' }), { timeoutMs: 200 }))
+  await until(() => outcomes.length === 1)
+  raw.write(requestFrame(2, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 3 })))
+  const next = await raw.nextResponse()
+  t.equal(next.header.call_id, 2, 'the first answer on the connection is the Add\'s')
+  t.same(raw.frames.filter(f => f.header.call_id === 1), [], 'nothing was sent for the Echo')
+  await until(() => outcomes.length === 2)
+  t.same(outcomes, ['Echo:timed-out', 'Add:ok'], 'the Echo refused timed-out, not failed')
+  t.notOk(raw.isClosed)
 })
 
 t.test('callsPerThread: a thread holds several calls; each is cancelled on its own', async (t) => {

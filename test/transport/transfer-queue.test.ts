@@ -705,16 +705,37 @@ t.test('coalesceMicrotasks: a read answered by one frame writes it at once; answ
   t.match(queue.stats(), { immediateWrites: 1, batchedWrites: 1, batchedFrames: 2, queuedTransfers: 0 })
 })
 
-t.test('coalesceMicrotasks: the outbound bound counts the same frames as writing at once would', async t => {
+t.test('coalesceMicrotasks: the outbound bound counts the same frames as writing at once would, and judges what the kernel left of them', async t => {
   for (const coalesceMicrotasks of [false, true]) {
-    const sink = new FakeSink()
-    const queue = new TransferQueue(sink, { maxOutboundBytes: 1000, coalesceMicrotasks })
-    // The first frame is (or would have been) written at once; the second waits behind it this turn.
-    t.same([queue.enqueue(transfer(1, 600)), queue.enqueue(transfer(2, 600)), queue.enqueue(transfer(3, 600))], [true, true, false],
-      `coalesceMicrotasks ${String(coalesceMicrotasks)}`)
-    await nextTick()
-    t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 1200, 'both accepted frames written')
+    for (const kernel of ['keeps', 'takes'] as const) {
+      const sink = new FakeSink()
+      // 'keeps': the kernel takes nothing (a peer that does not read); 'takes': everything.
+      if (kernel === 'keeps') sink.onWrite = (chunk) => { sink.writableLength += chunk.length }
+      const queue = new TransferQueue(sink, { maxOutboundBytes: 1000, coalesceMicrotasks })
+      // The first frame is (or would have been) written at once; the second
+      // waits behind it this turn. The third passes the bound: what is queued
+      // is written first, and the bound judges what the kernel left.
+      // Without coalescing a kernel that keeps the first frame leaves no room for the second.
+      const accepted = kernel === 'takes' ? [true, true, true] : coalesceMicrotasks ? [true, true, false] : [true, false, false]
+      t.same([queue.enqueue(transfer(1, 600)), queue.enqueue(transfer(2, 600)), queue.enqueue(transfer(3, 600))], accepted,
+        `coalesceMicrotasks ${String(coalesceMicrotasks)}, the kernel ${kernel} the bytes`)
+      await nextTick()
+      t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 600 * accepted.filter(Boolean).length, 'the accepted frames written')
+    }
   }
+})
+
+t.test('onOverBound: past the bound (after writing) the owner is told and frames are taken up to twice the bound, refused past it', async t => {
+  const sink = new FakeSink()
+  // A kernel that takes nothing: every byte written stays in the socket's buffer.
+  sink.onWrite = (chunk) => { sink.writableLength += chunk.length }
+  let told = 0
+  const queue = new TransferQueue(sink, { maxOutboundBytes: 1000, onOverBound: () => { told++ } })
+  const accepted = [1, 2, 3, 4].map((id) => queue.enqueue(transfer(id, 600)))
+  t.same(accepted, [true, true, true, false], '600 and 1 200 and 1 800 are taken, 2 400 is past twice the bound')
+  t.equal(told, 2, 'told for each frame taken past the bound')
+  await nextTick()
+  t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 1800, 'the three taken frames written')
 })
 
 // Encodes a frame of `bytes` bytes, all equal to `id`, in place; false when the queue said to enqueue instead.

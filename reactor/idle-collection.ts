@@ -1,6 +1,7 @@
 /**
  * A full garbage collection once a server is idle after it grew: the
- * other half of giving memory back after an attack.
+ * other half of giving memory back after an attack (the `idleCollection`
+ * server option; every `ProtocolServer` runs one while it listens).
  *
  * Why: the buffers of an attack (1 MiB answers queued to peers that do not
  * read, partial frames) are external memory of JavaScript objects; they are
@@ -8,25 +9,25 @@
  * JavaScript allocates. A server left idle after the attack allocates
  * nothing, so the garbage and its buffers stayed for minutes
  * (bench/rss-recovery.ts measured it). With glibc's mmap threshold fixed
- * (malloc-env.ts) a freed large buffer goes straight back to the system;
- * this makes sure it is freed.
+ * (bin/nyala, examples/malloc-env.ts) a freed large buffer goes straight
+ * back to the system; this makes sure it is freed.
  *
  * It costs one event-loop utilization sample and one RSS read every
  * `intervalMs`; it collects only when an interval was idle (utilization
  * below `idleBelow`), RSS stands `growthBytes` above where the last
  * collection left it, and there was work since that collection: under
- * load it never runs, after a burst it runs once. `NYALA_IDLE_GC=0` turns
- * it off.
+ * load it never runs, after a burst it runs once. `NYALA_IDLE_GC=0` in the
+ * environment turns it off.
  */
 import { performance } from 'node:perf_hooks'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 
-/** The variable and value that turn the idle collection off. */
-export const IDLE_GC_OPT_OUT = { name: 'NYALA_IDLE_GC', value: '0' } as const
+/** The variable and value that turn the idle collection off, whatever the servers' options say. */
+export const IDLE_COLLECTION_OPT_OUT = { name: 'NYALA_IDLE_GC', value: '0' } as const
 
-/** When the idle collection runs. */
-export interface IdleGcOptions {
+/** When the idle collection runs (`ServerOptions.idleCollection`). */
+export interface IdleCollectionOptions {
   /** How often it looks; default 5000 ms. */
   intervalMs?: number
   /** An interval whose event-loop utilization is below this is idle; default 0.05. */
@@ -39,8 +40,8 @@ export interface IdleGcOptions {
   collect?: () => void
 }
 
-/** The defaults of `IdleGcOptions`. */
-export const IDLE_GC_DEFAULTS = { intervalMs: 5000, idleBelow: 0.05, growthBytes: 64 * 1024 * 1024 } as const
+/** The defaults of `IdleCollectionOptions`. */
+export const IDLE_COLLECTION_DEFAULTS = { intervalMs: 5000, idleBelow: 0.05, growthBytes: 64 * 1024 * 1024 } as const
 
 let v8Collect: (() => void) | null = null
 
@@ -56,13 +57,14 @@ function fullCollection (): void {
 /**
  * Starts the idle collection in this process (its timer does not keep the
  * process alive); answers the function that stops it. Does nothing (and
- * answers a no-op) when `env` has NYALA_IDLE_GC=0.
+ * answers a no-op) when `env` has NYALA_IDLE_GC=0. A server starts one
+ * when it listens and stops it when it closes.
  */
-export function startIdleGc (options: IdleGcOptions = {}, env: NodeJS.ProcessEnv = process.env): () => void {
-  if (env[IDLE_GC_OPT_OUT.name] === IDLE_GC_OPT_OUT.value) return () => {}
-  const intervalMs = options.intervalMs ?? IDLE_GC_DEFAULTS.intervalMs
-  const idleBelow = options.idleBelow ?? IDLE_GC_DEFAULTS.idleBelow
-  const growthBytes = options.growthBytes ?? IDLE_GC_DEFAULTS.growthBytes
+export function startIdleCollection (options: IdleCollectionOptions = {}, env: NodeJS.ProcessEnv = process.env): () => void {
+  if (env[IDLE_COLLECTION_OPT_OUT.name] === IDLE_COLLECTION_OPT_OUT.value) return () => {}
+  const intervalMs = options.intervalMs ?? IDLE_COLLECTION_DEFAULTS.intervalMs
+  const idleBelow = options.idleBelow ?? IDLE_COLLECTION_DEFAULTS.idleBelow
+  const growthBytes = options.growthBytes ?? IDLE_COLLECTION_DEFAULTS.growthBytes
   const rss = options.rss ?? ((): number => process.memoryUsage.rss())
   const collect = options.collect ?? fullCollection
   let floor = rss()

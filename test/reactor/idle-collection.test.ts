@@ -1,0 +1,111 @@
+/**
+ * The idle collection of reactor/idle-collection.ts: it collects once after work
+ * when the process is idle and RSS grew, never while RSS did not grow or
+ * before any work, not again until there was work, not at all with
+ * NYALA_IDLE_GC=0; the real collection runs without --expose-gc. RSS and
+ * the collection are stubs; the event-loop utilization is this process's
+ * own (a bounded synchronous spin makes an interval busy; idle is below
+ * half busy here, so the test runner's own work stays idle). Each stopper is
+ * called, so no timer stays. A server runs one while it listens (its
+ * `idleCollection` option), none with `idleCollection: false`.
+ */
+import t, { type Test } from 'tap'
+import { IDLE_COLLECTION_OPT_OUT, startIdleCollection } from '../../reactor/idle-collection.js'
+import { ProtocolServer } from '../../reactor/index.js'
+import { FakeClock } from '../../reactor/testing.js'
+import { taggedProtocol } from '../helpers/toy-protocols.js'
+
+const MiB = 1024 * 1024
+const INTERVAL_MS = 100
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+/** Keeps the event loop busy for `ms` (bounded: at most 10 M iterations). */
+function spin (ms: number): void {
+  const end = performance.now() + ms
+  for (let i = 0; i < 10_000_000 && performance.now() < end; i++);
+}
+
+t.test('one collection after work, once idle and grown; none again until there is work', async (t) => {
+  let rss = 100 * MiB
+  let collections = 0
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 64 * MiB, rss: () => rss, collect: () => { collections++; rss = 110 * MiB } }, {})
+  t.teardown(stop)
+  await sleep(INTERVAL_MS * 4)
+  t.equal(collections, 0, 'no work yet: nothing')
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 4)
+  t.equal(collections, 0, 'work, but RSS did not grow by 64 MiB: nothing')
+  rss = 200 * MiB
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections, 1, 'work, grown, then idle: one collection')
+  rss = 300 * MiB
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections, 1, 'no work since: not again')
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections, 2, 'work again, still grown: once more')
+})
+
+t.test('NYALA_IDLE_GC=0 turns it off', async (t) => {
+  let collections = 0
+  let rss = 100 * MiB
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, rss: () => rss, collect: () => { collections++ } }, { [IDLE_COLLECTION_OPT_OUT.name]: IDLE_COLLECTION_OPT_OUT.value })
+  t.teardown(stop)
+  rss = 500 * MiB
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections, 0)
+})
+
+t.test('the real collection runs without --expose-gc on the command line', async (t) => {
+  t.equal(typeof (globalThis as { gc?: unknown }).gc, 'undefined', 'this process has no global gc')
+  let rss = 0
+  let calls = 0
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 1, rss: () => { calls++; return rss++ * MiB } }, {})
+  t.teardown(stop)
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.ok(calls >= 2, 'it measured, collected (V8\'s full collection) and measured again without throwing')
+  t.equal(typeof (globalThis as { gc?: unknown }).gc, 'undefined', 'and left no global gc behind')
+})
+
+/** A server on a FakeClock with the idle collection's RSS and collection stubbed; `env` set while it starts listening. */
+async function stubbedServer (t: Test, env: Record<string, string>): Promise<{ server: ProtocolServer, grow: (bytes: number) => void, collections: () => number }> {
+  let rss = 100 * MiB
+  let collections = 0
+  const server = new ProtocolServer(taggedProtocol(), {
+    logger: null, clock: new FakeClock(), idleCollection: { intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 64 * MiB, rss: () => rss, collect: () => { collections++; rss = 100 * MiB } }
+  })
+  server.addRoutes('tagged', {})
+  const saved = { ...process.env }
+  Object.assign(process.env, env)
+  try {
+    await server.listen(0, '127.0.0.1')
+  } finally {
+    for (const name of Object.keys(env)) if (saved[name] === undefined) delete process.env[name]; else process.env[name] = saved[name]
+  }
+  t.teardown(() => server.close({ graceMs: 0 }))
+  return { server, grow: (bytes) => { rss += bytes }, collections: () => collections }
+}
+
+t.test('a server runs it while it listens, with its options, and stops it on close', async (t) => {
+  const { server, grow, collections } = await stubbedServer(t, {})
+  grow(100 * MiB)
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections(), 1, 'work, grown, idle: collected')
+  await server.close({ graceMs: 0 })
+  grow(300 * MiB)
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections(), 1, 'nothing after close: its timer is gone')
+})
+
+t.test('NYALA_IDLE_GC=0 turns a server\'s off too', async (t) => {
+  const { grow, collections } = await stubbedServer(t, { [IDLE_COLLECTION_OPT_OUT.name]: IDLE_COLLECTION_OPT_OUT.value })
+  grow(100 * MiB)
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections(), 0)
+})
