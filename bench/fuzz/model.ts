@@ -87,7 +87,9 @@ export class ServerModel {
     const error = this.#decoder.pushRanges(chunk, (buf, start, end) => this.#frame(buf.subarray(start, end)))
     // (#frame may have closed it meanwhile.)
     if (error !== null && !this.closed) {
-      if (error.code === 'RPC_ERR_MALFORMED_FRAME') this.badFrames++
+      // Garbled, or (once negotiated) over maxMessageBytes at its prefix: bad frames to the server's
+      // books. An oversize negotiation frame is the handshake's to refuse, not counted.
+      if (error.code === 'RPC_ERR_MALFORMED_FRAME' || (error.code === 'RPC_ERR_FRAME_TOO_LARGE' && this.phase === 'ready')) this.badFrames++
       this.#close(`decoder: ${error.message}`)
     }
   }
