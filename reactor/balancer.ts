@@ -179,6 +179,16 @@ export class Balancer {
     this.#ejection?.failed(slot.host)
   }
 
+  /** A call on the slot's connection got no answer in its time (deadline or attempt): a failure, except for a host being probed, whose probe may answer late. */
+  callTimedOut (slot: Slot): void {
+    this.#ejection?.timedOut(slot.host)
+  }
+
+  /** The slot's host sent what no call waited for (a late answer, a finished handshake): a host being probed is taken back. */
+  heardFrom (slot: Slot): void {
+    this.#ejection?.heardFrom(slot.host)
+  }
+
   /** A connection of the slot's host stayed silent through a liveness ping: eject the host now (within the cap). */
   unresponsive (slot: Slot): void {
     this.#ejection?.unresponsive(slot.host)
@@ -199,7 +209,8 @@ export class Balancer {
   /**
    * The slot's connection negotiated: it is healthy again. Not proof that
    * its host answers calls (a stopped process's kernel still completes
-   * TCP handshakes), so outlier ejection waits for `callSucceeded`.
+   * TCP handshakes), so outlier ejection waits for `callSucceeded` (or,
+   * for a protocol with a handshake, the client's `heardFrom`).
    */
   succeeded (slot: Slot): void {
     slot.failures = 0

@@ -7,7 +7,10 @@
  * in a row, from `baseEjectionMs` up to `maxEjectionMs`. When the time is
  * up the host is half-open: it may take one probe (a call or a ping); the
  * probe's success takes it back, its failure (or no outcome within
- * `probeTimeoutMs`) ejects it again for longer. This is Finagle's failure
+ * `probeTimeoutMs`) ejects it again for longer. A probe that times out
+ * is not failed at once: a host just back (connecting, negotiating,
+ * warming up) may answer late, and anything it sends that no call waits
+ * for (`heardFrom`) takes it back. This is Finagle's failure
  * accrual and gRPC's outlier detection, reduced to consecutive failures:
  * the failure mode a hung or vanished host shows.
  *
@@ -164,11 +167,20 @@ export class OutlierEjection {
     this.#setFailures(state, 0)
     // An ejected host's late answers prove nothing until it is probed.
     if (!state.out || state.probeAt < 0) return
-    state.out = false
-    state.probeAt = -1
-    state.timesEjected = 0
-    this.#out--
-    this.#counts.readmissions++
+    this.#readmit(state)
+  }
+
+  /**
+   * Something came from `key` that no call was waiting for: the answer to
+   * a call already given up on, or a finished protocol handshake. A host
+   * being probed is alive, and is taken back; for any other host nothing
+   * changes (a late answer does not undo the time-out that gave its call up).
+   */
+  heardFrom (key: string): void {
+    if (this.#out === 0) return
+    const state = this.#hosts.get(key)
+    if (state === undefined || !state.out || state.probeAt < 0) return
+    this.#readmit(state)
   }
 
   /** A call to `key` timed out or its connection failed (failures of the call's own making, such as a remote application error, are not the host's). */
@@ -188,6 +200,19 @@ export class OutlierEjection {
       return
     }
     this.#eject(state, now)
+  }
+
+  /**
+   * A call to `key` got no answer within its time (its deadline, or its
+   * attempt's). As `failed` for a host taking calls; while the host is
+   * out, nothing: a probe has until `probeTimeoutMs`, since a host just
+   * back answers its first call slowly, and that late answer
+   * (`heardFrom`) still takes it back.
+   */
+  timedOut (key: string): void {
+    const state = this.#hosts.get(key)
+    if (state === undefined || state.out) return
+    this.failed(key)
   }
 
   /**
@@ -212,6 +237,14 @@ export class OutlierEjection {
   #setFailures (state: HostState, failures: number): void {
     if ((state.failures > 0) !== (failures > 0)) this.#failing += failures > 0 ? 1 : -1
     state.failures = failures
+  }
+
+  #readmit (state: HostState): void {
+    state.out = false
+    state.probeAt = -1
+    state.timesEjected = 0
+    this.#out--
+    this.#counts.readmissions++
   }
 
   #probeFailed (state: HostState, now: number): void {

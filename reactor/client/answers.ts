@@ -38,8 +38,11 @@ export function onAnswer<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallConne
     if (typeof id !== 'number') return broken(cc, id)
     // Out of the table at once (one probe): every path below finishes it.
     call = cc.byId.take(id | 0)
-    // Unknown, timed out or cancelled: dropped.
-    if (call === undefined) return true
+    // Unknown, timed out or cancelled: dropped (a host being probed that answers a call given up on is alive).
+    if (call === undefined) {
+      cc.balancer.heardFrom(cc.slot)
+      return true
+    }
     if (engine.quietAnswers && cc.quiet.length > 0) settleQuietBefore(engine, cc, call.seq)
   }
   // An answer, whatever it says, is the host alive (outlier ejection).

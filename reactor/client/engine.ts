@@ -459,8 +459,9 @@ export class ClientEngine<Req, Res> {
         ? `${label} timed out after ${timeoutMs} ms`
         : setupName !== undefined ? `${setupName} for ${label} timed out after ${timeoutMs} ms` : `${label} timed out after ${timeoutMs} ms (still connecting)`
       const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
-      // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect).
-      if (cc !== null && cc.ready) cc.balancer.callFailed(cc.slot)
+      // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect;
+      // a host being probed has the probe's own time, so that a host just back may answer its first call late).
+      if (cc !== null && cc.ready) cc.balancer.callTimedOut(cc.slot)
       // Mid-write, the caller's buffers are still being read: settle once the frame is out.
       if (call.state === SENDING) call.pendingError = error
       else this.fail(call, error)
@@ -532,6 +533,8 @@ export class ClientEngine<Req, Res> {
       }).then((session) => {
         cc.session = session
         this.#ready(cc)
+        // The peer's protocol answered (a TCP connect alone proves nothing): a host being probed is alive.
+        if (!cc.closed) cc.balancer.heardFrom(cc.slot)
       }, () => {})
     }
     return cc

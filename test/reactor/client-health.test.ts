@@ -5,7 +5,8 @@
  * retried on the live host within their deadline, an idempotent call's
  * attempt is abandoned at the attempt timeout without a ping, a
  * non-idempotent call is never sent twice, the ejected host is probed
- * and taken back, and stats() counts each step.
+ * and taken back (also when its probe's answer, or its handshake, comes
+ * after the probe's attempt was given up), and stats() counts each step.
  */
 import t, { type Test } from 'tap'
 import { createServer, type Server, type Socket } from 'node:net'
@@ -13,12 +14,19 @@ import type { AddressInfo } from 'node:net'
 import { ProtocolClient } from '../../reactor/protocol-client.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
+import { ROUTES } from '../helpers/toy-protocols.js'
 
-// A tagged-protocol peer (`[u16 len][u8 route][u32 id][payload]`) that echoes while `answering`, and counts what it read.
-interface TogglePeer { endpoint: string, answering: boolean, received: string[], sockets: Set<Socket>, server: Server }
+// A tagged-protocol peer (`[u16 len][u8 route][u32 id][payload]`) that echoes while `answering`, and counts what it read;
+// while not answering it keeps its answers, and `release()` sends them late.
+interface TogglePeer { endpoint: string, answering: boolean, received: string[], sockets: Set<Socket>, server: Server, held: Array<{ socket: Socket, answer: Buffer }>, release: () => void }
 
 async function peer (t: Test): Promise<TogglePeer> {
-  const p: TogglePeer = { endpoint: '', answering: true, received: [], sockets: new Set(), server: createServer() }
+  const p: TogglePeer = {
+    endpoint: '', answering: true, received: [], sockets: new Set(), server: createServer(), held: [],
+    release () {
+      for (const { socket, answer } of p.held.splice(0)) if (!socket.destroyed) socket.write(answer)
+    }
+  }
   p.server.on('connection', (socket) => {
     p.sockets.add(socket)
     socket.on('close', () => p.sockets.delete(socket))
@@ -30,10 +38,10 @@ async function peer (t: Test): Promise<TogglePeer> {
         const frame = buffered.subarray(0, 2 + buffered.readUInt16BE(0))
         buffered = buffered.subarray(frame.length)
         p.received.push(frame.toString('utf8', 7))
-        if (!p.answering) continue
         const answer = Buffer.from(frame)
         answer[2] = 0
-        socket.write(answer)
+        if (p.answering) socket.write(answer)
+        else p.held.push({ socket, answer })
       }
     })
   })
@@ -133,6 +141,84 @@ t.test('without a ping, an idempotent attempt is abandoned at the attempt timeou
   clock.advance(900)
   t.equal(await settled(once, clock), 'RPC_ERR_DEADLINE_EXCEEDED')
   t.equal([...a.received, ...b.received].filter((r) => r === 'once').length, 1, 'sent once')
+})
+
+// Ejects `a` (one attempt timeout is enough here), then lets its ejection time pass: the next call is its probe.
+async function ejectThenProbe (t: Test, client: ProtocolClient<ToyRequest, string>, a: TogglePeer, b: TogglePeer, clock: FakeClock): Promise<{ probe: Promise<string> }> {
+  a.answering = false
+  const first = client.call({ route: 'echo', payload: 'first' }, { timeoutMs: 900, idempotent: true })
+  await until(() => a.received.includes('first'))
+  clock.advance(300)
+  t.equal(await settled(first, clock), 'first', 'answered by b after the attempt timeout')
+  t.same(client.stats().ejection?.ejectedHosts, [a.endpoint], 'a is out')
+  clock.advance(500)
+  const probe = client.call({ route: 'echo', payload: 'probe' }, { timeoutMs: 900, idempotent: true })
+  await until(() => a.received.includes('probe'))
+  t.ok(a.received.includes('probe'), 'the probe went to a')
+  // a's answer is late: the probe's attempt is given up and the call answered by b.
+  clock.advance(300)
+  await until(() => b.received.includes('probe'), clock)
+  return { probe }
+}
+
+t.test('a probe whose attempt times out is not failed at once: the host\'s late answer takes it back', async t => {
+  const [a, b] = [await peer(t), await peer(t)]
+  const clock = new FakeClock()
+  const client = new ProtocolClient<ToyRequest, string>(taggedClientProtocol(), {
+    endpoint: [a.endpoint, b.endpoint], balance: 'round-robin', clock, logger: null,
+    ejection: { consecutiveFailures: 1 }, retry: { backoff: { delayMs: () => 0 } }
+  })
+  t.teardown(() => client.close())
+  await settled(Promise.all([1, 2].map(async (i) => await client.call({ route: 'echo', payload: `w${i}` }, { timeoutMs: 900 }))), clock)
+  const { probe } = await ejectThenProbe(t, client, a, b, clock)
+  t.equal(await settled(probe, clock), 'probe', 'the probe call answered by b within its deadline')
+  t.equal(client.stats().ejection?.probeFailures, 0, 'the given-up attempt did not fail the probe')
+  t.equal(client.stats().ejection?.ejections, 1, 'not ejected again')
+  // The host is slow, not dead: its late answers come within the probe's time.
+  a.answering = true
+  a.release()
+  await until(() => client.stats().ejection?.readmissions === 1)
+  t.equal(client.stats().ejection?.readmissions, 1, 'taken back by the late answer')
+  t.equal(client.stats().ejection?.ejected, 0)
+  t.equal(client.stats().attemptTimeouts, 2)
+})
+
+t.test('a probe on a new connection: the finished handshake takes the host back, though the probe\'s attempt was given up', async t => {
+  const [a, b] = [await peer(t), await peer(t)]
+  const clock = new FakeClock()
+  const base = taggedClientProtocol()
+  // The set-up: one hello frame, echoed by the peer.
+  const hello = Buffer.from([0, 10, ROUTES.indexOf('echo'), 0, 0, 0, 0, ...Buffer.from('hello')])
+  const protocol = { ...base, handshake: () => ({ start: () => [[hello]], onFrame: () => ({ done: 'ok' }) }) }
+  const client = new ProtocolClient<ToyRequest, string>(protocol, {
+    endpoint: [a.endpoint, b.endpoint], balance: 'round-robin', clock, logger: null,
+    ejection: { consecutiveFailures: 1 }, retry: { backoff: { delayMs: () => 0 } }
+  })
+  t.teardown(() => client.close())
+  await settled(Promise.all([1, 2].map(async (i) => await client.call({ route: 'echo', payload: `w${i}` }, { timeoutMs: 900 }))), clock)
+  // a crashes and comes back: its connection is gone, and a new one must do the handshake again, slowly.
+  a.answering = false
+  const first = client.call({ route: 'echo', payload: 'first' }, { timeoutMs: 900, idempotent: true })
+  await until(() => a.received.includes('first'))
+  for (const socket of a.sockets) socket.destroy()
+  t.equal(await settled(first, clock), 'first', 'retried on b')
+  t.same(client.stats().ejection?.ejectedHosts, [a.endpoint], 'a is out')
+  a.held.length = 0
+  clock.advance(500)
+  const hellos = a.received.filter((r) => r === 'hello').length
+  const probe = client.call({ route: 'echo', payload: 'probe' }, { timeoutMs: 900, idempotent: true })
+  await until(() => a.received.filter((r) => r === 'hello').length > hellos)
+  t.ok(a.received.filter((r) => r === 'hello').length > hellos, 'the probe opened a new connection to a')
+  clock.advance(300)
+  t.equal(await settled(probe, clock), 'probe', 'the probe call answered by b within its deadline')
+  t.notOk(a.received.includes('probe'), 'the given-up probe was never written to a')
+  t.equal(client.stats().ejection?.readmissions, 0)
+  a.answering = true
+  a.release()
+  await until(() => client.stats().ejection?.readmissions === 1)
+  t.equal(client.stats().ejection?.readmissions, 1, 'the handshake\'s answer took a back')
+  t.equal(client.stats().ejection?.probeFailures, 0)
+  t.equal(await settled(client.call({ route: 'echo', payload: 'again' }, { timeoutMs: 900 }), clock), 'again')
 })
 
 t.test('ejection and liveness can be turned off; keepAliveMs is checked', async t => {
