@@ -1,8 +1,10 @@
 /**
  * The package as a user gets it: `npm pack` (its prepack and prepare
  * scripts build a fresh dist/) in a copy of the sources, the tarball
- * installed into an empty project with the machine's npm (offline: the
- * dependencies come from npm's cache, which `npm ci` filled), and
+ * installed into an empty project with the machine's npm (the
+ * dependencies from npm's cache where it has them, else from the registry,
+ * as for a user: `npm ci` caches their tarballs but not the registry's
+ * package documents that an install resolves ranges with), and
  * docs/custom-protocols.md's kv server run there with a plain `node`,
  * importing only 'nyala'. The tarball carries what its entry points,
  * its bin and the modules they load by path need, and no tests.
@@ -87,7 +89,7 @@ t.test('npm pack, then install the tarball into an empty project and run the kv 
   const app = join(work, 'app')
   mkdirSync(app)
   writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'kv-app', version: '1.0.0', private: true, type: 'module' }, null, 2))
-  const installed = await npm(app, ['install', '--offline', '--no-audit', '--no-fund', tarball], 120_000)
+  const installed = await npm(app, ['install', '--prefer-offline', '--no-audit', '--no-fund', tarball], 120_000)
   const home = join(app, 'node_modules', pkg.name)
   t.ok(existsSync(join(home, 'dist', 'reactor', 'index.js')), `installed ${pkg.name} with its dist/ (${/added \d+ packages?/.exec(installed.output)?.[0] ?? 'npm said nothing'})`)
 
