@@ -18,6 +18,15 @@
  * collection left it, and there was work since that collection: under
  * load it never runs, after a burst it runs once. `NYALA_IDLE_GC=0` in the
  * environment turns it off.
+ *
+ * A collection that leaves RSS still grown has freed little: the memory
+ * may still be held (peers that do not read leave the server idle while
+ * their answers wait). It does not move the level RSS is compared with,
+ * and the collection is tried again on later idle intervals, 2 and then 4
+ * intervals apart, until one frees, or until `FUTILE_TRIES` in a row have
+ * not: that RSS is then live data, and the new level. Before, one
+ * collection during an attack set the level at the attack's peak, and
+ * RSS stayed there after it (bench/rss-recovery.ts, 1 run in 8).
  */
 import { performance } from 'node:perf_hooks'
 import { setFlagsFromString } from 'node:v8'
@@ -42,6 +51,12 @@ export interface IdleCollectionOptions {
 
 /** The defaults of `IdleCollectionOptions`. */
 export const IDLE_COLLECTION_DEFAULTS = { intervalMs: 5000, idleBelow: 0.05, growthBytes: 64 * 1024 * 1024 } as const
+
+/** Collections in a row that left RSS grown after which the level is taken as live data. */
+export const FUTILE_TRIES = 8
+
+/** The most idle intervals let pass between two tries after collections that left RSS grown. */
+const MAX_SKIPPED_INTERVALS = 3
 
 let v8Collect: (() => void) | null = null
 
@@ -69,6 +84,9 @@ export function startIdleCollection (options: IdleCollectionOptions = {}, env: N
   const collect = options.collect ?? fullCollection
   let floor = rss()
   let workedSinceCollection = false
+  // Collections in a row that left RSS grown, and idle intervals to let pass before the next try.
+  let futile = 0
+  let skip = 0
   let last = performance.eventLoopUtilization()
   const timer = setInterval(() => {
     const now = performance.eventLoopUtilization()
@@ -76,12 +94,26 @@ export function startIdleCollection (options: IdleCollectionOptions = {}, env: N
     last = now
     if (utilization >= idleBelow) {
       workedSinceCollection = true
+      futile = 0
+      skip = 0
       return
     }
-    if (!workedSinceCollection || rss() < floor + growthBytes) return
+    if (!workedSinceCollection) return
+    if (skip > 0) {
+      skip--
+      return
+    }
+    if (rss() < floor + growthBytes) return
     collect()
+    const after = rss()
+    if (after >= floor + growthBytes && ++futile < FUTILE_TRIES) {
+      // Still held: again later, less often.
+      skip = Math.min(2 ** futile - 1, MAX_SKIPPED_INTERVALS)
+      return
+    }
     workedSinceCollection = false
-    floor = rss()
+    futile = 0
+    floor = after
   }, intervalMs)
   timer.unref()
   return () => clearInterval(timer)

@@ -1,8 +1,9 @@
 /**
  * The idle collection of reactor/idle-collection.ts: it collects once after work
  * when the process is idle and RSS grew, never while RSS did not grow or
- * before any work, not again until there was work, not at all with
- * NYALA_IDLE_GC=0; the real collection runs without --expose-gc. RSS and
+ * before any work, not again until there was work, again after one that
+ * left RSS grown (the memory was still held) until one frees or
+ * FUTILE_TRIES did not, not at all with NYALA_IDLE_GC=0; the real collection runs without --expose-gc. RSS and
  * the collection are stubs; the event-loop utilization is this process's
  * own (a bounded synchronous spin makes an interval busy; idle is below
  * half busy here, so the test runner's own work stays idle). Each stopper is
@@ -10,7 +11,7 @@
  * `idleCollection` option), none with `idleCollection: false`.
  */
 import t, { type Test } from 'tap'
-import { IDLE_COLLECTION_OPT_OUT, startIdleCollection } from '../../reactor/idle-collection.js'
+import { FUTILE_TRIES, IDLE_COLLECTION_OPT_OUT, startIdleCollection } from '../../reactor/idle-collection.js'
 import { ProtocolServer } from '../../reactor/index.js'
 import { FakeClock } from '../../reactor/testing.js'
 import { taggedProtocol } from '../helpers/toy-protocols.js'
@@ -45,6 +46,45 @@ t.test('one collection after work, once idle and grown; none again until there i
   spin(INTERVAL_MS * 3)
   await sleep(INTERVAL_MS * 5)
   t.equal(collections, 2, 'work again, still grown: once more')
+})
+
+t.test('a collection while the memory is still held does not set the level: tried again once idle, it frees what was let go since', async (t) => {
+  let rss = 100 * MiB
+  let held = true
+  let collections = 0
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 64 * MiB, rss: () => rss, collect: () => { collections++; if (!held) rss = 110 * MiB } }, {})
+  t.teardown(stop)
+  // An attack: RSS at 600 MiB, the server busy, then idle while its non-reading peers hold the answers.
+  rss = 600 * MiB
+  spin(INTERVAL_MS * 3)
+  for (let i = 0; i < 20 && collections === 0; i++) await sleep(INTERVAL_MS / 4)
+  t.equal(collections, 1, 'idle during the attack: collected, freeing nothing')
+  // The attack ends: its buffers are garbage now, with no work in between.
+  held = false
+  for (let i = 0; i < 40 && rss > 110 * MiB; i++) await sleep(INTERVAL_MS)
+  t.equal(rss, 110 * MiB, 'tried again while idle: RSS back down')
+  const done = collections
+  t.ok(done >= 2, `collected again (${done} in all)`)
+  await sleep(INTERVAL_MS * 6)
+  t.equal(collections, done, 'freed: no more until there is work')
+})
+
+t.test('collections that never free stop after FUTILE_TRIES: that RSS is live data', async (t) => {
+  let rss = 100 * MiB
+  let collections = 0
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 64 * MiB, rss: () => rss, collect: () => { collections++ } }, {})
+  t.teardown(stop)
+  rss = 300 * MiB
+  spin(INTERVAL_MS * 3)
+  // The tries: 1, 2, then every 4 intervals.
+  for (let i = 0; i < 60 && collections < FUTILE_TRIES; i++) await sleep(INTERVAL_MS)
+  t.equal(collections, FUTILE_TRIES)
+  await sleep(INTERVAL_MS * 10)
+  t.equal(collections, FUTILE_TRIES, 'then none without work')
+  rss = 330 * MiB
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.equal(collections, FUTILE_TRIES, 'work, but RSS is not 64 MiB above the new level: none')
 })
 
 t.test('NYALA_IDLE_GC=0 turns it off', async (t) => {
