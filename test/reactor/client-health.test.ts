@@ -12,6 +12,7 @@ import t, { type Test } from 'tap'
 import { createServer, type Server, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import { ProtocolClient } from '../../reactor/protocol-client.js'
+import type { ClientProtocol } from '../../codec/client-protocol.js'
 import { FakeClock } from '../../scheduling/clock.js'
 import { taggedClientProtocol, type ToyRequest } from '../helpers/toy-client-protocols.js'
 import { ROUTES } from '../helpers/toy-protocols.js'
@@ -143,8 +144,22 @@ t.test('without a ping, an idempotent attempt is abandoned at the attempt timeou
   t.equal([...a.received, ...b.received].filter((r) => r === 'once').length, 1, 'sent once')
 })
 
-// Ejects `a` (one attempt timeout is enough here), then lets its ejection time pass: the next call is its probe.
-async function ejectThenProbe (t: Test, client: ProtocolClient<ToyRequest, string>, a: TogglePeer, b: TogglePeer, clock: FakeClock): Promise<{ probe: Promise<string> }> {
+// Two hosts, round-robin, one failure ejects; both connections opened and answered once.
+async function ejectingClient (t: Test, protocol: ClientProtocol<ToyRequest, string>, a: TogglePeer, b: TogglePeer, clock: FakeClock): Promise<ProtocolClient<ToyRequest, string>> {
+  const client = new ProtocolClient<ToyRequest, string>(protocol, {
+    endpoint: [a.endpoint, b.endpoint], balance: 'round-robin', clock, logger: null,
+    ejection: { consecutiveFailures: 1 }, retry: { backoff: { delayMs: () => 0 } }
+  })
+  t.teardown(() => client.close())
+  await settled(Promise.all([1, 2].map(async (i) => await client.call({ route: 'echo', payload: `w${i}` }, { timeoutMs: 900 }))), clock)
+  return client
+}
+
+t.test('a probe whose attempt times out is not failed at once: the host\'s late answer takes it back', async t => {
+  const [a, b] = [await peer(t), await peer(t)]
+  const clock = new FakeClock()
+  const client = await ejectingClient(t, taggedClientProtocol(), a, b, clock)
+  // One attempt timeout ejects a; after its ejection time the next call is its probe.
   a.answering = false
   const first = client.call({ route: 'echo', payload: 'first' }, { timeoutMs: 900, idempotent: true })
   await until(() => a.received.includes('first'))
@@ -158,19 +173,6 @@ async function ejectThenProbe (t: Test, client: ProtocolClient<ToyRequest, strin
   // a's answer is late: the probe's attempt is given up and the call answered by b.
   clock.advance(300)
   await until(() => b.received.includes('probe'), clock)
-  return { probe }
-}
-
-t.test('a probe whose attempt times out is not failed at once: the host\'s late answer takes it back', async t => {
-  const [a, b] = [await peer(t), await peer(t)]
-  const clock = new FakeClock()
-  const client = new ProtocolClient<ToyRequest, string>(taggedClientProtocol(), {
-    endpoint: [a.endpoint, b.endpoint], balance: 'round-robin', clock, logger: null,
-    ejection: { consecutiveFailures: 1 }, retry: { backoff: { delayMs: () => 0 } }
-  })
-  t.teardown(() => client.close())
-  await settled(Promise.all([1, 2].map(async (i) => await client.call({ route: 'echo', payload: `w${i}` }, { timeoutMs: 900 }))), clock)
-  const { probe } = await ejectThenProbe(t, client, a, b, clock)
   t.equal(await settled(probe, clock), 'probe', 'the probe call answered by b within its deadline')
   t.equal(client.stats().ejection?.probeFailures, 0, 'the given-up attempt did not fail the probe')
   t.equal(client.stats().ejection?.ejections, 1, 'not ejected again')
@@ -189,13 +191,7 @@ t.test('a probe on a new connection: the finished handshake takes the host back,
   const base = taggedClientProtocol()
   // The set-up: one hello frame, echoed by the peer.
   const hello = Buffer.from([0, 10, ROUTES.indexOf('echo'), 0, 0, 0, 0, ...Buffer.from('hello')])
-  const protocol = { ...base, handshake: () => ({ start: () => [[hello]], onFrame: () => ({ done: 'ok' }) }) }
-  const client = new ProtocolClient<ToyRequest, string>(protocol, {
-    endpoint: [a.endpoint, b.endpoint], balance: 'round-robin', clock, logger: null,
-    ejection: { consecutiveFailures: 1 }, retry: { backoff: { delayMs: () => 0 } }
-  })
-  t.teardown(() => client.close())
-  await settled(Promise.all([1, 2].map(async (i) => await client.call({ route: 'echo', payload: `w${i}` }, { timeoutMs: 900 }))), clock)
+  const client = await ejectingClient(t, { ...base, handshake: () => ({ start: () => [[hello]], onFrame: () => ({ done: 'ok' }) }) }, a, b, clock)
   // a crashes and comes back: its connection is gone, and a new one must do the handshake again, slowly.
   a.answering = false
   const first = client.call({ route: 'echo', payload: 'first' }, { timeoutMs: 900, idempotent: true })
