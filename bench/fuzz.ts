@@ -41,7 +41,7 @@
  * server threw out of its read callback and died), and calls pipelined
  * behind credentials the asynchronous authenticator refuses, with no
  * ConnectionContext (they reached their handlers). Both are fixed and
- * have regression tests in test/reactor/hostile.test.ts.
+ * have regression tests in test/krpc/hostile.test.ts.
  *
  * This file is the command line and the run's public face; the parts live
  * in bench/fuzz/ by role: options.ts (options, results, shared constants),

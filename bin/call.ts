@@ -3,7 +3,7 @@ import { RpcError } from '../codec/errors.js'
 import { ProtoSchema, type Message, type ServiceDef } from '../codec/protobuf/schema.js'
 import { Client, type ClientTlsOptions } from '../reactor/krpc/client.js'
 import { CALCULATOR_PROTO, CalculatorService } from '../examples/calculator/index.js'
-import { CLIENT_TLS_FLAG_OPTIONS, clientTlsFromFlags } from '../examples/tls-flags.js'
+import { CLIENT_TLS_FLAG_OPTIONS, clientTlsFromFlags } from './tls-flags.js'
 import { intOption } from './options.js'
 
 export const CALL_USAGE = `  nyala call HOST:PORT SERVICE.METHOD 'JSON' [--timeout-ms N] [--proto FILE]

@@ -11,7 +11,7 @@ import { loadPasswordFile } from '../reactor/krpc/password-file.js'
 import { Server, type KrpcServerOptions } from '../reactor/krpc/server.js'
 import { ListenError } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
-import { serverTlsFiles } from '../examples/tls-flags.js'
+import { serverTlsFiles } from './tls-flags.js'
 import { discipline, intOption } from './options.js'
 
 export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]

@@ -37,7 +37,7 @@ import { memcachedHandlers } from './handlers.js'
 import { memcachedProtocol } from './protocol.js'
 import { MemcachedStore } from './store.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
-import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
+import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../../bin/tls-flags.js'
 
 export interface MemcachedServerOptions {
   /** The cache's memory limit in bytes; default 64 MiB. */

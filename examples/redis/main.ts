@@ -47,7 +47,7 @@ import { PubSub } from './pubsub.js'
 import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_LEN, respLimits, respProtocol } from './resp.js'
 import { RedisStore } from './store.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
-import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../tls-flags.js'
+import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../../bin/tls-flags.js'
 
 export interface RedisServerOptions {
   /** The keyspace's memory limit in estimated bytes (see store.ts); default 64 MiB. */

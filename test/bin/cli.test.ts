@@ -18,7 +18,7 @@ const nyala = (args: string[]): CliRun => runCli(args)
 const waitFor = waitForOutput
 
 t.test('serve with scheduling flags and --metrics-port; call; SIGTERM exits 0', async t => {
-  // One reactor: the gauges below are per process (test/reactor/cluster.test.ts sums several).
+  // One reactor: the gauges below are per process (test/krpc/cluster.test.ts sums several).
   const server = nyala(['serve', '--reactors', '1', '--port', '0', '--metrics-port', '0', '--workers', '2', '--queue-length', '5', '--queue', 'fifo', '--busy-poll-us', '50'])
   t.teardown(() => { if (server.child.exitCode === null) server.child.kill('SIGKILL') })
   const [, endpoint] = await waitFor(server, /listening on (127\.0\.0\.1:\d+)/)

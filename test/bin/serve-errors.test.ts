@@ -23,7 +23,7 @@ const LAUNCHER = `${ROOT}bin/nyala`
 const RUN_LIMIT_MS = 60_000
 
 // The launcher runs dist/: test it when dist/ was built from these sources.
-const BUILT_FROM = ['bin/serve.ts', 'bin/cli.ts', 'reactor/cluster.ts', 'reactor/cluster-reactor.ts', 'reactor/server.ts', 'reactor/krpc/password-file.ts', 'examples/tls-flags.ts']
+const BUILT_FROM = ['bin/serve.ts', 'bin/cli.ts', 'reactor/cluster.ts', 'reactor/cluster-reactor.ts', 'reactor/server.ts', 'reactor/krpc/password-file.ts', 'bin/tls-flags.ts']
 const distFresh = BUILT_FROM.every((f) => {
   const out = `${ROOT}dist/${f.replace(/\.ts$/, '.js')}`
   return existsSync(out) && statSync(out).mtimeMs >= statSync(`${ROOT}${f}`).mtimeMs

@@ -1,5 +1,5 @@
 /**
- * A cluster of reactors for test/reactor/cluster.test.ts, run as its own
+ * A cluster of reactors for test/krpc/cluster.test.ts, run as its own
  * process: `node [loader] cluster-server.ts --reactors N [--build-delay-ms D] [...]`. The reactor
  * processes re-run this script (serveReactors' default `exec`), build the
  * same server and listen. The primary prints, one line each:

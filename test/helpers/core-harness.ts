@@ -1,6 +1,6 @@
 /**
  * The generic core (`ProtocolServer`, `ProtocolClient`) on the toy
- * protocols, for test/core/: a server on loopback port 0 with a FakeClock
+ * protocols, for test/reactor/: a server on loopback port 0 with a FakeClock
  * when timing matters, raw peers, handlers a test releases by hand, and
  * answers tallied by status. Only the package's public names are used, so
  * the suites keep testing the core while its internals move.

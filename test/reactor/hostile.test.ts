@@ -1,216 +1,225 @@
-// KRPC's hostile input: bad preambles, HTTP and TLS on the KRPC port, oversize and malformed KRPC frames, stalled negotiation, SASL PLAIN refusal.
-// The generic hostile peers (garbage, partial frames, duplicate ids, half-closes, floods) are tested in test/core/hostile.test.ts.
+// Hostile peers against the generic server, on the toy protocols: garbage,
+// oversize length prefixes, partial frames that never finish, duplicate
+// ids (policy 'close' and 'allow'), a peer that half-closes, and a flood of
+// tiny requests from a peer that does not read; and a handler rejecting
+// with a value that refuses String(). Each time the server keeps serving
+// others, and every call it read ends exactly once.
 import t, { type Test } from 'tap'
-import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { KrpcCode } from '../../codec/krpc/codes.js'
-import { ErrorStatusType } from '../../codec/krpc/frames.js'
-import { FakeClock } from '../../scheduling/clock.js'
-import { CalculatorService, Probe, newClient, settle, startServer, turns, type Running } from '../helpers/reactor-harness.js'
-import { RawClient, clientHandshakeBytes, requestFrame } from '../helpers/krpc-peers.js'
+import { type CallOutcome, type ServerProtocol } from '../../reactor/index.js'
+import { FakeClock, Gate, helloTaggedProtocol, serveCore, tally, turns, until } from '../helpers/core-harness.js'
+import type { Peer } from '../helpers/socket-peer.js'
+import { linesProtocol, taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
-const SERVICE = CalculatorService.fullName
-const AddRequest = CalculatorService.methods.Add.requestType
+const echo = (req: Buffer): Buffer => req
 
-async function stillServes (t: Test, running: Running): Promise<void> {
-  const client = newClient(t, { endpoint: running.endpoint })
-  t.same(await client.service(CalculatorService).Add({ x: 40, y: 2 }, { timeoutMs: 5000 }), { result: 42 }, 'a normal client is still served')
-  client.close()
+/** A deterministic byte stream (xorshift32). */
+function noise (seed: number, bytes: number): Buffer {
+  const out = Buffer.alloc(bytes)
+  let x = seed
+  for (let i = 0; i < bytes; i++) {
+    x ^= x << 13; x ^= x >>> 17; x ^= x << 5
+    out[i] = x & 0xff
+  }
+  return out
 }
 
-function prefix (n: number): Buffer {
-  const b = Buffer.alloc(4)
-  b.writeUInt32BE(n)
-  return b
+async function stillServes (t: Test, open: () => Promise<Peer>): Promise<void> {
+  const peer = await open()
+  peer.socket.write(taggedRequest('echo', 42, 'still here'))
+  await peer.until(() => taggedAnswers(peer.received).length === 1, 'a good peer served')
+  t.same(taggedAnswers(peer.received), [['ok', 42, 'still here']], 'a good peer is served')
+  peer.socket.destroy()
 }
 
-t.test('bad preambles are closed without a reply', async (t) => {
-  const running = await startServer(t)
-  const cases: Array<[string, Buffer]> = [
-    ['HTTP GET', Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n', 'latin1')],
-    ['HTTP POST', Buffer.from('POST /rpc HTTP/1.1\r\n\r\n', 'latin1')],
-    ['HTTP OPTIONS', Buffer.from('OPTIONS * HTTP/1.1\r\n\r\n', 'latin1')],
-    ['wrong version', Buffer.from([0x68, 0x72, 0x70, 0x63, 0x08, 0x00, 0x00, ...clientHandshakeBytes().subarray(7)])],
-    ['wrong magic', Buffer.from('hrpx\x09\x00\x00', 'latin1')],
-    ['TLS ClientHello', Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03])]
-  ]
-  for (const [name, bytes] of cases) {
-    const raw = await RawClient.connect(running.port)
-    raw.write(bytes)
-    await raw.closed
-    t.equal(raw.bytesReceived, 0, `${name}: closed with no bytes sent back`)
+t.test('garbage: a head the protocol refuses closes the connection after the answers before it; random bytes never crash the server', async (t) => {
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0 })
+  const short = await open()
+  // Two bytes of length 2: shorter than the tagged header.
+  short.socket.write(Buffer.concat([taggedRequest('echo', 1, 'first'), Buffer.from([0, 2, 0, 0]), taggedRequest('echo', 2, 'never')]))
+  await short.until(() => short.closed, 'closed')
+  t.same(taggedAnswers(short.received), [['ok', 1, 'first']], 'the answer before the garbage, nothing after')
+  t.equal(server.stats().badFrames, 1)
+  for (let seed = 1; seed <= 20; seed++) {
+    const peer = await open()
+    peer.socket.write(noise(seed, 3000))
+    // Random length prefixes may announce more than came: the peer ends it.
+    await turns(3)
+    peer.socket.destroy()
   }
-  t.equal(running.server.stats().callsReceived, 0)
-  await stillServes(t, running)
+  await until(() => server.stats().connectionsOpen === 0, 'every noisy connection gone')
+  t.equal(server.stats().callsInFlight, 0)
+  await stillServes(t, open)
+
+  const lines = await serveCore(t, linesProtocol(), { echo: (arg: string) => arg })
+  const nul = await lines.open()
+  nul.socket.write('echo fine\n\u0000bad\necho never\n')
+  await nul.until(() => nul.closed, 'closed')
+  t.equal(nul.text, 'fine\n', 'the line before the garbage answered, in order')
+  t.equal(lines.server.stats().badFrames, 1)
 })
 
-t.test('oversize length prefixes are refused at the prefix, during and after negotiation', async (t) => {
-  const running = await startServer(t, { maxMessageBytes: 4096 })
-  const during = await RawClient.connect(running.port)
-  during.write(Buffer.concat([clientHandshakeBytes().subarray(0, 7), prefix(0x7fffffff)]))
-  await during.closed
-  t.equal(during.bytesReceived, 0, 'oversize NEGOTIATE frame: closed, no reply')
-
-  const after = await RawClient.connect(running.port)
-  after.write(Buffer.concat([clientHandshakeBytes(), prefix(4097)]))
-  await after.closed
-  t.equal(after.frames.filter(f => f.header.call_id >= 0).length, 0, 'oversize call frame: closed, no reply')
-  await stillServes(t, running)
-})
-
-t.test('malformed frames after negotiation close the connection without a reply', async (t) => {
-  const running = await startServer(t)
-  const noRemoteMethod = (() => {
-    // RequestHeader with only call_id 0, and an AddRequest body.
-    const header = Buffer.from([0x18, 0x00])
-    const body = Buffer.from(AddRequest.encode({ x: 1, y: 1 }))
-    return Buffer.concat([prefix(2 + header.length + body.length), Buffer.from([header.length]), header, Buffer.from([body.length]), body])
-  })()
-  const good = requestFrame(0, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 }))
-  const trailing = Buffer.concat([prefix(good.length - 4 + 3), good.subarray(4), Buffer.from([1, 2, 3])])
-  const badOffsets = (() => {
-    // call_id 0, remote_method, sidecar_offsets [200] past the 4-byte body.
-    const frame = requestFrame(0, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 }), { sidecars: [Buffer.alloc(1)] })
-    const copy = Buffer.from(frame)
-    // The offset varint is the byte after the 0x80 0x01 tag; make it point past the end.
-    const tag = copy.indexOf(Buffer.from([0x80, 0x01]))
-    copy[tag + 2] = 0x7f
-    return copy
-  })()
-  const cases: Array<[string, Buffer]> = [
-    ['zero length prefix', prefix(0)],
-    ['truncated header', Buffer.concat([prefix(2), Buffer.from([0x09, 0x18])])],
-    ['bad header varint', Buffer.concat([prefix(6), Buffer.from([0xff, 0xff, 0xff, 0xff, 0xff, 0xff])])],
-    ['missing remote_method', noRemoteMethod],
-    ['trailing bytes', trailing],
-    ['sidecar offset past the body', badOffsets],
-    ['negative call id after negotiation', requestFrame(-5, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 }))]
-  ]
-  for (const [name, bytes] of cases) {
-    const raw = await RawClient.connect(running.port)
-    raw.write(Buffer.concat([clientHandshakeBytes(), bytes]))
-    await raw.closed
-    t.equal(raw.frames.filter(f => f.header.call_id >= 0).length, 0, `${name}: closed without a reply`)
+t.test('oversize length prefixes are refused at the prefix, before a body byte arrives', async (t) => {
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0 })
+  for (const announced of [0xffff, 1025, 5000]) {
+    const peer = await open()
+    const prefix = Buffer.alloc(2)
+    prefix.writeUInt16BE(announced)
+    peer.socket.write(prefix)
+    await peer.until(() => peer.closed, `closed at a prefix of ${announced}`)
+    t.equal(peer.received.length, 0, 'no reply')
   }
-  t.equal(running.server.stats().badFrames, cases.length, 'each counted as a bad frame')
-  t.equal(running.server.stats().callsReceived, 0)
-  await stillServes(t, running)
+  t.equal(server.stats().callsReceived, 0)
+  const fits = await open()
+  fits.socket.write(taggedRequest('echo', 1, 'x'.repeat(1024 - 9)))
+  await fits.until(() => taggedAnswers(fits.received).length === 1, 'a frame of the protocol\'s maximum answered')
+  await stillServes(t, open)
 })
 
-t.test('a silent or stalled connection is dropped at the negotiation deadline', async (t) => {
+t.test('partial frames that never finish: they hold no call and are closed as idle; the others are served meanwhile (FakeClock)', async (t) => {
   const clock = new FakeClock()
-  const running = await startServer(t, { clock, negotiationTimeoutMs: 500 })
-  const silent = await RawClient.connect(running.port)
-  const stalled = await RawClient.connect(running.port)
-  // Preamble and half a NEGOTIATE frame, then nothing.
-  const handshake = clientHandshakeBytes()
-  stalled.write(handshake.subarray(0, 12))
-  while (running.server.stats().connectionsAccepted < 2) await turns(1)
-  await turns(5)
-  clock.advance(499)
-  await turns(5)
-  t.notOk(silent.isClosed, 'not before the deadline')
-  t.notOk(stalled.isClosed)
-  clock.advance(1)
-  await Promise.all([silent.closed, stalled.closed])
-  t.equal(silent.bytesReceived, 0)
-  t.equal(stalled.bytesReceived, 0)
-  t.equal(running.server.stats().connectionsOpen, 0)
-  await stillServes(t, running)
-})
-
-t.test('SASL PLAIN: the server\'s authenticator decides; the user reaches the handler', async (t) => {
-  const probe = new Probe()
-  const running = await startServer(t, {
-    handlers: probe.handlers(),
-    authenticate: (user, password) => user === 'alice' && password === 'secret'
-  })
-  const good = newClient(t, { endpoint: running.endpoint, user: 'alice', password: 'secret' })
-  t.same(await good.service(CalculatorService).Add({ x: 1, y: 2 }), { result: 3 })
-  t.equal(probe.calls[0]!.user, 'alice')
-})
-
-t.test('SASL PLAIN refusal: the call fails with NEGOTIATION_FAILED carrying FATAL_UNAUTHORIZED', async (t) => {
-  const running = await startServer(t, {
-    authenticate: async (user, password) => user === 'alice' && password === 'secret'
-  })
-  for (const [user, password] of [['alice', 'wrong'], ['mallory', 'secret']] as const) {
-    const client = newClient(t, { endpoint: running.endpoint, user, password })
-    const error = await client.service(CalculatorService).Add({ x: 1, y: 2 }, { timeoutMs: 5000 }).then(() => null, (e: unknown) => e)
-    t.ok(error instanceof RpcError, `${user}/${password}: refused`)
-    const e = error as RpcError
-    t.equal(e.code, ErrorCode.NEGOTIATION_FAILED, `${user}: code (${e.code}: ${e.message})`)
-    t.equal(e.remote?.code, KrpcCode.FATAL_UNAUTHORIZED, `${user}: krpcCode`)
-    t.equal(client.connectionCount, 0)
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo }, { clock, idleTimeoutMs: 1000, frameTimeoutMs: 0, minFrameBytesPerSecond: 0 })
+  const frame = taggedRequest('echo', 1, 'z'.repeat(100))
+  const cases = [frame.subarray(0, 1), frame.subarray(0, 2), frame.subarray(0, 7), frame.subarray(0, frame.length - 1)]
+  const peers: Peer[] = []
+  for (const part of cases) {
+    const peer = await open()
+    peer.socket.write(part)
+    peers.push(peer)
   }
-  t.equal(running.server.stats().callsReceived, 0)
+  const total = cases.reduce((n, c) => n + c.length, 0)
+  await until(() => server.connectionStats().reduce((n, c) => n + c.bytesRead, 0) === total, 'every partial frame read')
+  t.equal(server.stats().callsReceived, 0, 'no call from a partial frame')
+  const good = await open()
+  good.socket.write(taggedRequest('echo', 7, 'served'))
+  await good.until(() => taggedAnswers(good.received).length === 1, 'served meanwhile')
+  good.socket.destroy()
+  for (let i = 0; i < 10; i++) { clock.advance(250); await turns(2) }
+  for (const peer of peers) await peer.until(() => peer.closed, 'closed')
+  t.equal(server.stats().idleClosed, cases.length, 'each closed as idle')
+  t.same(peers.map(p => p.received.length), [0, 0, 0, 0], 'none answered')
 })
 
-t.test('SASL PLAIN refusal on the wire: one FATAL_UNAUTHORIZED error frame, then close', async (t) => {
-  const running = await startServer(t, { authenticate: () => { throw new Error('auth backend down') } })
-  const raw = await RawClient.connect(running.port)
-  raw.write(Buffer.concat([clientHandshakeBytes('bob', 'pw'), requestFrame(0, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 }))]))
-  await raw.closed
-  const errors = raw.frames.filter(f => f.header.is_error === true)
-  t.equal(errors.length, 1)
-  t.equal(errors[0]!.header.call_id, -33)
-  const status = ErrorStatusType.decode(errors[0]!.message)
-  if (status instanceof RpcError) throw status
-  t.equal(status.code, KrpcCode.FATAL_UNAUTHORIZED)
-  t.equal(raw.frames.filter(f => f.header.call_id >= 0).length, 0, 'the call was not served')
-  t.equal(running.server.stats().callsReceived, 0)
+t.test("duplicate ids, policy 'close': the connection closes after the answers already queued; every call read ends once", async (t) => {
+  const gate = new Gate()
+  const ends: CallOutcome[] = []
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo, block: gate.handler }, { idleTimeoutMs: 0 })
+  server.onCallEnd((_call, outcome) => { ends.push(outcome) })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('echo', 1, 'a'), taggedRequest('block', 7, 'x'), taggedRequest('block', 7, 'y'), taggedRequest('echo', 8, 'never')]))
+  await peer.until(() => peer.closed, 'closed')
+  t.same(taggedAnswers(peer.received), [['ok', 1, 'a']])
+  t.equal(server.stats().badFrames, 1)
+  gate.releaseAll()
+  await until(() => server.stats().callsInFlight === 0, 'released')
+  t.same(ends.map(e => e.reason).sort(), ['closed', 'ok'], 'the echo answered, the first id-7 call ended with its connection; the duplicate and the rest never became calls')
+  await stillServes(t, open)
 })
 
-t.test('many hostile connections at once do not disturb a client in the middle of its calls', async (t) => {
-  const running = await startServer(t, { maxMessageBytes: 4096 })
-  const client = newClient(t, { endpoint: running.endpoint })
-  const calc = client.service(CalculatorService)
-  const calls = Array.from({ length: 200 }, (_, i) => settle(calc.Add({ x: i, y: 1 })))
-  const garbage = [
-    Buffer.from('GET / HTTP/1.0\r\n\r\n'),
-    Buffer.concat([clientHandshakeBytes(), prefix(1 << 20)]),
-    Buffer.concat([clientHandshakeBytes(), prefix(0)]),
-    Buffer.from([0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0, 0, 0])
-  ]
-  const raws = await Promise.all(Array.from({ length: 20 }, () => RawClient.connect(running.port)))
-  raws.forEach((raw, i) => raw.write(garbage[i % garbage.length]!))
-  await Promise.all(raws.map(r => r.closed))
-  const outcomes = await Promise.all(calls)
-  t.same(outcomes.filter(o => o !== 'OK'), [])
-  t.equal(client.connectionCount, 1)
+t.test("duplicate ids, policy 'allow': every call is answered with its id", async (t) => {
+  const gate = new Gate()
+  const protocol: ServerProtocol<Buffer, Buffer> = { ...taggedProtocol(), duplicateIds: 'allow' }
+  const { server, open } = await serveCore(t, protocol, { echo, block: gate.handler }, { idleTimeoutMs: 0 })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('block', 7, 'x'), taggedRequest('block', 7, 'y'), taggedRequest('echo', 7, 'z')]))
+  await peer.until(() => taggedAnswers(peer.received).length === 1, 'the echo')
+  gate.releaseAll()
+  await peer.until(() => taggedAnswers(peer.received).length === 3, 'all three')
+  const answers = taggedAnswers(peer.received)
+  t.same(answers.map(a => a[1]), [7, 7, 7])
+  t.same(answers.map(a => a[2]).sort(), ['x', 'y', 'z'])
+  t.notOk(peer.closed)
+  t.equal(server.stats().callsInFlight, 0)
 })
 
-t.test('method names of Object.prototype are unknown methods, not a crash (found by the fuzzer)', async (t) => {
-  const running = await startServer(t)
-  const raw = await RawClient.connect(running.port)
-  const names = ['toString', 'constructor', 'valueOf', '__proto__', 'hasOwnProperty', '__defineGetter__']
-  raw.write(Buffer.concat([clientHandshakeBytes(), ...names.map((name, i) => requestFrame(i, SERVICE, name, new Uint8Array(0)))]))
-  for (let i = 0; i < names.length; i++) {
-    const answer = await raw.nextResponse()
-    const status = ErrorStatusType.decode(answer.message)
-    if (status instanceof RpcError) throw status
-    t.equal(status.code, KrpcCode.ERROR_NO_SUCH_METHOD, `${names[answer.header.call_id]!}: ERROR_NO_SUCH_METHOD`)
+t.test("an id may be reused once its call is answered, under policy 'close' too", async (t) => {
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0 })
+  const peer = await open()
+  for (let round = 0; round < 5; round++) {
+    peer.socket.write(taggedRequest('echo', 7, `round ${round}`))
+    await peer.until(() => taggedAnswers(peer.received).length === round + 1, `round ${round}`)
   }
-  raw.close()
-  await stillServes(t, running)
+  t.same(tally(peer.received), { ok: 5 })
+  t.notOk(peer.closed)
+  t.equal(server.stats().badFrames, 0)
 })
 
-t.test('calls pipelined behind refused credentials never reach a handler (found by the fuzzer)', async (t) => {
-  const probe = new Probe()
-  const running = await startServer(t, {
-    handlers: probe.handlers(),
-    authenticate: async (user) => user !== 'intruder'
-  })
-  const raw = await RawClient.connect(running.port)
-  // The handshake up to SASL_INITIATE (no ConnectionContext) and two calls
-  // in one write; the authenticator answers after they have arrived.
-  const handshake = clientHandshakeBytes('intruder', 'pw')
-  let end = 7
-  for (let frames = 0; frames < 2; frames++) end += 4 + handshake.readUInt32BE(end)
-  raw.write(Buffer.concat([handshake.subarray(0, end), requestFrame(0, SERVICE, 'Add', AddRequest.encode({ x: 1, y: 1 })),
-    requestFrame(1, SERVICE, 'Add', AddRequest.encode({ x: 2, y: 2 }))]))
-  await raw.closed
-  t.equal(probe.count('Add'), 0, 'no handler ran')
-  t.equal(running.server.stats().callsReceived, 0)
-  t.equal(raw.frames.filter(f => f.header.call_id >= 0).length, 0, 'nothing answered')
-  await stillServes(t, running)
+t.test('route names of Object.prototype are unknown routes, not a crash', async (t) => {
+  const { server, open } = await serveCore(t, linesProtocol(), { echo: (arg: string) => arg })
+  const peer = await open()
+  const names = ['constructor', '__proto__', 'toString', 'hasOwnProperty', 'valueOf']
+  peer.socket.write(names.map(n => `${n} x\n`).join('') + 'echo alive\n')
+  await peer.until(() => peer.text.split('\n').length === names.length + 2, 'every line answered')
+  const lines = peer.text.split('\n').slice(0, -1)
+  t.ok(lines.slice(0, names.length).every(l => l.startsWith('-ERR no-method ')), 'each refused no-method')
+  t.equal(lines[names.length], 'alive')
+  t.equal(server.stats().callsInFlight, 0)
+})
+
+t.test('calls pipelined behind a failed set-up never reach a handler', async (t) => {
+  let handled = 0
+  const { server, open } = await serveCore(t, helloTaggedProtocol(), { echo: (req: Buffer) => { handled++; return req } }, { idleTimeoutMs: 0 })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('echo', 0, 'not hello'), taggedRequest('echo', 1, 'sneaked'), taggedRequest('echo', 2, 'in')]))
+  await peer.until(() => peer.closed, 'closed')
+  t.equal(handled, 0)
+  t.equal(server.stats().callsReceived, 0)
+  t.same(taggedAnswers(peer.received), [], 'no answer')
+})
+
+t.test('a peer that half-closes (FIN after its requests): its connection closes; what the server does with the calls it read', async (t) => {
+  const gate = new Gate()
+  const ends: string[] = []
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo, block: gate.handler }, { idleTimeoutMs: 0 })
+  server.onCallEnd((_call, outcome) => { ends.push(outcome.reason) })
+  const sync = await open()
+  sync.socket.end(Buffer.concat([taggedRequest('echo', 1, 'a'), taggedRequest('echo', 2, 'b')]))
+  await sync.until(() => sync.closed, 'closed')
+  const pending = await open()
+  pending.socket.end(taggedRequest('block', 3, 'c'))
+  await pending.until(() => pending.closed, 'closed')
+  t.same(ends, ['ok', 'ok'], 'the running call has not ended yet')
+  gate.releaseAll()
+  await until(() => ends.length === 3, 'every call ended')
+  t.same(tally(sync.received), { ok: 2 }, 'answers computed in the read that carried the FIN are sent')
+  t.same(tally(pending.received), {}, 'a call still running when the FIN arrives is dropped with its connection (not answered)')
+  t.same(ends.sort(), ['closed', 'ok', 'ok'])
+  t.equal(server.stats().connectionsOpen, 0)
+})
+
+t.test('a flood of tiny requests from a peer that never reads: its unsent answers stay within maxOutboundBytes, then it is closed', async (t) => {
+  const ends = new Map<string, number>()
+  const { server, open } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0, maxOutboundBytes: 256 * 1024 })
+  server.onCallEnd((_call, outcome) => { ends.set(outcome.reason, (ends.get(outcome.reason) ?? 0) + 1) })
+  const flood = await open()
+  flood.socket.pause()
+  const one = taggedRequest('echo', 0, 'x'.repeat(64))
+  const count = 200_000
+  const bytes = Buffer.alloc(one.length * count)
+  for (let i = 0; i < count; i++) { one.copy(bytes, i * one.length); bytes.writeUInt32BE(i, i * one.length + 3) }
+  flood.socket.write(bytes)
+  let peak = 0
+  for (let i = 0; i < 400 && server.stats().connectionsOpen > 0; i++) {
+    for (const c of server.connectionStats()) peak = Math.max(peak, c.queuedBytes)
+    await new Promise(resolve => setTimeout(resolve, 5))
+  }
+  t.equal(server.stats().connectionsOpen, 0, 'the flood\'s connection closed')
+  t.ok(peak <= 256 * 1024 + 64 * 1024, `unsent answers held: at most ${peak} bytes`)
+  const received = server.stats().callsReceived
+  t.ok(received < count, `${received} of ${count} requests read before the close`)
+  t.equal([...ends.values()].reduce((a, b) => a + b, 0), received, 'every call read ended once')
+  await stillServes(t, open)
+})
+
+t.test('a handler rejecting with a value that refuses String() is answered failed, and its worker is freed', async (t) => {
+  const noStringForm = async (): Promise<Buffer> => { throw Object.create(null) }
+  const { server, open } = await serveCore(t, taggedProtocol(), { fail: noStringForm, echo }, { workers: 1, idleTimeoutMs: 0 })
+  const peer = await open()
+  peer.socket.write(taggedRequest('fail', 1, 'x'))
+  await peer.until(() => taggedAnswers(peer.received).length === 1, 'the failure answered')
+  t.same(taggedAnswers(peer.received)[0]!.slice(0, 2), ['failed', 1])
+  t.match(taggedAnswers(peer.received)[0]![2], /no string form/, 'the message says what it was')
+  peer.socket.write(taggedRequest('echo', 2, 'next'))
+  await peer.until(() => taggedAnswers(peer.received).length === 2, 'the one worker serves the next call')
+  t.same(tally(peer.received), { failed: 1, ok: 1 })
+  t.equal(server.stats().callsInFlight, 0)
 })

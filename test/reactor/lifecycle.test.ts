@@ -1,139 +1,191 @@
-// The KRPC client's life: per-call endpoints, close() and cancellation of calls queued behind KRPC negotiation, 8 MiB sidecar calls cancelled mid-write.
-// The generic server and client lifecycle (peers and servers going away, idle close, shutdown, connect failures) is tested in test/core/lifecycle.test.ts.
+// The generic server's life on a toy protocol: listen and close, a
+// graceful close that answers what is in flight and refuses what comes
+// after, close() called during a read, the end of the grace period (peers
+// that do not read cannot hold it), and nothing left behind: no timer of
+// the server's clock, no socket or listener. The client's side: close()
+// with calls pending, the server going away or half-closing under them,
+// connecting where nothing listens, and a call aborted before it is sent.
 import t from 'tap'
-import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { Client } from '../../reactor/krpc/client.js'
-import {
-  CalculatorService, Probe, calculatorDef, calculatorHandlers, crc32, newClient, pattern, prng, settle, startServer, tally, track, turns
-} from '../helpers/reactor-harness.js'
+import { connect } from 'node:net'
+import { once } from 'node:events'
+import { ErrorCode, ListenError, ProtocolServer, type CallContext } from '../../reactor/index.js'
+import { CLOSED_ENDPOINT, FakeClock, Gate, activeResources, outcomes, rawServer, serveCore, taggedClient, tally, turns, until } from '../helpers/core-harness.js'
+import { Peer } from '../helpers/socket-peer.js'
+import { taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 
-const MiB = 1024 * 1024
+const echo = (req: Buffer): Buffer => req
 
-t.test('a malformed endpoint fails the call, it does not throw', async (t) => {
-  const client = newClient(t)
-  for (const endpoint of ['nohost', '127.0.0.1:0', '127.0.0.1:99999', ':80']) {
-    t.equal(await settle(client.call(endpoint, calculatorDef, 'Add', { x: 1, y: 1 })), ErrorCode.INVALID_ARGUMENT, endpoint)
+t.test('listen: port 0 binds a real port; a busy port rejects with a ListenError, a bad one with INVALID_ARGUMENT; close resolves', async (t) => {
+  const server = new ProtocolServer(taggedProtocol(), { logger: null })
+  server.addRoutes('tagged', { echo })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.ok(port > 0)
+  t.equal(server.address()?.port, port)
+  const rival = new ProtocolServer(taggedProtocol(), { logger: null })
+  const error = await rival.listen(port, '127.0.0.1').catch((e: unknown) => e)
+  t.ok(error instanceof ListenError)
+  t.match(error, { code: 'EADDRINUSE', port, message: /cannot listen on 127\.0\.0\.1:\d+: address already in use/ })
+  t.match(await rival.listen(70_000).catch((e: unknown) => e), { code: ErrorCode.INVALID_ARGUMENT })
+  await rival.close()
+  await server.close()
+  t.equal(server.address(), null, 'no longer listening')
+  const refused = connect(port, '127.0.0.1')
+  const [failure] = await once(refused, 'error') as [NodeJS.ErrnoException]
+  t.equal(failure.code, 'ECONNREFUSED')
+})
+
+t.test('graceful close: calls in flight are answered, requests after close() are refused shutdown, then connections end', async (t) => {
+  const gate = new Gate()
+  const { server, open } = await serveCore(t, taggedProtocol(), { block: gate.handler, echo }, { workers: 2, queueLength: 5 })
+  const peer = await open()
+  peer.socket.write(Buffer.concat([taggedRequest('block', 1, 'a'), taggedRequest('block', 2, 'b'), taggedRequest('block', 3, 'queued')]))
+  await until(() => gate.waiting === 2 && server.stats().callsReceived === 3, 'two running, one queued')
+  let closed = false
+  const closing = server.close({ graceMs: 10_000 }).then(() => { closed = true })
+  peer.socket.write(taggedRequest('echo', 4, 'late'))
+  await peer.until(() => taggedAnswers(peer.received).length === 1, 'the late one refused')
+  t.same(taggedAnswers(peer.received)[0]!.slice(0, 2), ['shutdown', 4])
+  t.notOk(closed, 'close() waits for the calls in flight')
+  gate.releaseAll()
+  await until(() => gate.waiting === 1, 'the queued one runs within the grace')
+  gate.releaseAll()
+  await closing
+  await peer.until(() => peer.closed, 'the connection ended')
+  t.same(tally(peer.received), { ok: 3, shutdown: 1 }, 'four requests, four answers')
+  t.equal(server.stats().connectionsOpen, 0)
+})
+
+t.test('close() during a read: the rest of that read is answered as usual, none refused', async (t) => {
+  let server: ProtocolServer | null = null
+  let closing: Promise<void> | null = null
+  const quit = (req: Buffer): Buffer => { closing ??= server!.close({ graceMs: 10_000 }); return req }
+  const core = await serveCore(t, taggedProtocol(), { quit, echo }, { queueLength: 100 })
+  server = core.server
+  const peer = await core.open()
+  const count = 30
+  const frames = [taggedRequest('quit', 0, 'q'), ...Array.from({ length: count - 1 }, (_, i) => taggedRequest('echo', i + 1, `e${i}`))]
+  peer.socket.write(Buffer.concat(frames))
+  await peer.until(() => peer.closed, 'the connection ended')
+  await closing
+  const answers = taggedAnswers(peer.received)
+  t.equal(new Set(answers.map(a => a[1])).size, count, 'every request answered, once')
+  t.same(tally(peer.received), { ok: count }, 'normally: none refused')
+})
+
+t.test('grace period over: queued calls are refused shutdown, running handlers see their signal abort, a peer that never reads cannot hold close() (FakeClock)', async (t) => {
+  const clock = new FakeClock()
+  const signals: AbortSignal[] = []
+  const stuck = (_req: Buffer, ctx: CallContext): Promise<Buffer> => { signals.push(ctx.signal); return new Promise(() => {}) }
+  const { server, open } = await serveCore(t, taggedProtocol(), { block: stuck, sleep: (req: Buffer) => Buffer.alloc(Number(req.toString())) }, { clock, workers: 1, queueLength: 5, idleTimeoutMs: 0, abandonAfterMs: 0, maxMessageBytes: 65_537 })
+  const waiter = await open()
+  const deaf = await open()
+  deaf.socket.pause()
+  const bigAnswers = Array.from({ length: 200 }, (_, i) => taggedRequest('sleep', i, '60000'))
+  deaf.socket.write(Buffer.concat(bigAnswers))
+  waiter.socket.write(Buffer.concat([taggedRequest('block', 1, 'runs'), taggedRequest('block', 2, 'queued'), taggedRequest('block', 3, 'queued too')]))
+  await until(() => signals.length === 1 && server.stats().callsReceived === 203, 'one running, two queued, the deaf one fed')
+  clock.runDeferred()
+  await until(() => server.connectionStats().some(c => c.queuedBytes + c.socketBufferedBytes > 0), 'answers the deaf one does not read')
+  let closed = false
+  const closing = server.close({ graceMs: 1000 }).then(() => { closed = true })
+  await turns(5)
+  clock.advance(999)
+  await turns(5)
+  t.notOk(closed, 'not before the grace is over')
+  t.notOk(signals[0]!.aborted)
+  clock.advance(1)
+  await turns(5)
+  await until(() => closed, 'close() resolved at the end of the grace')
+  await closing
+  t.ok(signals[0]!.aborted, 'the running handler\'s signal aborted')
+  t.equal(server.stats().connectionsOpen, 0, 'every connection closed, the deaf one too')
+  await waiter.until(() => waiter.closed, 'the waiter sees the end')
+  t.same(tally(waiter.received), { shutdown: 2 }, 'the queued calls refused shutdown; the stuck one unanswered')
+  t.equal(clock.pendingTimers, 0, 'no timer of the server\'s left on its clock')
+})
+
+t.test('nothing is left behind: sockets, listener and the server\'s timers are gone after close()', async (t) => {
+  await turns(5)
+  const before = activeResources()
+  const clock = new FakeClock()
+  const gate = new Gate()
+  const server = new ProtocolServer(taggedProtocol(), { clock, logger: null, requestTimeoutMs: 5000 })
+  server.addRoutes('tagged', { echo, block: gate.handler })
+  const { port } = await server.listen(0, '127.0.0.1')
+  const peers: Peer[] = []
+  for (let i = 0; i < 5; i++) {
+    const socket = connect(port, '127.0.0.1')
+    await once(socket, 'connect')
+    const peer = new Peer(socket)
+    peers.push(peer)
+    peer.socket.write(Buffer.concat([taggedRequest('echo', 1, 'x'), taggedRequest('block', 2, 'y')]))
   }
+  await until(() => gate.waiting === 5, 'calls running')
+  t.ok(clock.pendingTimers > 0, 'the server keeps timers while serving')
+  const closing = server.close({ graceMs: 1000 })
+  gate.releaseAll()
+  await closing
+  for (const peer of peers) await peer.until(() => peer.closed, 'closed by the server')
+  for (const peer of peers) t.same(tally(peer.received), { ok: 2 })
+  await turns(5)
+  t.equal(clock.pendingTimers, 0, 'no timer left on the server\'s clock')
+  const after = activeResources()
+  for (const kind of ['TCPSocketWrap', 'TCPServerWrap', 'Timeout']) t.equal(after[kind] ?? 0, before[kind] ?? 0, `${kind}: as many as before`)
 })
 
-t.test('client.close() with calls pending rejects each exactly once with RPC_ERR_CLIENT_CLOSED', async (t) => {
-  const probe = new Probe()
-  const { endpoint } = await startServer(t, { handlers: probe.handlers() })
-  // A server whose negotiation never finishes: calls to it stay queued, unsent.
-  const other = await startServer(t, { authenticate: () => new Promise<boolean>(() => {}) })
-  const client = new Client({ endpoint })
-  const calc = client.service(CalculatorService)
-  await calc.Add({ x: 1, y: 1 })
-  let callbacks = 0
-  const count = <T>(p: Promise<T>): Promise<T> => { p.then(() => { callbacks++ }, () => { callbacks++ }); return p }
-  const sent = Array.from({ length: 5 }, () => settle(count(calc.Sleep({ sleep_micros: 30_000_000 }))))
-  // Calls queued, unwritten, behind a negotiation that never ends.
-  const queued = Array.from({ length: 3 }, () => settle(count(client.call(other.endpoint, calculatorDef, 'Add', { x: 1, y: 1 }))))
-  await probe.started('Sleep', 5)
-  client.close()
-  const outcomes = await Promise.all([...sent, ...queued])
-  t.same(tally(outcomes), { [ErrorCode.CLIENT_CLOSED]: 8 })
-  await turns(3)
-  t.equal(callbacks, 8, 'each call settled once')
-  t.equal(other.server.stats().callsReceived, 0)
-  t.equal(client.pendingCalls, 0)
-  t.equal(client.connectionCount, 0)
-  t.equal(await settle(calc.Add({ x: 1, y: 1 })), ErrorCode.CLIENT_CLOSED, 'later calls fail at once')
-  client.close()
-  t.pass('close is idempotent')
+t.test('ProtocolClient: close() with calls pending rejects each exactly once; a server going away fails the calls in flight', async (t) => {
+  const gate = new Gate()
+  const { server, port } = await serveCore(t, taggedProtocol(), { block: gate.handler }, { idleTimeoutMs: 0 })
+  const client = taggedClient(t, port, { retry: false })
+  const pending = Array.from({ length: 10 }, (_, i) => client.call({ route: 'block', payload: `${i}` }))
+  await until(() => gate.waiting === 10, 'ten in flight')
+  void client.close()
+  t.same(await outcomes(pending), { [ErrorCode.CLIENT_CLOSED]: 10 })
+  t.same(await outcomes([client.call({ route: 'block' })]), { [ErrorCode.CLIENT_CLOSED]: 1 }, 'and calls after close()')
+  gate.releaseAll()
+
+  const other = taggedClient(t, port, { retry: false })
+  const inFlight = Array.from({ length: 5 }, (_, i) => other.call({ route: 'block', payload: `${i}` }))
+  await until(() => gate.waiting === 5, 'five in flight')
+  const closing = server.close({ graceMs: 0 })
+  t.same(await outcomes(inFlight), { [ErrorCode.CONNECTION_CLOSED]: 5 })
+  await closing
+  gate.releaseAll()
 })
 
-t.test('cancellation before start, while queued, and after sending', async (t) => {
-  const probe = new Probe()
-  const { endpoint, server } = await startServer(t, { handlers: probe.handlers() })
-  const client = newClient(t, { endpoint })
-  const calc = client.service(CalculatorService)
-
-  const aborted = new AbortController()
-  aborted.abort()
-  t.equal(await settle(calc.Add({ x: 1, y: 1 }, { signal: aborted.signal })), ErrorCode.CANCELLED, 'already aborted: never starts')
-  t.equal(client.connectionCount, 0, 'no connection opened for it')
-
-  // Queued: the connection is still negotiating when the abort comes.
-  const queued = new AbortController()
-  const whileQueued = settle(calc.Add({ x: 1, y: 1 }, { signal: queued.signal }))
-  queued.abort()
-  const alongside = calc.Add({ x: 2, y: 3 })
-  t.equal(await whileQueued, ErrorCode.CANCELLED)
-  t.same(await alongside, { result: 5 })
-  t.equal(server.stats().callsReceived, 1, 'the cancelled queued call was never sent')
-
-  // Sent: the handler is running when the abort comes.
-  const sent = new AbortController()
-  const afterSend = track(calc.Sleep({ sleep_micros: 30_000_000 }, { signal: sent.signal }))
-  await probe.started('Sleep')
-  sent.abort()
-  t.equal(await afterSend.done, ErrorCode.CANCELLED)
-  t.equal(client.pendingCalls, 0)
-  // Aborting after the call finished changes nothing.
-  const late = new AbortController()
-  t.same(await calc.Add({ x: 4, y: 4 }, { signal: late.signal }), { result: 8 })
-  late.abort()
-  t.same(await calc.Add({ x: 5, y: 5 }), { result: 10 }, 'the connection is unharmed')
-})
-
-t.test('8 MiB sidecar calls cancelled at random points never corrupt the stream', async (t) => {
-  const expected = new Map<number, number>()
-  const payloads = [0, 1, 2].map((seed) => {
-    const p = pattern(8 * MiB, seed * 17)
-    expected.set(crc32(p), seed)
-    return p
+t.test('ProtocolClient: a server that half-closes (FIN) with calls pending fails every one of them, no deadline needed', async (t) => {
+  let requests = 0
+  const { port, sockets } = await rawServer(t, (_socket, chunk) => {
+    for (let at = 0; at + 7 <= chunk.length; at += 2 + chunk.readUInt16BE(at)) requests++
   })
-  let corrupted = 0
-  let verified = 0
-  const { endpoint, server } = await startServer(t, {
-    handlers: {
-      ...calculatorHandlers,
-      PushStrings: (req, ctx) => {
-        const result = calculatorHandlers.PushStrings(req, ctx) as { sizes: number[], crcs: number[] }
-        for (const crc of result.crcs) {
-          if (expected.has(crc)) verified++
-          else corrupted++
-        }
-        return result
-      }
-    }
-  })
-  const client = newClient(t, { endpoint, defaultTimeoutMs: 30_000 })
-  const random = prng(0xc0ffee)
-  const N = 24
-  const outcomes: Array<Promise<string>> = []
-  for (let wave = 0; wave < N / 6; wave++) {
-    const wavePromises: Array<Promise<string>> = []
-    for (let i = 0; i < 6; i++) {
-      const controller = new AbortController()
-      const payload = payloads[(wave * 6 + i) % payloads.length]!
-      const call = client.call<{ sizes: number[], crcs: number[] }>(endpoint, calculatorDef, 'PushStrings', { sidecar_indexes: [0] },
-        { sidecars: [payload], signal: controller.signal })
-        .then((r) => r.response.crcs[0] === crc32(payload) ? 'OK' : 'WRONG_ANSWER', (e: unknown) => e instanceof RpcError ? e.code : String(e))
-      wavePromises.push(call)
-      // Abort after 0..40 event-loop turns: queued, mid-write, sent or answered.
-      const at = Math.floor(random() * 41)
-      if (random() < 0.85) {
-        void (async () => {
-          if (at === 0) controller.abort()
-          else { await turns(at); controller.abort() }
-        })()
-      }
-    }
-    await Promise.all(wavePromises)
-    outcomes.push(...wavePromises)
+  const client = taggedClient(t, port, { retry: false, defaultTimeoutMs: 0 })
+  const pending = Array.from({ length: 7 }, (_, i) => client.call({ route: 'echo', payload: `${i}` }))
+  await until(() => requests === 7, 'all seven sent')
+  sockets[0]!.end()
+  t.same(await outcomes(pending), { [ErrorCode.CONNECTION_CLOSED]: 7 })
+  await until(() => client.stats().connections.length === 0, 'the connection gone')
+})
+
+t.test('ProtocolClient: where nothing listens every call fails RPC_ERR_CONNECT_FAILED naming the endpoint, one after another and together', async (t) => {
+  const client = taggedClient(t, 0, { endpoint: CLOSED_ENDPOINT, retry: false })
+  for (let i = 0; i < 5; i++) {
+    const error = await client.call({ route: 'echo' }, { timeoutMs: 10_000 }).catch((e: unknown) => e)
+    t.match(error, { code: ErrorCode.CONNECT_FAILED, message: new RegExp(CLOSED_ENDPOINT) }, `attempt ${i + 1}`)
+    t.equal(client.stats().connections.length, 0)
   }
-  const counts = tally(await Promise.all(outcomes))
-  t.comment(`outcomes: ${JSON.stringify(counts)}; server verified ${verified}`)
-  const total = Object.values(counts).reduce((a, b) => a + b, 0)
-  t.equal(total, N, 'every call settled')
-  for (const key of Object.keys(counts)) t.ok(key === 'OK' || key === ErrorCode.CANCELLED, `only OK or CANCELLED (${key})`)
-  t.ok((counts[ErrorCode.CANCELLED] ?? 0) > 0, 'some were cancelled')
-  t.equal(corrupted, 0, 'the server never saw a corrupted payload')
-  t.equal(server.stats().badFrames, 0, 'no bad frame')
-  t.equal(server.stats().connectionsAccepted, 1, 'the connection was never torn down')
-  const check = pattern(MiB, 3)
-  const final = await client.call<{ crcs: number[] }>(endpoint, calculatorDef, 'PushStrings', { sidecar_indexes: [0] }, { sidecars: [check] })
-  t.equal(final.response.crcs[0], crc32(check), 'the connection still carries large frames intact')
+  // Calls queued together on the failing connection all fail the same way.
+  t.same(await outcomes(Array.from({ length: 5 }, () => client.call({ route: 'echo' }))), { [ErrorCode.CONNECT_FAILED]: 5 })
+})
+
+t.test('ProtocolClient: a call aborted in the turn it was made, on a ready connection, is dropped unsent', async (t) => {
+  const { server, port } = await serveCore(t, taggedProtocol(), { echo }, { idleTimeoutMs: 0 })
+  const client = taggedClient(t, port, { retry: false })
+  t.equal(await client.call({ route: 'echo', payload: 'ready' }), 'ready', 'the connection is up')
+  const controller = new AbortController()
+  const aborted = client.call({ route: 'echo', payload: 'aborted' }, { signal: controller.signal })
+  controller.abort()
+  const plain = client.call({ route: 'echo', payload: 'plain' })
+  t.same(await outcomes([aborted]), { [ErrorCode.CANCELLED]: 1 })
+  t.equal(await plain, 'plain')
+  t.equal(server.stats().callsReceived, 2, 'the server got the first and the last call, not the aborted one')
 })

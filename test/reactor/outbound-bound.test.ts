@@ -2,7 +2,7 @@
 // past it the connection is not read until its peer takes enough (its
 // requests wait in the kernel), so a peer that reads late but reads is
 // served in full; one that takes nothing for SUSPENDED_GRACE_MS is closed
-// (test/core/limits.test.ts and test/core/hostile.test.ts have those).
+// (test/reactor/limits.test.ts and test/reactor/hostile.test.ts have those).
 import t from 'tap'
 import { serveCore, until } from '../helpers/core-harness.js'
 import { taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'

@@ -1,4 +1,4 @@
-// KRPC, as the toy protocols (test/core/limits.test.ts): a frame over
+// KRPC, as the toy protocols (test/reactor/limits.test.ts): a frame over
 // maxMessageBytes is refused at its length prefix, and that is a bad frame:
 // counted in badFrames and logged (rate-limited), as a malformed one is.
 import t from 'tap'
