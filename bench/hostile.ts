@@ -19,7 +19,9 @@
  * when any scenario fails.
  *
  * Scenarios: stalled-partial, big-partials, connection-flood, slow-readers,
- * shutdown-nonreader, stuck-sleeps, long-username, tiny-answers.
+ * shutdown-nonreader, stuck-sleeps, long-username, tiny-answers; and against
+ * the examples (bench/hostile-examples.ts): stat-nonreaders,
+ * subscribe-nonreaders, idle-subscribers-at-cap, tiny-pushes.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
@@ -38,6 +40,7 @@ import {
 import { ClientNegotiation, clientHandshakeBytes } from '../codec/krpc/negotiation.js'
 import { Client } from '../reactor/krpc/client.js'
 import { CalculatorService } from '../examples/calculator/index.js'
+import { EXAMPLE_SCENARIOS } from './hostile-examples.js'
 
 const ROOT = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? '../' : '../../', import.meta.url))
 const NYALA = join(ROOT, 'bin', 'nyala')
@@ -483,6 +486,7 @@ class Run {
   readonly peers = new Set<RawPeer>()
   readonly clients = new Set<Client>()
   readonly servers: ServerProc[] = []
+  readonly #owned: Array<() => Promise<void> | void> = []
   command = ''
   readonly #print: (line: string) => void
 
@@ -519,7 +523,13 @@ class Run {
     this.#print(`  ${pass ? 'PASS' : 'FAIL'} ${name}: ${measured} (target: ${target})`)
   }
 
+  /** Runs `cleanup` when the scenario ends (the example scenarios' children and sockets). */
+  own (cleanup: () => Promise<void> | void): void {
+    this.#owned.push(cleanup)
+  }
+
   async cleanup (): Promise<void> {
+    for (const cleanup of this.#owned.splice(0)) await cleanup()
     for (const peer of [...this.peers]) peer.destroy()
     for (const client of this.clients) client.close()
     this.clients.clear()
@@ -1001,7 +1011,8 @@ const SCENARIOS: readonly Scenario[] = [
   { name: 'shutdown-nonreader', summary: 'SIGTERM with ~20 MiB of answers queued to a client that does not read, --shutdown-grace-ms 3000', timeoutMs: 60_000, run: shutdownNonreader },
   { name: 'stuck-sleeps', summary: '10 Sleep(20 s) with 100 ms timeouts on a connection closed at 0.3 s, then a good Add', timeoutMs: 30_000, run: stuckSleeps },
   { name: 'long-username', summary: 'SASL PLAIN with a 40 MiB user name; a Client with a 300-byte user', timeoutMs: 60_000, run: longUsername },
-  { name: 'tiny-answers', summary: '10 non-reading clients pipelining 500 k Add calls each', timeoutMs: 120_000, run: tinyAnswers }
+  { name: 'tiny-answers', summary: '10 non-reading clients pipelining 500 k Add calls each', timeoutMs: 120_000, run: tinyAnswers },
+  ...EXAMPLE_SCENARIOS
 ]
 
 async function runScenario (scenario: Scenario, print: (line: string) => void): Promise<ScenarioResult> {
