@@ -8,88 +8,12 @@ import type { ByteStream, ByteStreamListener } from './byte-stream.js'
 import type { InboundBudget } from './inbound-budget.js'
 import { ReadGate, ReadStop } from './read-gate.js'
 import { SetUp, type SetUpHost } from './set-up.js'
-import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
+import { TransferQueue, type OutboundTransfer } from './transfer-queue.js'
+import type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 export { PROBE_BYTES } from './read-gate.js'
-
-/** What a connection reports to its owner (the reactor's server or client). */
-export interface ConnectionHandler {
-  /**
-   * A whole frame after set-up: `buf[start, end)`, length prefix included.
-   * `buf` is the read chunk (or a buffer the frame was assembled in); views
-   * of it stay valid as long as they are referenced, but the bytes outside
-   * the range belong to other frames. Return false to stop reading.
-   */
-  onFrame: (buf: Buffer, start: number, end: number) => boolean | undefined | void
-  /**
-   * The framing refused the stream after set-up. Return true to take it
-   * over: the connection reads nothing more and the handler ends it (after
-   * answering, say); false or absent: the connection is destroyed with `error`.
-   */
-  onFramingError?: (error: RpcError) => boolean
-  /** The connection closed; `error` says why (undefined: closed by us without error). Called once. */
-  onClose: (error: RpcError | undefined) => void
-}
-
-export interface ConnectionOptions {
-  framing: AnyFraming
-  /** Largest inbound frame accepted; checked as soon as its length prefix arrives. */
-  maxFrameBytes?: number | undefined
-  /**
-   * Bound on outbound bytes queued or buffered, judged on what the kernel
-   * did not take: past it `send` and `writeFrame` return false. With
-   * `onReadingSuspended`, past it the connection reads nothing more until
-   * the peer has taken enough to bring it back under (`isReadingSuspended`),
-   * and the answers to requests already read are still taken, up to twice
-   * the bound.
-   */
-  maxOutboundBytes?: number | undefined
-  /**
-   * A frame sent with nothing queued waits for the end of the current
-   * microtask checkpoint (the same event-loop turn) to go out with the
-   * frames sent by the other continuations of that checkpoint, e.g. the
-   * callers resumed by one read's responses. Default true; see
-   * TransferQueueOptions.coalesceMicrotasks.
-   */
-  coalesceMicrotasks?: boolean | undefined
-  /** The node:net socket under the stream: what a handshake step's `upgrade` switches to TLS (KRPC's TLS inside negotiation). */
-  socket?: Socket | undefined
-  /** How the stream's reads arrive, for `stats()`; default 'onread' (slabs the stream owns). */
-  readPath?: 'onread' | 'data' | undefined
-  /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
-  busyPoller?: BusyPoller | undefined
-  /** The reactor-wide budget for bytes held in incomplete inbound frames; none by default. */
-  inboundBudget?: InboundBudget | undefined
-  /** Called when the transfer queue starts waiting for 'drain' (the peer reads slower than we send). */
-  onBackedUp?: (() => void) | undefined
-  /**
-   * With it, past `maxOutboundBytes` the connection stops reading instead of
-   * refusing sends (see `maxOutboundBytes`), and this is called when it does
-   * (`isReadingSuspended`): the owner judges whether the peer still takes
-   * any. Without it, a send past the bound returns false.
-   */
-  onReadingSuspended?: (() => void) | undefined
-}
-
-/** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
-export interface FrameEncoder<A, B> {
-  encodeInto: (a: A, b: B, out: Buffer, at: number) => void
-}
-
-/** Counters of one connection. */
-export interface ConnectionStats extends TransferQueueStats {
-  /** Bytes read from the socket so far. */
-  bytesRead: number
-  /** Frames received so far, set-up frames included. */
-  framesRead: number
-  /** Bytes handed to the kernel (set-up frames included). */
-  bytesWritten: number
-  /** How reads arrive: into slabs the stream owns (`onread`, the fast path) or as 'data' events. */
-  readPath: 'onread' | 'data'
-  /** The TLS version frames travel under ('TLSv1.3'), or null in plain text (KRPC on loopback after TLS that only authenticated, too). */
-  tls: string | null
-}
+export type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
 
 function makeDeframer (framing: AnyFraming, maxFrameBytes: number | undefined): Deframer {
   return isScanFraming(framing) ? new ScanDecoder(framing, maxFrameBytes) : new FrameDecoder(framing, maxFrameBytes)
@@ -163,43 +87,29 @@ export class Connection {
   }
 
   /** Starts delivering frames to `handler`. */
-  attach (handler: ConnectionHandler): void {
-    this.#handler = handler
-  }
+  attach (handler: ConnectionHandler): void { this.#handler = handler }
 
   /**
    * A counter that moves on every read, every send and every 'drain' (the
    * peer took bytes we had queued). The owner compares it between idle
    * scans, so this class needs no clock.
    */
-  get activity (): number {
-    return this.#activity
-  }
+  get activity (): number { return this.#activity }
 
   /** Reads handled so far: frames delivered under the same count came in the same read. */
-  get reads (): number {
-    return this.#reads
-  }
+  get reads (): number { return this.#reads }
 
   /** Frames received so far (set-up frames included): a partial frame seen under the same count is the same frame. */
-  get framesRead (): number {
-    return this.#framesRead
-  }
+  get framesRead (): number { return this.#framesRead }
 
   /** True while part of a frame has arrived and the rest has not. */
-  get hasPartialFrame (): boolean {
-    return this.#decoder.hasPartialFrame || (this.#setup?.hasPartialFrame ?? false)
-  }
+  get hasPartialFrame (): boolean { return this.#decoder.hasPartialFrame || (this.#setup?.hasPartialFrame ?? false) }
 
   /** Bytes received of the frame being received (0 when none is). */
-  get partialFrameBytes (): number {
-    return this.#decoder.bufferedBytes + (this.#setup?.partialFrameBytes ?? 0)
-  }
+  get partialFrameBytes (): number { return this.#decoder.bufferedBytes + (this.#setup?.partialFrameBytes ?? 0) }
 
   /** Bytes queued or buffered in the stream that the peer has not taken yet. */
-  get outboundBytes (): number {
-    return this.#queue.backlogBytes
-  }
+  get outboundBytes (): number { return this.#queue.backlogBytes }
 
   /**
    * Bytes the kernel still has to take from writes already handed to it. It
@@ -207,69 +117,43 @@ export class Connection {
    * `outboundBytes` stays put until the write completes): the owner's
    * measure of a slow reader's progress.
    */
-  get writeQueueBytes (): number {
-    return this.#stream.writeQueueBytes
-  }
+  get writeQueueBytes (): number { return this.#stream.writeQueueBytes }
 
   /** The bound on this connection's unsent bytes. */
-  get maxOutboundBytes (): number {
-    return this.#queue.maxOutboundBytes
-  }
+  get maxOutboundBytes (): number { return this.#queue.maxOutboundBytes }
 
   /** True while the transfer queue waits for 'drain'. */
-  get isBackedUp (): boolean {
-    return this.#queue.isWaitingDrain
-  }
+  get isBackedUp (): boolean { return this.#queue.isWaitingDrain }
 
   /** Stops reading (backpressure: the peer's requests wait in its own buffers and the kernel's). */
-  pauseReading (): void {
-    if (!this.#closed) this.#gate.stop(ReadStop.Paused)
-  }
+  pauseReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Paused) }
 
   /** Reads again after `pauseReading` (unless another reason holds reading). */
-  resumeReading (): void {
-    if (!this.#closed) this.#gate.start(ReadStop.Paused)
-  }
+  resumeReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Paused) }
 
   /** Paused by `pauseReading` (the outbound budget's reason). */
-  get isReadingPaused (): boolean {
-    return this.#gate.has(ReadStop.Paused)
-  }
+  get isReadingPaused (): boolean { return this.#gate.has(ReadStop.Paused) }
 
   /** Stops reading for the application's reason (`ConnectionHandle.pauseReading`), independent of `pauseReading`. */
-  holdReading (): void {
-    if (!this.#closed) this.#gate.stop(ReadStop.Held)
-  }
+  holdReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Held) }
 
   /** Ends `holdReading`; the stream reads again unless another reason holds it. */
-  releaseReading (): void {
-    if (!this.#closed) this.#gate.start(ReadStop.Held)
-  }
+  releaseReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Held) }
 
   /** Held by `holdReading`. */
-  get isReadingHeld (): boolean {
-    return this.#gate.has(ReadStop.Held)
-  }
+  get isReadingHeld (): boolean { return this.#gate.has(ReadStop.Held) }
 
   /** Not read because its unsent bytes passed `maxOutboundBytes` (the kernel left more than that); reads again once the peer has taken enough. */
-  get isReadingSuspended (): boolean {
-    return this.#gate.has(ReadStop.Suspended)
-  }
+  get isReadingSuspended (): boolean { return this.#gate.has(ReadStop.Suspended) }
 
   /** Reads on while reading is stopped, to see the peer's end (see ReadGate.probe); false when there is nothing to probe. */
-  probeRead (): boolean {
-    return this.#gate.probe()
-  }
+  probeRead (): boolean { return this.#gate.probe() }
 
   /** Bytes a probe read set aside while reading is stopped (counted in the inbound budget). */
-  get probedBytes (): number {
-    return this.#gate.asideBytes
-  }
+  get probedBytes (): number { return this.#gate.asideBytes }
 
   /** Times the stream drained (the kernel took everything it buffered): the peer's progress, with `writeQueueBytes` falling. */
-  get drains (): number {
-    return this.#drains
-  }
+  get drains (): number { return this.#drains }
 
   // The queue passed the bound: nothing more is read until the peer takes enough.
   #suspendReading (): void {
@@ -278,22 +162,16 @@ export class Connection {
     this.#options.onReadingSuspended?.()
   }
 
-  get isClosed (): boolean {
-    return this.#closed
-  }
+  get isClosed (): boolean { return this.#closed }
 
-  get closeError (): RpcError | undefined {
-    return this.#closeError
-  }
+  get closeError (): RpcError | undefined { return this.#closeError }
 
   /**
    * True while bytes wait to go out. A half-received frame does not make a
    * connection busy: a peer that stops inside a frame is idle (see
    * `hasPartialFrame` and `framesRead` for the owner's frame deadline).
    */
-  get isBusy (): boolean {
-    return !this.#queue.isIdle
-  }
+  get isBusy (): boolean { return !this.#queue.isIdle }
 
   /**
    * Runs `handshake` to completion (SetUp). Regular sends queue (held) until

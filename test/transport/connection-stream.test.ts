@@ -254,15 +254,15 @@ t.test('set-up: a bad preamble closes without a reply; a refusing step replies, 
   t.equal(bad.closes[0]?.message, 'not ours')
 
   const no = open()
-  const failed = no.connection.handshake({ onFrame: () => ({ send: [[frame('no')]], error: new RpcError(ErrorCode.NOT_AUTHORIZED, 'who?') }) })
+  const failed = no.connection.handshake({ onFrame: () => ({ send: [[frame('no')]], error: new RpcError(ErrorCode.NEGOTIATION_FAILED, 'who?') }) })
   no.stream.peerSends(Buffer.concat([frame('me'), frame('call')]))
   no.stream.pump()
-  await t.rejects(failed, { code: ErrorCode.NOT_AUTHORIZED })
+  await t.rejects(failed, { code: ErrorCode.NEGOTIATION_FAILED })
   await settle()
   t.same(no.stream.received(), frame('no'))
   t.ok(no.stream.ended)
   t.same(no.frames, [], 'nothing after the refused frame is a call')
-  t.equal(no.closes[0]?.code, ErrorCode.NOT_AUTHORIZED, 'the refusal is the reason, not the close that follows')
+  t.equal(no.closes[0]?.code, ErrorCode.NEGOTIATION_FAILED, 'the refusal is the reason, not the close that follows')
 
   const big = open()
   const tooBig = big.connection.handshake({ maxFrameBytes: 16, onFrame: () => ({}) })
@@ -304,17 +304,14 @@ t.test('reading stops for any reason and resumes only when none holds it', async
   t.ok(stream.reading, 'no reason left')
   await settle()
   t.same(frames, ['req'])
-  // Every order of release: only the last starts reading.
-  const reasons = [
-    [() => connection.pauseReading(), () => connection.resumeReading()],
-    [() => connection.holdReading(), () => connection.releaseReading()]
-  ] as const
-  for (const order of [[0, 1], [1, 0]]) {
-    for (const [stop] of reasons) stop()
+  // Either order of release: only the last starts reading.
+  const releases = [() => connection.resumeReading(), () => connection.releaseReading()]
+  for (const [first, last] of [[0, 1], [1, 0]] as const) {
+    connection.pauseReading()
     connection.holdReading()
-    reasons[order[0]!][1]()
+    releases[first]!()
     t.notOk(stream.reading)
-    reasons[order[1]!][1]()
+    releases[last]!()
     t.ok(stream.reading)
   }
 })
