@@ -12,6 +12,7 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ServerProtocol } from '../codec/protocol.js'
 import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
+import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type Handshake } from '../transport/connection.js'
 import { CallDispatch, type DispatchHost, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
@@ -532,8 +533,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     }
     const reader = secure === null ? new SocketReader() : undefined
     const socket = secure ?? readThrough(accepted, reader!)
-    const connection = new Connection(socket, {
-      reader: socket === accepted || secure !== null ? undefined : reader,
+    const stream = socketStream(socket, socket === accepted || secure !== null ? undefined : reader)
+    const connection = new Connection(stream, {
+      socket,
+      readPath: stream.readPath,
       framing: this.#protocol.framing,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,

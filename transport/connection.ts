@@ -1,127 +1,44 @@
 import type { Socket } from 'node:net'
-import type { Duplex } from 'node:stream'
-import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
-import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
+import type { Handshake } from '../codec/protocol.js'
 import type { BusyPoller } from './busy-poll.js'
+import type { ByteStream, ByteStreamListener } from './byte-stream.js'
 import type { InboundBudget } from './inbound-budget.js'
-import type { SocketReader } from './socket-reader.js'
-import { TransferQueue, type OutboundTransfer, type TransferQueueStats } from './transfer-queue.js'
+import { ReadGate, ReadStop } from './read-gate.js'
+import { SetUp, type SetUpHost } from './set-up.js'
+import { TransferQueue, type OutboundTransfer } from './transfer-queue.js'
+import type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
+export { PROBE_BYTES } from './read-gate.js'
+export type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
 
-/** What probe reads of a paused connection set aside before they stop (`Connection.probeRead`): 64 KiB, one read's worth. */
-export const PROBE_BYTES = 64 * 1024
-
-interface SetupState { handshake: Handshake<unknown>, resolve: (value: unknown) => void, reject: (error: RpcError) => void }
-
-function setupFailed (err: unknown): HandshakeStep<unknown> {
-  return { error: new RpcError(ErrorCode.NEGOTIATION_FAILED, `set-up failed: ${(err as Error).message}`, { cause: err }) }
-}
-
-/** What a connection reports to its owner (the reactor's server or client). */
-export interface ConnectionHandler {
-  /**
-   * A whole frame after set-up: `buf[start, end)`, length prefix included.
-   * `buf` is the read chunk (or a buffer the frame was assembled in); views
-   * of it stay valid as long as they are referenced, but the bytes outside
-   * the range belong to other frames. Return false to stop reading.
-   */
-  onFrame: (buf: Buffer, start: number, end: number) => boolean | undefined | void
-  /**
-   * The framing refused the stream after set-up. Return true to take it
-   * over: the connection reads nothing more and the handler ends it (after
-   * answering, say); false or absent: the connection is destroyed with `error`.
-   */
-  onFramingError?: (error: RpcError) => boolean
-  /** The connection closed; `error` says why (undefined: closed by us without error). Called once. */
-  onClose: (error: RpcError | undefined) => void
-}
-
-export interface ConnectionOptions {
-  framing: AnyFraming
-  /** Largest inbound frame accepted; checked as soon as its length prefix arrives. */
-  maxFrameBytes?: number | undefined
-  /**
-   * Bound on outbound bytes queued or buffered, judged on what the kernel
-   * did not take: past it `send` and `writeFrame` return false. With
-   * `onReadingSuspended`, past it the connection reads nothing more until
-   * the peer has taken enough to bring it back under (`isReadingSuspended`),
-   * and the answers to requests already read are still taken, up to twice
-   * the bound.
-   */
-  maxOutboundBytes?: number | undefined
-  /**
-   * A frame sent with nothing queued waits for the end of the current
-   * microtask checkpoint (the same event-loop turn) to go out with the
-   * frames sent by the other continuations of that checkpoint, e.g. the
-   * callers resumed by one read's responses. Default true; see
-   * TransferQueueOptions.coalesceMicrotasks.
-   */
-  coalesceMicrotasks?: boolean | undefined
-  /** The socket was made with this reader's `onread`: chunks come from it, not from 'data' events. */
-  reader?: SocketReader | undefined
-  /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
-  busyPoller?: BusyPoller | undefined
-  /** The reactor-wide budget for bytes held in incomplete inbound frames; none by default. */
-  inboundBudget?: InboundBudget | undefined
-  /** Called when the transfer queue starts waiting for 'drain' (the peer reads slower than we send). */
-  onBackedUp?: (() => void) | undefined
-  /**
-   * With it, past `maxOutboundBytes` the connection stops reading instead of
-   * refusing sends (see `maxOutboundBytes`), and this is called when it does
-   * (`isReadingSuspended`): the owner judges whether the peer still takes
-   * any. Without it, a send past the bound returns false.
-   */
-  onReadingSuspended?: (() => void) | undefined
-}
-
-/** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
-export interface FrameEncoder<A, B> {
-  encodeInto: (a: A, b: B, out: Buffer, at: number) => void
-}
-
-/** Counters of one connection. */
-export interface ConnectionStats extends TransferQueueStats {
-  /** Bytes read from the socket so far. */
-  bytesRead: number
-  /** Frames received so far, set-up frames included. */
-  framesRead: number
-  /** Bytes handed to the socket (Node's `socket.bytesWritten`: set-up frames included). */
-  bytesWritten: number
-  /** How reads arrive: through a SocketReader (`onread`, the fast path) or as 'data' events. */
-  readPath: 'onread' | 'data'
-  /** The TLS version frames travel under ('TLSv1.3'), or null in plain text (KRPC on loopback after TLS that only authenticated, too). */
-  tls: string | null
+function makeDeframer (framing: AnyFraming, maxFrameBytes: number | undefined): Deframer {
+  return isScanFraming(framing) ? new ScanDecoder(framing, maxFrameBytes) : new FrameDecoder(framing, maxFrameBytes)
 }
 
 /**
- * One socket: inbound frame assembly, the outbound transfer queue, and the
- * set-up handshake. Knows nothing about calls, ids or deadlines: the owner
- * reacts to frames and destroys the connection when its timers say so.
- * No error escapes a socket callback: bad bytes end the connection with an
- * error passed to `onClose`.
+ * One framed connection over a ByteStream: inbound frame assembly, the
+ * outbound transfer queue, activity counters and the ways it closes. Its
+ * set-up (SetUp) and the reasons it is not read (ReadGate) are parts of
+ * their own. Knows nothing about calls, ids or deadlines: the owner reacts
+ * to frames and destroys the connection when its timers say so. No error
+ * escapes a stream callback: bad bytes end the connection with an error
+ * passed to `onClose`.
  */
 export class Connection {
-  readonly socket: Socket
   readonly #decoder: Deframer
   readonly #queue: TransferQueue
+  readonly #gate: ReadGate
+  readonly #options: ConnectionOptions
   #handler: ConnectionHandler | null = null
-  #setup: SetupState | null = null
-  #preamble: Buffer | null = null
-  // The stream frames travel on: the socket, or the secure channel set-up switched to.
-  #stream: Socket
-  #channel: SecureChannel | null = null
-  // Bytes read while an asynchronous set-up step runs, decoded once it is
-  // applied (the step may switch the stream: they are then its input).
-  #held: Buffer[] | null = null
-  #holdRest = false
-  // The held bytes are the socket's (set-up before the stream switched), not the secure channel's.
-  #heldRaw = false
+  #setup: SetUp<unknown> | null = null
+  // The stream frames travel on: the socket's, or the secure channel set-up switched to.
+  #stream: ByteStream
   #closed = false
-  /** Ending (endAfterFlush): no frame is delivered any more, though the socket still flushes. */
+  /** Ending (endAfterFlush): no frame is delivered any more, though the stream still flushes. */
   #ending = false
   #closeError: RpcError | undefined
   #endingError: RpcError | undefined
@@ -129,41 +46,28 @@ export class Connection {
   #framesRead = 0
   #reads = 0
   #activity = 0
-  #maxFrameBytes: number
-  // Two reasons to stop reading, kept apart: the server's outbound budget
-  // (pauseReading) and the application (holdReading, a broker holding back
-  // a publisher). The socket reads again only when neither holds it.
-  #readingPaused = false
-  #readingHeld = false
-  // A third reason, the connection's own: its unsent bytes passed
-  // maxOutboundBytes (what the kernel left of them), so nothing more is read
-  // until the peer has taken enough (see onOverBound in the constructor).
-  #readingSuspended = false
   #drains = 0
   /** Called on each 'drain' of the stream (the kernel took what was buffered), after the queue wrote more; null: none. */
   onDrain: (() => void) | null = null
   readonly #budget: InboundBudget | null
   #heldReported = 0
   readonly #poller: BusyPoller | null
-  readonly #readPath: 'onread' | 'data'
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
-  // Where reads go: the reader's sink or the socket's 'data' listener (swapped for a probe read, see probeRead).
-  readonly #reader: SocketReader | null
-  readonly #onData: (chunk: Buffer) => void
-  readonly #onProbeData = (chunk: Buffer): void => this.#onProbe(chunk)
-  readonly #onReadingSuspended: (() => void) | undefined
-  /** A probe read is armed: the socket reads, and what it reads is set aside while reading is paused. */
-  #probing = false
-  /** What probe reads set aside, delivered first when reading resumes; null: nothing. */
-  #probed: Buffer[] | null = null
-  #probedBytes = 0
+  /** What the stream reports: reads, writability, the peer's end, errors and the close. */
+  readonly #listener: ByteStreamListener = {
+    onRead: (buf, start, end) => this.#onRead(buf, start, end),
+    onWritable: () => this.#onWritable(),
+    // An RpcError is already the reason (a secure channel that read the peer's refusal).
+    onError: (err) => this.destroy(err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECTION_CLOSED, `socket error: ${err.message}`, { cause: err })),
+    onEnd: () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')),
+    onClose: () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
+  }
 
-  constructor (socket: Socket, options: ConnectionOptions) {
-    this.socket = socket
-    this.#stream = socket
-    this.#decoder = isScanFraming(options.framing) ? new ScanDecoder(options.framing, options.maxFrameBytes) : new FrameDecoder(options.framing, options.maxFrameBytes)
-    this.#maxFrameBytes = this.#decoder.maxFrameBytes
-    this.#queue = new TransferQueue(socket, {
+  constructor (stream: ByteStream, options: ConnectionOptions) {
+    this.#stream = stream
+    this.#options = options
+    this.#decoder = makeDeframer(options.framing, options.maxFrameBytes)
+    this.#queue = new TransferQueue(stream, {
       maxOutboundBytes: options.maxOutboundBytes,
       coalesceMicrotasks: options.coalesceMicrotasks ?? true,
       onBackedUp: options.onBackedUp,
@@ -171,298 +75,152 @@ export class Connection {
       onOverBound: options.onReadingSuspended === undefined ? undefined : () => this.#suspendReading()
     })
     this.#budget = options.inboundBudget ?? null
-    this.#onReadingSuspended = options.onReadingSuspended
     this.#poller = options.busyPoller ?? null
-    socket.setNoDelay(true)
-    const onData = (chunk: Buffer): void => this.#onSocketData(chunk)
-    this.#onData = onData
-    this.#reader = options.reader ?? null
-    this.#readPath = options.reader !== undefined ? 'onread' : 'data'
-    if (options.reader !== undefined) options.reader.attach(onData)
-    else socket.on('data', onData)
-    this.#watch(socket)
-  }
-
-  #watch (stream: Socket | Duplex): void {
-    stream.on('drain', () => {
-      // The peer read what we sent: progress, for the owner's idle scan.
-      this.#activity++
-      this.#drains++
-      this.#queue.onSocketDrain()
-      if (this.#readingSuspended && this.#queue.backlogBytes <= this.#queue.maxOutboundBytes) {
-        this.#readingSuspended = false
-        this.#resumeUnlessHeld()
-      }
-      this.onDrain?.()
+    const connection = this
+    this.#gate = new ReadGate(stream, {
+      listener: this.#listener,
+      get probeRefused () { return connection.#closed || connection.#ending || connection.#setup !== null },
+      get isClosed () { return connection.#closed },
+      reportHeld: () => this.#reportHeld()
     })
-    // An RpcError is already the reason (a secure channel that read the peer's refusal).
-    stream.on('error', (err: Error) => this.destroy(err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECTION_CLOSED, `${stream === this.socket ? 'socket' : 'TLS'} error: ${err.message}`, { cause: err })))
-    stream.on('end', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')))
-    stream.on('close', () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')))
+    stream.listen(this.#listener)
   }
 
   /** Starts delivering frames to `handler`. */
-  attach (handler: ConnectionHandler): void {
-    this.#handler = handler
-  }
+  attach (handler: ConnectionHandler): void { this.#handler = handler }
 
   /**
    * A counter that moves on every read, every send and every 'drain' (the
    * peer took bytes we had queued). The owner compares it between idle
    * scans, so this class needs no clock.
    */
-  get activity (): number {
-    return this.#activity
-  }
+  get activity (): number { return this.#activity }
 
   /** Reads handled so far: frames delivered under the same count came in the same read. */
-  get reads (): number {
-    return this.#reads
-  }
+  get reads (): number { return this.#reads }
 
   /** Frames received so far (set-up frames included): a partial frame seen under the same count is the same frame. */
-  get framesRead (): number {
-    return this.#framesRead
-  }
+  get framesRead (): number { return this.#framesRead }
 
   /** True while part of a frame has arrived and the rest has not. */
-  get hasPartialFrame (): boolean {
-    return this.#decoder.hasPartialFrame
-  }
+  get hasPartialFrame (): boolean { return this.#decoder.hasPartialFrame || (this.#setup?.hasPartialFrame ?? false) }
 
   /** Bytes received of the frame being received (0 when none is). */
-  get partialFrameBytes (): number {
-    return this.#decoder.bufferedBytes
-  }
+  get partialFrameBytes (): number { return this.#decoder.bufferedBytes + (this.#setup?.partialFrameBytes ?? 0) }
 
-  /** Bytes queued or buffered in the socket that the peer has not taken yet. */
-  get outboundBytes (): number {
-    return this.#queue.backlogBytes
-  }
+  /** Bytes queued or buffered in the stream that the peer has not taken yet. */
+  get outboundBytes (): number { return this.#queue.backlogBytes }
 
   /**
-   * Bytes libuv still has to write from requests already handed to it. It
-   * falls as the kernel takes them, during one large write too (when
+   * Bytes the kernel still has to take from writes already handed to it. It
+   * falls as the peer reads, during one large write too (when
    * `outboundBytes` stays put until the write completes): the owner's
    * measure of a slow reader's progress.
    */
-  get writeQueueBytes (): number {
-    type Handle = { writeQueueSize?: unknown, _parent?: Handle } | null
-    const handle = (this.socket as unknown as { _handle?: Handle })._handle
-    // Under TLS the TCP handle beneath counts the kernel's progress (the TLS one holds a write whole until done).
-    const size = (handle?._parent ?? handle)?.writeQueueSize
-    return typeof size === 'number' ? size : 0
-  }
+  get writeQueueBytes (): number { return this.#stream.writeQueueBytes }
+
+  /** The bound on this connection's unsent bytes. */
+  get maxOutboundBytes (): number { return this.#queue.maxOutboundBytes }
 
   /** True while the transfer queue waits for 'drain'. */
-  /** The bound on this connection's unsent bytes. */
-  get maxOutboundBytes (): number {
-    return this.#queue.maxOutboundBytes
-  }
+  get isBackedUp (): boolean { return this.#queue.isWaitingDrain }
 
-  get isBackedUp (): boolean {
-    return this.#queue.isWaitingDrain
-  }
+  /** Stops reading (backpressure: the peer's requests wait in its own buffers and the kernel's). */
+  pauseReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Paused) }
 
-  /** Stops reading from the socket (backpressure: the peer's requests wait in its own buffers and the kernel's). */
-  pauseReading (): void {
-    if (this.#readingPaused || this.#closed) return
-    this.#readingPaused = true
-    this.socket.pause()
-  }
-
-  /** Reads again after `pauseReading` (unless `holdReading` holds it too). */
-  resumeReading (): void {
-    if (!this.#readingPaused || this.#closed) return
-    this.#readingPaused = false
-    this.#resumeUnlessHeld()
-  }
+  /** Reads again after `pauseReading` (unless another reason holds reading). */
+  resumeReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Paused) }
 
   /** Paused by `pauseReading` (the outbound budget's reason). */
-  get isReadingPaused (): boolean {
-    return this.#readingPaused
-  }
+  get isReadingPaused (): boolean { return this.#gate.has(ReadStop.Paused) }
 
   /** Stops reading for the application's reason (`ConnectionHandle.pauseReading`), independent of `pauseReading`. */
-  holdReading (): void {
-    if (this.#readingHeld || this.#closed) return
-    this.#readingHeld = true
-    this.socket.pause()
-  }
+  holdReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Held) }
 
-  /** Ends `holdReading`; the socket reads again unless `pauseReading` holds it. */
-  releaseReading (): void {
-    if (!this.#readingHeld || this.#closed) return
-    this.#readingHeld = false
-    this.#resumeUnlessHeld()
-  }
-
-  // The socket reads again once no reason holds it.
-  #resumeUnlessHeld (): void {
-    if (this.#readingStopped) return
-    if (this.#probing) this.#disarmProbe()
-    // What a probe read set aside comes first (and may pause reading again).
-    if (this.#probed !== null && !this.#releaseProbed()) return
-    this.socket.resume()
-  }
-
-  /**
-   * While reading is paused, held or suspended, reads on, to learn whether the
-   * peer has gone: a paused socket is not polled for reading (libuv's
-   * readStop), so its peer's FIN or RST goes unseen, and the connection,
-   * its partial frame with it, stays until a timeout. The socket reads
-   * on: the end or an error closes the connection at once; bytes are set
-   * aside, counted in the inbound budget, and decoded first when reading
-   * resumes. Once `PROBE_BYTES` are aside, reading stops again (so at most
-   * one read more: under 128 KiB per paused connection, more only what a
-   * 'data'-path stream had buffered already) and there is no further probe
-   * until reading resumes: a peer that sent that much before it closed is
-   * seen only then. The owner's periodic scan calls it; false when there is
-   * nothing to probe (reading, closed, in set-up, or enough set aside).
-   */
-  probeRead (): boolean {
-    if (this.#closed || this.#ending || this.#probedBytes >= PROBE_BYTES || this.#setup !== null || this.#held !== null) return false
-    if (!this.#readingStopped) return false
-    if (!this.#probing) {
-      this.#probing = true
-      if (this.#reader !== null) this.#reader.attach(this.#onProbeData)
-      else {
-        this.socket.off('data', this.#onData)
-        this.socket.on('data', this.#onProbeData)
-      }
-    }
-    // Again for an armed probe: a pause since then (holdReading) stopped its read.
-    this.socket.resume()
-    return true
-  }
-
-  /** Bytes a probe read set aside while reading is paused (counted in the inbound budget). */
-  get probedBytes (): number {
-    return this.#probedBytes
-  }
-
-  #onProbe (chunk: Buffer): void {
-    if (this.#closed) return
-    const probed = this.#probed ??= []
-    probed.push(chunk)
-    this.#probedBytes += chunk.length
-    const paused = this.#readingStopped
-    // Under PROBE_BYTES the probe stays armed: the peer's end may follow
-    // what it sent, in a later read. A 'data'-path stream also hands on
-    // what it had buffered: all of it, its end may be behind it.
-    if (paused && (this.#probedBytes < PROBE_BYTES || (this.#readPath === 'data' && this.socket.readableLength > 0))) {
-      this.#reportProbed()
-      return
-    }
-    this.#disarmProbe()
-    if (paused) {
-      this.socket.pause()
-      this.#reportProbed()
-      return
-    }
-    // Reading resumed while the probe waited: the bytes go on now.
-    this.#releaseProbed()
-  }
-
-  // Reads go to the decoder again.
-  #disarmProbe (): void {
-    this.#probing = false
-    if (this.#reader !== null) this.#reader.attach(this.#onData)
-    else {
-      this.socket.off('data', this.#onProbeData)
-      this.socket.on('data', this.#onData)
-    }
-  }
-
-  // Decodes what probe reads set aside; false when that paused reading again (or closed the connection).
-  #releaseProbed (): boolean {
-    const probed = this.#probed!
-    this.#probed = null
-    this.#probedBytes = 0
-    for (let i = 0; i < probed.length; i++) {
-      if (this.#closed) return false
-      if (this.#readingStopped) {
-        // A frame paused reading again: the rest stays aside.
-        const rest = probed.slice(i)
-        this.#probed = rest
-        for (const chunk of rest) this.#probedBytes += chunk.length
-        this.#reportProbed()
-        return false
-      }
-      this.#onSocketData(probed[i]!)
-    }
-    this.#reportHeld()
-    return !this.#closed && !this.#readingStopped
-  }
-
-  // The inbound budget counts bytes set aside with the decoder's (it may close this connection).
-  #reportProbed (): void {
-    if (this.#budget === null) return
-    const held = this.#decoder.heldBytes + this.#probedBytes
-    if (held === this.#heldReported) return
-    this.#heldReported = held
-    this.#budget.update(this, held)
-  }
+  /** Ends `holdReading`; the stream reads again unless another reason holds it. */
+  releaseReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Held) }
 
   /** Held by `holdReading`. */
-  get isReadingHeld (): boolean {
-    return this.#readingHeld
-  }
-
-  /** Times the socket drained (the kernel took everything it buffered): the peer's progress, with `writeQueueBytes` falling. */
-  get drains (): number {
-    return this.#drains
-  }
+  get isReadingHeld (): boolean { return this.#gate.has(ReadStop.Held) }
 
   /** Not read because its unsent bytes passed `maxOutboundBytes` (the kernel left more than that); reads again once the peer has taken enough. */
-  get isReadingSuspended (): boolean {
-    return this.#readingSuspended
-  }
+  get isReadingSuspended (): boolean { return this.#gate.has(ReadStop.Suspended) }
 
-  // Some reason holds reading.
-  get #readingStopped (): boolean {
-    return this.#readingPaused || this.#readingHeld || this.#readingSuspended
-  }
+  /** Reads on while reading is stopped, to see the peer's end (see ReadGate.probe); false when there is nothing to probe. */
+  probeRead (): boolean { return this.#gate.probe() }
+
+  /** Bytes a probe read set aside while reading is stopped (counted in the inbound budget). */
+  get probedBytes (): number { return this.#gate.asideBytes }
+
+  /** Times the stream drained (the kernel took everything it buffered): the peer's progress, with `writeQueueBytes` falling. */
+  get drains (): number { return this.#drains }
 
   // The queue passed the bound: nothing more is read until the peer takes enough.
   #suspendReading (): void {
-    if (this.#readingSuspended || this.#closed) return
-    this.#readingSuspended = true
-    this.socket.pause()
-    this.#onReadingSuspended?.()
+    if (this.#closed || this.#gate.has(ReadStop.Suspended)) return
+    this.#gate.stop(ReadStop.Suspended)
+    this.#options.onReadingSuspended?.()
   }
 
-  get isClosed (): boolean {
-    return this.#closed
-  }
+  get isClosed (): boolean { return this.#closed }
 
-  get closeError (): RpcError | undefined {
-    return this.#closeError
-  }
+  get closeError (): RpcError | undefined { return this.#closeError }
 
   /**
    * True while bytes wait to go out. A half-received frame does not make a
    * connection busy: a peer that stops inside a frame is idle (see
    * `hasPartialFrame` and `framesRead` for the owner's frame deadline).
    */
-  get isBusy (): boolean {
-    return !this.#queue.isIdle
-  }
+  get isBusy (): boolean { return !this.#queue.isIdle }
 
   /**
-   * Runs `handshake` to completion. Regular sends queue (held) until it is
-   * done. Rejects with the handshake's error or the connection's close
-   * reason; the owner enforces the deadline by destroying the connection.
+   * Runs `handshake` to completion (SetUp). Regular sends queue (held) until
+   * it is done; the bytes read past its last frame are then decoded as the
+   * first regular ones. Rejects with the handshake's error or the
+   * connection's close reason; the owner enforces the deadline by
+   * destroying the connection.
    */
   handshake<T> (handshake: Handshake<T>): Promise<T> {
     this.#queue.hold()
-    if (handshake.maxFrameBytes !== undefined) this.#decoder.maxFrameBytes = Math.min(this.#maxFrameBytes, handshake.maxFrameBytes)
-    return new Promise<T>((resolve, reject) => {
-      this.#setup = { handshake: handshake as Handshake<unknown>, resolve: resolve as (value: unknown) => void, reject }
-      if ((handshake.preambleBytes ?? 0) > 0) this.#preamble = Buffer.alloc(0)
-      const first = handshake.start?.()
-      if (first !== undefined) this.#writeRaw(first)
-    })
+    const maxFrameBytes = Math.min(this.#decoder.maxFrameBytes, handshake.maxFrameBytes ?? Infinity)
+    const setup = new SetUp<T>(handshake, this.#stream, makeDeframer(this.#options.framing, maxFrameBytes), this.#setUpHost())
+    this.#setup = setup as SetUp<unknown>
+    setup.start()
+    return setup.promise
+  }
+
+  // What the set-up may do to this connection.
+  #setUpHost (): SetUpHost {
+    const connection = this
+    return {
+      socket: this.#options.socket ?? null,
+      get isClosed () { return connection.#closed },
+      get isEnding () { return connection.#ending },
+      frameRead: () => { this.#framesRead++ },
+      switchStream: (stream) => {
+        this.#stream = stream
+        this.#queue.switchSink(stream)
+        this.#gate.switchStream(stream)
+        stream.listen(this.#listener)
+      },
+      holdReads: (stop) => {
+        if (stop) this.#gate.stop(ReadStop.SetUp)
+        else this.#gate.start(ReadStop.SetUp)
+      },
+      reportHeld: () => this.#reportHeld(),
+      finished: (rest) => {
+        this.#setup = null
+        this.#queue.release()
+        this.#reportHeld()
+        for (const chunk of rest) {
+          if (this.#closed || this.#ending || this.#gate.stopped) return
+          this.#decode(chunk)
+        }
+      },
+      framingError: (error) => this.flushAndDestroy(error),
+      endAfterFlush: (error) => this.endAfterFlush(error),
+      destroy: (error) => this.destroy(error)
+    }
   }
 
   /** Sends one frame through the transfer queue; false when the outbound bound is exceeded. */
@@ -518,18 +276,21 @@ export class Connection {
     if (this.#endingError !== undefined) error = this.#endingError
     this.#closeError = error
     this.#decoder.stop()
-    this.#reportHeld()
-    this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
-    this.socket.destroy()
-    if (this.#stream !== this.socket) this.#stream.destroy()
-    this.#held = null
-    this.#probed = null
-    this.#probedBytes = 0
+    this.#gate.clear()
     const setup = this.#setup
     this.#setup = null
-    setup?.handshake.abort?.()
-    setup?.reject(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed during set-up'))
+    this.#reportHeld()
+    this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
+    this.#stream.close()
+    setup?.abort(error)
     this.#handler?.onClose(error)
+  }
+
+  /** Closes the connection with an RST (the peer sees ECONNRESET), as `destroy` otherwise. */
+  reset (error?: RpcError): void {
+    if (this.#closed) return
+    this.#stream.reset()
+    this.destroy(error)
   }
 
   /**
@@ -552,7 +313,7 @@ export class Connection {
     this.#reportHeld()
   }
 
-  /** Writes the queued frames, then ends the socket (after a fatal error reply, or a server's drained shutdown). */
+  /** Writes the queued frames, then ends the stream (after a fatal error reply, or a server's drained shutdown). */
   endAfterFlush (error?: RpcError): void {
     if (this.#closed || this.#ending) return
     this.#ending = true
@@ -566,29 +327,30 @@ export class Connection {
   }
 
   stats (): ConnectionStats {
-    const tls = (this.#stream as Partial<Pick<TLSSocket, 'getProtocol'>>).getProtocol?.() ?? null
-    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: this.socket.bytesWritten, readPath: this.#readPath, tls }
+    const stream = this.#stream
+    return { ...this.#queue.stats(), bytesRead: this.#bytesRead, framesRead: this.#framesRead, bytesWritten: stream.bytesWritten, readPath: this.#options.readPath ?? 'onread', tls: stream.secureProtocol }
   }
 
-  #onSocketData (chunk: Buffer): void {
+  #onRead (buf: Buffer, start: number, end: number): void {
     if (this.#closed) return
-    this.#bytesRead += chunk.length
+    this.#bytesRead += end - start
     this.#reads++
     this.#activity++
     this.#poller?.touch()
-    if (this.#channel !== null) {
-      this.#channel.input(chunk)
+    if (this.#setup !== null) {
+      this.#setup.input(buf, start, end)
       return
     }
-    if (this.#held !== null) {
-      this.#held.push(chunk)
-      return
-    }
-    if (this.#preamble !== null) {
-      chunk = this.#takePreamble(chunk)
-      if (chunk.length === 0 || this.#closed) return
-    }
-    this.#decode(chunk)
+    this.#decode(start === 0 && end === buf.length ? buf : buf.subarray(start, end))
+  }
+
+  // The stream took what it held: the peer read what we sent (progress, for the owner's idle scan).
+  #onWritable (): void {
+    this.#activity++
+    this.#drains++
+    this.#queue.onSocketDrain()
+    if (this.#gate.has(ReadStop.Suspended) && this.#queue.backlogBytes <= this.#queue.maxOutboundBytes) this.#gate.start(ReadStop.Suspended)
+    this.onDrain?.()
   }
 
   #decode (chunk: Buffer): void {
@@ -596,12 +358,6 @@ export class Connection {
     this.#queue.beginRead()
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
-      if (this.#holdRest) {
-        // An asynchronous set-up step stopped the decoding: the rest waits for it.
-        this.#holdRest = false
-        const rest = chunk.subarray(this.#decoder.consumed)
-        if (rest.length > 0) this.#held?.push(rest)
-      }
       if (error !== null) this.#framingError(error)
       else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
@@ -612,7 +368,7 @@ export class Connection {
   // The stream's framing broke: the handler may take over (and end the connection itself).
   #framingError (error: RpcError): void {
     if (this.#closed) return
-    const handler = this.#setup === null ? this.#handler : null
+    const handler = this.#handler
     if (handler?.onFramingError !== undefined && !this.#ending && handler.onFramingError(error)) {
       this.stopReading()
       return
@@ -622,147 +378,23 @@ export class Connection {
     this.flushAndDestroy(error)
   }
 
-  // Tells the inbound budget what the decoder holds now (it may close this connection, or another).
+  // Tells the inbound budget what the decoder, a set-up and a probe hold now (it may close this connection, or another).
   #reportHeld (): void {
     if (this.#budget === null) return
-    const held = this.#decoder.heldBytes
+    const held = this.#decoder.heldBytes + this.#gate.asideBytes + (this.#setup?.heldBytes ?? 0)
     if (held === this.#heldReported) return
     this.#heldReported = held
     this.#budget.update(this, held)
   }
 
-  // Collects the client preamble (server side) before any frame.
-  #takePreamble (chunk: Buffer): Buffer {
-    const setup = this.#setup
-    const need = setup?.handshake.preambleBytes ?? 0
-    const have = this.#preamble!
-    const take = Math.min(need - have.length, chunk.length)
-    const collected = have.length === 0 && take === need ? chunk.subarray(0, take) : Buffer.concat([have, chunk.subarray(0, take)])
-    if (collected.length < need) {
-      // Wait for the rest; a peer that never sends it meets the set-up deadline.
-      this.#preamble = collected
-      return chunk.subarray(chunk.length)
-    }
-    this.#preamble = null
-    const verdict = setup?.handshake.checkPreamble?.(collected) ?? null
-    if (verdict !== null) {
-      // A bad preamble is closed without a reply.
-      this.destroy(verdict)
-      return chunk.subarray(chunk.length)
-    }
-    return chunk.subarray(take)
-  }
-
   #dispatch (buf: Buffer, start: number, end: number): boolean {
     if (this.#closed || this.#ending) return false
     this.#framesRead++
-    if (this.#setup === null) {
-      const handler = this.#handler
-      if (handler === null) {
-        this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
-        return false
-      }
-      return handler.onFrame(buf, start, end) !== false && !this.#closed
+    const handler = this.#handler
+    if (handler === null) {
+      this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
+      return false
     }
-    // A synchronous step runs now, so that a handshake that ends in this
-    // read lets the frames after it through at once (and under the regular
-    // frame limit). An asynchronous one (an authenticator, a TLS step)
-    // holds every byte after its frame until it is applied: the step may
-    // change what those bytes are (TLS records, not frames).
-    const setup = this.#setup
-    let step: HandshakeStep<unknown> | Promise<HandshakeStep<unknown>>
-    try {
-      step = setup.handshake.onFrame(Buffer.from(buf.subarray(start, end)))
-    } catch (err) {
-      step = setupFailed(err)
-    }
-    // A step that switches the stream is applied as an asynchronous one is: the rest of the chunk is the new stream's.
-    if (!(step instanceof Promise) && step.upgrade === undefined) {
-      this.#applyStep(setup, step)
-      return !this.#closed
-    }
-    this.#held = []
-    this.#holdRest = true
-    this.#heldRaw = this.#channel === null
-    this.socket.pause()
-    const apply = (s: HandshakeStep<unknown>): void => {
-      this.#applyStep(setup, s)
-      this.#releaseHeld()
-    }
-    if (step instanceof Promise) step.then(apply, (err: unknown) => apply(setupFailed(err)))
-    else queueMicrotask(() => apply(step))
-    return false
-  }
-
-  // Decodes the bytes held while a set-up step ran (or feeds them to the secure channel it opened).
-  #releaseHeld (): void {
-    const held = this.#held
-    this.#held = null
-    if (held === null || this.#closed) return
-    this.#resumeUnlessHeld()
-    if (this.#heldRaw && this.#channel !== null) {
-      // The socket's bytes, read before the switch: the channel's input,
-      // all of them (what it decrypts meets any new hold on its own).
-      for (const chunk of held) this.#channel.input(chunk)
-      return
-    }
-    for (let i = 0; i < held.length; i++) {
-      if (this.#closed || this.#ending) return
-      if (this.#held !== null) {
-        // Another asynchronous step began: the rest waits for it.
-        for (let j = i; j < held.length; j++) (this.#held as Buffer[]).push(held[j]!)
-        return
-      }
-      this.#decode(held[i]!)
-    }
-  }
-
-  #applyStep (setup: SetupState, step: HandshakeStep<unknown>): void {
-    if (this.#closed) return
-    if (step.send !== undefined) this.#writeRaw(step.send)
-    if (step.upgrade !== undefined) {
-      try {
-        this.#upgrade(step.upgrade(this.socket))
-      } catch (err) {
-        this.destroy(setupFailed(err).error)
-        return
-      }
-    }
-    // Through the new stream: the first frames it carries, a refusal too.
-    if (step.sendUpgraded !== undefined) this.#writeRaw(step.sendUpgraded)
-    if (step.error !== undefined) {
-      this.#setup = null
-      setup.reject(step.error)
-      this.endAfterFlush(step.error)
-      return
-    }
-    if (step.done !== undefined) {
-      this.#setup = null
-      this.#decoder.maxFrameBytes = this.#maxFrameBytes
-      setup.resolve(step.done)
-      this.#queue.release()
-    }
-  }
-
-  // From now on frames travel on the channel's stream (TLS over the socket).
-  #upgrade (channel: SecureChannel): void {
-    this.#channel = channel
-    const stream = channel.stream as Socket
-    this.#stream = stream
-    this.#queue.switchSink(stream)
-    this.#watch(stream)
-    stream.on('data', (chunk: Buffer) => {
-      if (this.#closed) return
-      // Decrypted bytes wait behind an asynchronous set-up step as the socket's do.
-      if (this.#held !== null) this.#held.push(chunk)
-      else this.#decode(chunk)
-    })
-  }
-
-  // Set-up frames bypass the (held) transfer queue.
-  #writeRaw (frames: Buffer[][]): void {
-    const slices: Buffer[] = []
-    for (const frame of frames) for (const slice of frame) slices.push(slice)
-    this.#stream.write(slices.length === 1 ? slices[0]! : Buffer.concat(slices))
+    return handler.onFrame(buf, start, end) !== false && !this.#closed
   }
 }

@@ -28,7 +28,7 @@ export class SocketReader {
   /** Bytes the next read should have room for, from the last read, and the slab size for such reads. */
   #want = MIN_WANT
   #slabFor = slabSizeFor(MIN_WANT)
-  #sink: ((chunk: Buffer) => void) | null = null
+  #sink: ReadSink | null = null
   #early: Buffer[] = []
 
   /** Pass as `net.connect({ onread })`. */
@@ -38,12 +38,15 @@ export class SocketReader {
     callback: (nread: number, buf: Uint8Array): boolean => { this.#deliver(nread, buf as Buffer); return true }
   }
 
-  /** Where chunks go from now on (the connection's read handler); chunks read before are handed on first. */
-  attach (sink: (chunk: Buffer) => void): void {
+  /**
+   * Where chunks go from now on (the stream's listener): each as
+   * `(chunk, 0, chunk.length)`; chunks read before are handed on first.
+   */
+  attach (sink: ReadSink): void {
     this.#sink = sink
     const early = this.#early
     this.#early = []
-    for (const chunk of early) sink(chunk)
+    for (const chunk of early) sink(chunk, 0, chunk.length)
   }
 
   /** Bytes of the slab the next read goes into (what an idle connection holds). */
@@ -82,9 +85,12 @@ export class SocketReader {
     // lives: it gets a buffer of its own instead (once per such change).
     if (nread <= COPY_BYTES && this.#oversized()) chunk = Buffer.from(chunk)
     if (this.#sink === null) this.#early.push(chunk)
-    else this.#sink(chunk)
+    else this.#sink(chunk, 0, chunk.length)
   }
 }
+
+/** Takes one read: `buf[start, end)` (a SocketReader hands whole chunks: `start` 0, `end` their length). */
+export type ReadSink = (buf: Buffer, start: number, end: number) => void
 
 function slabSizeFor (want: number): number {
   let size = MIN_SLAB

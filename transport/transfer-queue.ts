@@ -1,16 +1,12 @@
 import Denque from 'denque'
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { ByteStream } from './byte-stream.js'
 
 /**
- * The part of a socket the transfer queue writes to: `net.Socket` fits, and
- * so does a test double that simulates a full kernel buffer.
+ * The part of a ByteStream the transfer queue writes to: the connection's
+ * stream, or a test double that simulates a full kernel buffer.
  */
-export interface WritableSink {
-  write: (chunk: Buffer, callback?: (error?: Error | null) => void) => boolean
-  cork: () => void
-  uncork: () => void
-  readonly writableLength: number
-}
+export type WritableSink = Pick<ByteStream, 'write' | 'writev' | 'writableLength'>
 
 /** One frame to send, as slices written in order. */
 export interface OutboundTransfer {
@@ -490,7 +486,7 @@ export class TransferQueue {
     this.#sink = sink
   }
 
-  /** The socket emitted 'drain'. */
+  /** The stream can take writes again (its 'drain', `ByteStreamListener.onWritable`). */
   onSocketDrain (): void {
     if (!this.#waitingDrain) return
     this.#waitingDrain = false
@@ -572,11 +568,8 @@ export class TransferQueue {
       ok = this.#sink.write(slices[0]!)
       transfer.onSent?.(undefined)
     } else {
-      const callback = transfer.onSent === undefined ? undefined : (error?: Error | null) => transfer.onSent!(toRpcError(error))
-      this.#sink.cork()
-      for (let i = 0; i < slices.length - 1; i++) this.#sink.write(slices[i]!)
-      ok = this.#sink.write(slices[slices.length - 1]!, callback)
-      this.#sink.uncork()
+      const callback = transfer.onSent === undefined ? undefined : (error: Error | null | undefined) => transfer.onSent!(toRpcError(error))
+      ok = this.#sink.writev(slices, callback)
     }
     this.#afterWrite(ok)
   }
@@ -617,21 +610,15 @@ export class TransferQueue {
       ok = this.#sink.write(out)
       for (const transfer of batch) transfer.onSent?.(undefined)
     } else {
-      this.#sink.cork()
-      ok = true
-      let remaining = slices
+      // One writev; the transfers that wait for the kernel to take their slices hear once it has.
+      const all: Buffer[] = []
+      let waiting: OutboundTransfer[] | null = null
       for (const transfer of batch) {
-        const hasOnSent = transfer.onSent !== undefined
-        const last = transfer.slices.length - 1
-        for (let i = 0; i <= last; i++) {
-          remaining--
-          const slice = transfer.slices[i]!
-          if (i === last && hasOnSent) ok = this.#sink.write(slice, (error) => transfer.onSent!(toRpcError(error)))
-          else ok = this.#sink.write(slice)
-        }
+        for (const slice of transfer.slices) all.push(slice)
+        if (transfer.onSent !== undefined) (waiting ??= []).push(transfer)
       }
-      this.#sink.uncork()
-      if (remaining !== 0) throw new Error('slice count mismatch')
+      const done = waiting
+      ok = this.#sink.writev(all, done === null ? undefined : (error) => { for (const transfer of done) transfer.onSent!(toRpcError(error)) })
     }
     this.#afterWrite(ok)
   }

@@ -512,7 +512,7 @@ export class ClientEngine<Req, Res> {
         ? new RpcError(ErrorCode.NEGOTIATION_FAILED, `${setupName} with ${key} timed out after ${connectMs} ms`)
         : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: timed out after ${connectMs} ms`))
     }, connectMs)
-    connection.socket.once(tls ? 'secureConnect' : 'connect', () => {
+    cc.socket.once(tls ? 'secureConnect' : 'connect', () => {
       cc.connected = true
       if (handshake === undefined) this.#ready(cc)
     })

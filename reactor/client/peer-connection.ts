@@ -6,7 +6,8 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { TimerHandle } from '../../scheduling/clock.js'
 import type { BusyPoller } from '../../transport/busy-poll.js'
 import { Connection } from '../../transport/connection.js'
-import { SocketReader } from '../../transport/socket-reader.js'
+import { SocketReader, type ReadSink } from '../../transport/socket-reader.js'
+import { socketStream } from '../../transport/net-stream.js'
 import type { Balancer, Slot } from '../balancer.js'
 import { CallTable } from '../call-table.js'
 import type { ConnectionLiveness } from '../connection-liveness.js'
@@ -39,14 +40,14 @@ export class FirstBytesReader extends SocketReader {
   /** The first chunk's first bytes (enough to quote); null until one is read. */
   firstBytes: Buffer | null = null
 
-  override attach (sink: (chunk: Buffer) => void): void {
-    super.attach((chunk) => {
+  override attach (sink: ReadSink): void {
+    super.attach((buf, start, end) => {
       // Chunks read before attach all come through here: only the first is kept.
       if (this.firstBytes === null) {
-        this.firstBytes = Buffer.from(chunk.subarray(0, QUOTED_BYTES))
+        this.firstBytes = Buffer.from(buf.subarray(start, Math.min(end, start + QUOTED_BYTES)))
         super.attach(sink)
       }
-      sink(chunk)
+      sink(buf, start, end)
     })
   }
 }
@@ -71,6 +72,8 @@ export class PeerConnection<C> {
   readonly slot: Slot
   readonly balancer: Balancer
   readonly connection: Connection
+  /** The socket under the connection (its 'connect' and 'secureConnect' events). */
+  readonly socket: Socket
   readonly owner: PeerOwner<C>
   readonly inOrderMatching: boolean
   /** The TCP (or TLS) connection is up. */
@@ -126,8 +129,11 @@ export class PeerConnection<C> {
       ? netConnect({ host, port, noDelay: true, onread: reader!.onread, keepAlive, keepAliveInitialDelay: settings.keepAliveMs })
       : tlsConnect({ ...tls, host, port })
     if (tls !== undefined && keepAlive) socket.setKeepAlive(true, settings.keepAliveMs)
-    this.connection = new Connection(socket, {
-      reader,
+    this.socket = socket
+    const stream = socketStream(socket, reader)
+    this.connection = new Connection(stream, {
+      socket,
+      readPath: stream.readPath,
       framing: settings.framing,
       maxFrameBytes: settings.maxFrameBytes,
       maxOutboundBytes: settings.maxOutboundBytes,

@@ -1,9 +1,9 @@
 import type { WritableSink } from '../../transport/transfer-queue.js'
 
-/** One `write` call the sink received. */
+/** One buffer the sink received (a `write`, or one slice of a `writev`). */
 export interface SinkWrite {
   chunk: Buffer
-  /** Writes made between one cork and its uncork share a group: one writev on a real socket. */
+  /** The slices of one `writev` share a group (as writes between a cork and its uncork do): one writev on a real socket. */
   group: number
   hasCallback: boolean
 }
@@ -30,6 +30,18 @@ export class FakeSink implements WritableSink {
     this.writes.push({ chunk, group: this.#group, hasCallback: callback !== undefined })
     if (callback !== undefined) this.#pending.push(callback)
     this.onWrite?.(chunk)
+    return this.writeReturns
+  }
+
+  writev (slices: readonly Buffer[], callback?: (error: Error | null | undefined) => void): boolean {
+    this.#group++
+    const last = slices.length - 1
+    for (let i = 0; i <= last; i++) {
+      const withCallback = i === last && callback !== undefined
+      this.writes.push({ chunk: slices[i]!, group: this.#group, hasCallback: withCallback })
+      if (withCallback) this.#pending.push(callback)
+      this.onWrite?.(slices[i]!)
+    }
     return this.writeReturns
   }
 

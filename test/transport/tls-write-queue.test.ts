@@ -9,6 +9,7 @@ import { once } from 'node:events'
 import { TLSSocket, connect as tlsConnect, createSecureContext } from 'node:tls'
 import { krpcFraming } from '../../codec/krpc/frames.js'
 import { Connection } from '../../transport/connection.js'
+import { socketStream } from '../../transport/net-stream.js'
 import { haveOpenssl, makeCerts } from '../helpers/tls-certs.js'
 
 if (!haveOpenssl()) {
@@ -33,7 +34,7 @@ if (!haveOpenssl()) {
     // The peer reads nothing from here on.
     client.pause()
     const socket = accepted[0]!
-    const connection = new Connection(socket, { framing: krpcFraming })
+    const connection = new Connection(socketStream(socket), { socket, framing: krpcFraming })
     connection.attach({ onFrame: () => true, onClose: () => {} })
     socket.write(Buffer.alloc(32 << 20, 1))
     await new Promise(resolve => setTimeout(resolve, 50))

@@ -1,0 +1,289 @@
+import type { Socket } from 'node:net'
+import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { Deframer } from '../codec/frame-decoder.js'
+import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
+import type { ByteStream } from './byte-stream.js'
+import { ChannelStream } from './channel-stream.js'
+
+/** What a connection's set-up needs of its connection. */
+export interface SetUpHost {
+  /** The node:net socket under the stream, for a step's `upgrade`; null when there is none (a test's stream). */
+  readonly socket: Socket | null
+  readonly isClosed: boolean
+  readonly isEnding: boolean
+  /** A set-up frame was read (the connection counts set-up frames with the others). */
+  frameRead: () => void
+  /** Frames travel on `stream` from now on (the secure channel a step switched to). */
+  switchStream: (stream: ByteStream) => void
+  /** Stops reading while an asynchronous step runs (`stop` true), or reads again. */
+  holdReads: (stop: boolean) => void
+  /** Tells the inbound budget what the connection holds now (this set-up's partial frame included). */
+  reportHeld: () => void
+  /** The set-up succeeded: regular frames flow, and `rest` (read past the last set-up frame) is the first of them. Called before the promise settles. */
+  finished: (rest: Buffer[]) => void
+  /** The set-up's framing broke: the connection goes (what it queued still goes out). */
+  framingError: (error: RpcError) => void
+  /** A step refused the peer: its reply goes out, then the stream ends. */
+  endAfterFlush: (error: RpcError) => void
+  destroy: (error: RpcError) => void
+}
+
+function setupFailed (err: unknown): HandshakeStep<unknown> {
+  return { error: new RpcError(ErrorCode.NEGOTIATION_FAILED, `set-up failed: ${(err as Error).message}`, { cause: err }) }
+}
+
+/**
+ * One connection's set-up: the client preamble, the handshake frames (with
+ * a decoder of their own, under the handshake's frame limit), a switch to a
+ * secure channel (TLS inside the negotiation), and the bytes read while an
+ * asynchronous step runs, held until it is applied (the step may change
+ * what they are: TLS records, not frames). It ends with the stream frames
+ * travel on and the bytes read past its last frame (`SetUpHost.finished`),
+ * as a WebSocket server's upgrade hands over its socket and head; only then
+ * does the framed connection decode them. The promise settles with the
+ * handshake's result, or rejects with its error or the connection's close
+ * reason.
+ */
+export class SetUp<T> {
+  /** Settles when the set-up is done, failed, or the connection closed under it. */
+  readonly promise: Promise<T>
+  readonly #host: SetUpHost
+  readonly #handshake: Handshake<T>
+  readonly #decoder: Deframer
+  #resolve!: (value: T) => void
+  #reject!: (error: RpcError) => void
+  #state: 'running' | 'done' | 'failed' = 'running'
+  #handedOver = false
+  // A method, not a comparison: the state changes inside the handshake's callbacks, behind TypeScript's narrowing.
+  #isDone (): boolean {
+    return this.#state === 'done'
+  }
+  #stream: ByteStream
+  #channel: ChannelStream | null = null
+  #preamble: Buffer | null = null
+  // Bytes read while an asynchronous step runs, handled once it is applied.
+  #held: Buffer[] | null = null
+  #holdRest = false
+  // The held bytes are the socket's (read before the stream switched), not the secure channel's.
+  #heldRaw = false
+  readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#frame(buf, start, end)
+
+  constructor (handshake: Handshake<T>, stream: ByteStream, decoder: Deframer, host: SetUpHost) {
+    this.#handshake = handshake
+    this.#stream = stream
+    this.#decoder = decoder
+    this.#host = host
+    this.promise = new Promise<T>((resolve, reject) => {
+      this.#resolve = resolve
+      this.#reject = reject
+    })
+    if ((handshake.preambleBytes ?? 0) > 0) this.#preamble = Buffer.alloc(0)
+  }
+
+  /** Writes the handshake's first frames (a client's), if it has any. */
+  start (): void {
+    const first = this.#handshake.start?.()
+    if (first !== undefined) this.#write(first)
+  }
+
+  /** True while part of a set-up frame has arrived and the rest has not. */
+  get hasPartialFrame (): boolean {
+    return this.#decoder.hasPartialFrame
+  }
+
+  /** Bytes received of the set-up frame being received. */
+  get partialFrameBytes (): number {
+    return this.#decoder.bufferedBytes
+  }
+
+  /** Bytes this set-up holds: its decoder's partial frame. */
+  get heldBytes (): number {
+    return this.#decoder.heldBytes
+  }
+
+  /** True while an asynchronous step holds the bytes read after its frame. */
+  get isHolding (): boolean {
+    return this.#held !== null
+  }
+
+  /** Bytes read from the stream while the set-up runs: `buf[start, end)`. */
+  input (buf: Buffer, start: number, end: number): void {
+    if (this.#state !== 'running') return
+    let chunk = start === 0 && end === buf.length ? buf : buf.subarray(start, end)
+    if (this.#held !== null) {
+      this.#held.push(chunk)
+      return
+    }
+    if (this.#preamble !== null) {
+      chunk = this.#takePreamble(chunk)
+      if (chunk.length === 0 || this.#host.isClosed) return
+    }
+    const rest = this.#decode(chunk)
+    if (this.#isDone()) this.#finish(rest === null ? [] : [rest])
+  }
+
+  /** The connection closed during set-up: the handshake is aborted and the promise rejects with `error`. */
+  abort (error: RpcError | undefined): void {
+    this.#held = null
+    if (this.#state !== 'running') return
+    this.#state = 'failed'
+    this.#decoder.stop()
+    this.#handshake.abort?.()
+    this.#reject(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed during set-up'))
+  }
+
+  // Decodes set-up frames; returns what follows the last one when the set-up ended in `chunk` (else null).
+  #decode (chunk: Buffer): Buffer | null {
+    const error = this.#decoder.pushRanges(chunk, this.#onFrame)
+    if (this.#holdRest) {
+      // An asynchronous step stopped the decoding: the rest waits for it.
+      this.#holdRest = false
+      const rest = chunk.subarray(this.#decoder.consumed)
+      if (rest.length > 0) this.#held?.push(rest)
+    } else if (this.#isDone()) {
+      // The set-up ended in this chunk: the rest is the first regular bytes.
+      const rest = chunk.subarray(this.#decoder.consumed)
+      return rest.length > 0 ? rest : null
+    }
+    if (error !== null && this.#state === 'running' && !this.#host.isClosed) this.#host.framingError(error)
+    else this.#host.reportHeld()
+    return null
+  }
+
+  // Hands the stream over to the framed connection, once.
+  #finish (rest: Buffer[]): void {
+    if (this.#handedOver) return
+    this.#handedOver = true
+    this.#host.finished(rest)
+  }
+
+  // Collects the client preamble (server side) before any frame.
+  #takePreamble (chunk: Buffer): Buffer {
+    const need = this.#handshake.preambleBytes ?? 0
+    const have = this.#preamble!
+    const take = Math.min(need - have.length, chunk.length)
+    const collected = have.length === 0 && take === need ? chunk.subarray(0, take) : Buffer.concat([have, chunk.subarray(0, take)])
+    if (collected.length < need) {
+      // Wait for the rest; a peer that never sends it meets the set-up deadline.
+      this.#preamble = collected
+      return chunk.subarray(chunk.length)
+    }
+    this.#preamble = null
+    const verdict = this.#handshake.checkPreamble?.(collected) ?? null
+    if (verdict !== null) {
+      // A bad preamble is closed without a reply.
+      this.#host.destroy(verdict)
+      return chunk.subarray(chunk.length)
+    }
+    return chunk.subarray(take)
+  }
+
+  #frame (buf: Buffer, start: number, end: number): boolean {
+    if (this.#state !== 'running' || this.#host.isClosed || this.#host.isEnding) return false
+    this.#host.frameRead()
+    // A synchronous step runs now, so that a handshake that ends in this
+    // read lets the frames after it through at once. An asynchronous one
+    // (an authenticator, a TLS step) holds every byte after its frame until
+    // it is applied: the step may change what those bytes are.
+    let step: HandshakeStep<T> | Promise<HandshakeStep<T>>
+    try {
+      step = this.#handshake.onFrame(Buffer.from(buf.subarray(start, end)))
+    } catch (err) {
+      step = setupFailed(err) as HandshakeStep<T>
+    }
+    // A step that switches the stream is applied as an asynchronous one is: the rest of the chunk is the new stream's.
+    if (!(step instanceof Promise) && step.upgrade === undefined) {
+      this.#apply(step)
+      return this.#state === 'running' && !this.#host.isClosed
+    }
+    this.#held = []
+    this.#holdRest = true
+    this.#heldRaw = this.#channel === null
+    this.#host.holdReads(true)
+    const apply = (s: HandshakeStep<T>): void => {
+      this.#apply(s)
+      this.#releaseHeld()
+    }
+    if (step instanceof Promise) step.then(apply, (err: unknown) => apply(setupFailed(err) as HandshakeStep<T>))
+    else queueMicrotask(() => apply(step))
+    return false
+  }
+
+  #apply (step: HandshakeStep<T>): void {
+    if (this.#host.isClosed || this.#state !== 'running') return
+    if (step.send !== undefined) this.#write(step.send)
+    if (step.upgrade !== undefined) {
+      try {
+        const socket = this.#host.socket
+        if (socket === null) throw new Error('no socket to switch to a secure channel')
+        this.#upgrade(step.upgrade(socket))
+      } catch (err) {
+        this.#host.destroy(setupFailed(err).error!)
+        return
+      }
+    }
+    // Through the new stream: the first frames it carries, a refusal too.
+    if (step.sendUpgraded !== undefined) this.#write(step.sendUpgraded)
+    if (step.error !== undefined) {
+      this.#state = 'failed'
+      this.#reject(step.error)
+      this.#host.endAfterFlush(step.error)
+      return
+    }
+    if (step.done !== undefined) {
+      this.#state = 'done'
+      this.#resolve(step.done)
+    }
+  }
+
+  // Handles the bytes held while a step ran (or feeds them to the secure channel it opened).
+  #releaseHeld (): void {
+    const held = this.#held
+    this.#held = null
+    if (held === null || this.#host.isClosed) return
+    this.#host.holdReads(false)
+    if (this.#heldRaw && this.#channel !== null) {
+      // Done already: what the channel decrypts from here on is regular bytes.
+      if (this.#isDone()) this.#finish([])
+      // The socket's bytes, read before the switch: the channel's input,
+      // all of them (what it decrypts meets any new hold on its own).
+      for (const chunk of held) this.#channel.input(chunk)
+      return
+    }
+    for (let i = 0; i < held.length; i++) {
+      if (this.#host.isClosed || this.#host.isEnding || this.#state === 'failed') return
+      if (this.#isDone()) {
+        this.#finish(held.slice(i))
+        return
+      }
+      if (this.#held !== null) {
+        // Another asynchronous step began: the rest waits for it.
+        for (let j = i; j < held.length; j++) (this.#held as Buffer[]).push(held[j]!)
+        return
+      }
+      const rest = this.#decode(held[i]!)
+      if (this.#isDone()) {
+        const out = rest === null ? [] : [rest]
+        for (let j = i + 1; j < held.length; j++) out.push(held[j]!)
+        this.#finish(out)
+        return
+      }
+    }
+    if (this.#isDone()) this.#finish([])
+  }
+
+  // From now on frames travel on the channel's stream (TLS over the socket).
+  #upgrade (channel: SecureChannel): void {
+    const stream = new ChannelStream(channel, this.#stream)
+    this.#channel = stream
+    this.#stream = stream
+    this.#host.switchStream(stream)
+  }
+
+  // Set-up frames bypass the (held) transfer queue.
+  #write (frames: Buffer[][]): void {
+    const slices: Buffer[] = []
+    for (const frame of frames) for (const slice of frame) slices.push(slice)
+    this.#stream.write(slices.length === 1 ? slices[0]! : Buffer.concat(slices))
+  }
+}
