@@ -1,19 +1,10 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RefusalReason } from '../codec/protocol.js'
 import type { InboundCall } from './inbound-call.js'
-import type { Logger } from './logger.js'
+import type { ConnectionGuard } from './connection-guard.js'
 import type { Route, RouteGroup } from './route-table.js'
+import type { ServerContext } from './server-context.js'
 import type { ServerConnection } from './server-connection.js'
-
-/** What abandonment needs of the call dispatch around it. */
-export interface AbandonmentHost {
-  /** The open connections: their calls in flight are judged by their deadlines. */
-  readonly connections: Iterable<ServerConnection>
-  readonly stats: { handlersAbandoned: number }
-  readonly log: Logger
-  /** Answers the call in the protocol's words (`abandoned`). */
-  refuse: (call: InboundCall, reason: RefusalReason, message: string) => void
-}
 
 /**
  * Handlers that run too long are abandoned: one still running
@@ -21,15 +12,35 @@ export interface AbandonmentHost {
  * close, gives its worker back (its call answered `abandoned`, its result
  * dropped when it settles), while its group has fewer than
  * `maxAbandonedHandlers` abandoned ones still running. In-loop handlers
- * only: a call on an executor holds its worker until done.
+ * only: a call on an executor holds its worker until done. A guard of
+ * the server: the scan looks for them.
  */
-export class Abandonment {
-  readonly #host: AbandonmentHost
-  /** Calls whose connection closed while their handler ran. */
-  readonly #orphans = new Set<InboundCall>()
+export class Abandonment implements ConnectionGuard<ServerConnection> {
+  readonly #ctx: ServerContext<ServerConnection>
+  readonly #groups: () => Iterable<RouteGroup>
+  /** Answers the call in the protocol's words (`abandoned`). */
+  readonly #refuse: (call: InboundCall, reason: RefusalReason, message: string) => void
+  /** Calls whose connection closed while their handler ran, and when it closed. */
+  readonly #orphans = new Map<InboundCall, number>()
+  /** Some group abandons overdue handlers (as the scan was armed). */
+  #abandoning = false
 
-  constructor (host: AbandonmentHost) {
-    this.#host = host
+  constructor (ctx: ServerContext<ServerConnection>, groups: () => Iterable<RouteGroup>, refuse: (call: InboundCall, reason: RefusalReason, message: string) => void) {
+    this.#ctx = ctx
+    this.#groups = groups
+    this.#refuse = refuse
+  }
+
+  /** The shortest `abandonAfterMs` of the groups: the scan looks at least this often. */
+  scanEveryMs (): number {
+    const ms = Abandonment.shortestMs(this.#groups())
+    this.#abandoning = ms !== Infinity
+    return ms
+  }
+
+  /** One scan tick: handlers that overran are abandoned. */
+  tick (now: number): void {
+    if (this.#abandoning) this.overdue(now)
   }
 
   /** The shortest `abandonAfterMs` of the groups (Infinity: none abandons). */
@@ -46,9 +57,9 @@ export class Abandonment {
     return n
   }
 
-  /** The call's connection closed while its in-loop handler runs: it is watched. */
-  orphaned (call: InboundCall): void {
-    if (!Number.isNaN(call.handledAt) && call.owner !== null && call.worker >= 0) this.#orphans.add(call)
+  /** The call's connection closed (at `closedAt`) while its in-loop handler runs: it is watched. */
+  orphaned (call: InboundCall, closedAt: number): void {
+    if (!Number.isNaN(call.handledAt) && call.owner !== null && call.worker >= 0) this.#orphans.set(call, closedAt)
   }
 
   /** The call was answered: no longer watched. */
@@ -71,19 +82,18 @@ export class Abandonment {
    * closed ones.
    */
   overdue (now: number): void {
-    for (const sc of this.#host.connections) {
+    for (const sc of this.#ctx.connections) {
       if (sc.inFlight.size === 0) continue
       for (const call of sc.inFlight.values()) {
         if (call.deadline < now) this.#maybeAbandon(call, call.deadline, 'deadline', now)
       }
     }
-    for (const call of this.#orphans) {
-      const sc = call.owner as ServerConnection | null
-      if (sc === null) {
+    for (const [call, closedAt] of this.#orphans) {
+      if (call.owner === null) {
         this.#orphans.delete(call)
         continue
       }
-      this.#maybeAbandon(call, Math.min(sc.closedAt, call.deadline), 'connection closed', now)
+      this.#maybeAbandon(call, Math.min(closedAt, call.deadline), 'connection closed', now)
     }
   }
 
@@ -96,12 +106,12 @@ export class Abandonment {
     if (this.#orphans.size > 0) this.#orphans.delete(call)
     call.abandoned = true
     group.abandoned++
-    this.#host.stats.handlersAbandoned++
+    this.#ctx.counters.handlerAbandoned()
     call.route.metrics.abandoned++
-    this.#host.log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${what}; its worker is given back and its result will be dropped`)
+    this.#ctx.log.warn(`abandoning the handler of ${call.service}.${call.method} (call ${call.callId} from ${call.remoteAddress}): still running ${Math.round(now - since)} ms after its ${what}; its worker is given back and its result will be dropped`)
     call.abort(new RpcError(ErrorCode.DEADLINE_EXCEEDED, 'the handler was abandoned'))
     const worker = call.worker
-    this.#host.refuse(call, 'abandoned', `handler abandoned: still running ${group.abandonAfterMs} ms after its ${what}`)
+    this.#refuse(call, 'abandoned', `handler abandoned: still running ${group.abandonAfterMs} ms after its ${what}`)
     pool.abandon(worker)
   }
 }

@@ -18,9 +18,10 @@
 import { readFileSync, readdir } from 'node:fs'
 import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Clock } from '../scheduling/clock.js'
-import { RateLimitedLog, type LogFields } from './logger.js'
-import { DESCRIPTOR_SLACK, LOG_INTERVAL_MS, atLeastOne } from './server-options.js'
+import type { ConnectionGuard } from './connection-guard.js'
+import type { RateLimitedLog } from './logger.js'
+import type { ServerContext } from './server-context.js'
+import { DESCRIPTOR_SLACK, atLeastOne, nonNegative, type ServerOptions } from './server-options.js'
 
 /** An established connection may be closed for a newcomer only after this long without activity. */
 export const MIN_EVICTABLE_IDLE_MS = 1000
@@ -32,6 +33,11 @@ export const DEFAULT_SLOW_FRAME_GRACE_MS = 10_000
 export const DEFAULT_MAX_NEGOTIATING_CONNECTIONS = 1000
 /** Without a readable descriptor limit (not Linux), the default connection limit. */
 export const FALLBACK_MAX_CONNECTIONS = 10_000
+
+/** `minFrameBytesPerSecond` resolved and checked (0: off). */
+export function minFrameRateOf (options: ServerOptions): number {
+  return nonNegative(options.minFrameBytesPerSecond ?? DEFAULT_MIN_FRAME_BYTES_PER_SECOND, 'minFrameBytesPerSecond')
+}
 
 /** Descriptors kept for the server's own files, listeners, pipes and outgoing sockets. */
 export function descriptorReserve (limit: number): number {
@@ -142,9 +148,8 @@ export function slowestFrame<T> (candidates: Iterable<T>, progress: (c: T) => Fr
 export interface FrameCandidate extends AdmissionCandidate {
   readonly remoteAddress: string
   readonly inFlight: { readonly size: number }
-  /** When a scan first saw its frame in progress (-1: none), and which frame that was. */
-  readonly partialSince: number
-  readonly partialFrame: number
+  /** When a scan first saw its frame in progress (-1: none), and which frame that was (the scan's record). */
+  readonly scan: { readonly partialSince: number, readonly partialFrame: number }
   readonly connection: {
     readonly hasPartialFrame: boolean
     readonly framesRead: number
@@ -156,32 +161,20 @@ export interface FrameCandidate extends AdmissionCandidate {
   }
 }
 
-/** What admission needs of the server around it. */
-export interface AdmissionHost<C extends FrameCandidate> {
-  readonly clock: Clock
-  warn: (message: string, fields?: LogFields) => void
-  error: (message: string, fields?: LogFields) => void
-  /** The protocol's name, for log fields. */
-  readonly protocolName: string
-  /** The open connections. */
-  readonly connections: ReadonlySet<C>
-  readonly stats: { connectionsEvicted: number, slowFramesClosed: number, connectionsRefused: number, negotiatingEvicted: number, descriptorsExhausted: number, acceptErrors: number }
-  /** `minFrameBytesPerSecond` resolved (0: off). */
-  readonly minFrameRate: number
-}
-
 /**
  * The server's admission of new connections, with the policy above: its
  * limits (`maxConnections`, `maxNegotiatingConnections`), the connections
  * still negotiating (oldest first), the evictions, refusals and accept
  * errors (counted, logged rate-limited), and the descriptor watch.
  */
-export class Admission<C extends FrameCandidate> {
+export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
   /** Connections still in set-up (TLS handshake or the protocol's), oldest first. */
   readonly negotiating = new Set<C>()
   readonly maxConnections: number
   readonly maxNegotiating: number
-  readonly #host: AdmissionHost<C>
+  readonly #ctx: ServerContext<C>
+  /** `minFrameBytesPerSecond` resolved (0: off). */
+  readonly #minFrameRate: number
   readonly #logRefused: RateLimitedLog
   readonly #logEvicted: RateLimitedLog
   readonly #logNegotiatingEvicted: RateLimitedLog
@@ -190,79 +183,91 @@ export class Admission<C extends FrameCandidate> {
   readonly #fdLimit = descriptorLimit()
   #countingFds = false
 
-  constructor (host: AdmissionHost<C>, maxConnections: number | undefined, maxNegotiating: number | undefined) {
-    this.#host = host
+  constructor (ctx: ServerContext<C>) {
+    this.#ctx = ctx
+    this.#minFrameRate = minFrameRateOf(ctx.options)
+    const maxConnections = ctx.options.maxConnections
+    const maxNegotiating = ctx.options.maxNegotiatingConnections
     this.maxConnections = atLeastOne(maxConnections ?? defaultMaxConnections(), 'maxConnections')
     // At most half the connections may be in set-up, so silent openers cannot take them all.
     this.maxNegotiating = atLeastOne(maxNegotiating ?? Math.min(DEFAULT_MAX_NEGOTIATING_CONNECTIONS, Math.ceil(this.maxConnections / 2)), 'maxNegotiatingConnections')
-    const now = (): number => host.clock.now()
-    this.#logRefused = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#logEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#logNegotiatingEvicted = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#logAcceptError = new RateLimitedLog(LOG_INTERVAL_MS, now)
+    this.#logRefused = ctx.rateLimitedLog()
+    this.#logEvicted = ctx.rateLimitedLog()
+    this.#logNegotiatingEvicted = ctx.rateLimitedLog()
+    this.#logAcceptError = ctx.rateLimitedLog()
+  }
+
+  /** Counts open descriptors once per scan tick. */
+  tick (): void {
+    this.checkDescriptors()
+  }
+
+  /** A closed connection no longer negotiates. */
+  closed (sc: C): void {
+    this.negotiating.delete(sc)
   }
 
   /** accept() failed for want of descriptors (libuv dropped the connection; accepting goes on once some are free). */
   outOfDescriptors (code: string): void {
-    const host = this.#host
-    host.stats.acceptErrors++
-    this.#logAcceptError.log(host.error, () => `accept failed: ${code} (out of file descriptors; ${host.connections.size} connections open, limit ${this.maxConnections})`,
-      () => ({ protocol: host.protocolName, code, connectionsOpen: host.connections.size, maxConnections: this.maxConnections }))
+    const ctx = this.#ctx
+    ctx.counters.acceptError()
+    this.#logAcceptError.log(ctx.error, () => `accept failed: ${code} (out of file descriptors; ${ctx.connections.size} connections open, limit ${this.maxConnections})`,
+      () => ({ protocol: ctx.protocol.name, code, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
   }
 
   /** The protocol's connectionState or node:tls threw for a new connection (already closed): counted and logged. */
   setUpFailed (remoteAddress: string, err: unknown): void {
-    const host = this.#host
-    host.stats.acceptErrors++
-    this.#logAcceptError.log(host.error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
-      () => ({ protocol: host.protocolName, remote: remoteAddress }))
+    const ctx = this.#ctx
+    ctx.counters.acceptError()
+    this.#logAcceptError.log(ctx.error, () => `cannot set up the connection from ${remoteAddress}: ${(err as Error).message}; closing it`,
+      () => ({ protocol: ctx.protocol.name, remote: remoteAddress }))
   }
 
   /** Makes room for a new connection, or refuses it (false: destroyed). */
   admit (accepted: Socket): boolean {
-    const host = this.#host
+    const ctx = this.#ctx
     // The oldest negotiating connection has had the longest to finish.
     if (this.negotiating.size >= this.maxNegotiating) this.#evictNegotiating(`${this.negotiating.size} connections negotiating (the limit)`)
-    if (host.connections.size < this.maxConnections) return true
-    const now = host.clock.now()
-    const victim = longestIdle(host.connections, now)
+    if (ctx.connections.size < this.maxConnections) return true
+    const now = ctx.clock.now()
+    const victim = longestIdle(ctx.connections, now)
     if (victim !== null) {
-      host.stats.connectionsEvicted++
-      this.#logEvicted.log(host.warn, () => `${host.connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`,
-        () => ({ protocol: host.protocolName, remote: victim.remoteAddress, idleMs: Math.round(now - victim.idleSince), connectionsOpen: host.connections.size, maxConnections: this.maxConnections }))
+      ctx.counters.connectionEvicted()
+      this.#logEvicted.log(ctx.warn, () => `${ctx.connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`,
+        () => ({ protocol: ctx.protocol.name, remote: victim.remoteAddress, idleMs: Math.round(now - victim.idleSince), connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
       victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
       return true
     }
     // None idle: one trickling a frame (never idle, so slowloris) makes room, the slowest first.
-    const slow = slowestFrame(host.connections, (sc) => sc.inFlight.size === 0 ? frameProgress(sc, now) : null, host.minFrameRate)
+    const slow = slowestFrame(ctx.connections, (sc) => sc.inFlight.size === 0 ? frameProgress(sc, now) : null, this.#minFrameRate)
     if (slow !== null) {
       const progress = frameProgress(slow, now)!
-      host.stats.connectionsEvicted++
-      host.stats.slowFramesClosed++
-      this.#logEvicted.log(host.warn, () => `${host.connections.size} connections open (the limit): closing ${slow.remoteAddress}, ${progress.bytes} bytes of a frame in ${Math.round(progress.arrivingMs)} ms (below ${host.minFrameRate} bytes/s), for a new one`,
-        () => ({ protocol: host.protocolName, remote: slow.remoteAddress, frameBytes: progress.bytes, arrivingMs: Math.round(progress.arrivingMs), connectionsOpen: host.connections.size, maxConnections: this.maxConnections }))
+      ctx.counters.connectionEvicted()
+      ctx.counters.slowFrameClosed()
+      this.#logEvicted.log(ctx.warn, () => `${ctx.connections.size} connections open (the limit): closing ${slow.remoteAddress}, ${progress.bytes} bytes of a frame in ${Math.round(progress.arrivingMs)} ms (below ${this.#minFrameRate} bytes/s), for a new one`,
+        () => ({ protocol: ctx.protocol.name, remote: slow.remoteAddress, frameBytes: progress.bytes, arrivingMs: Math.round(progress.arrivingMs), connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
       slow.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: its frame arrived slowest when the server was at its connection limit'))
       return true
     }
     // None idle: a connection still negotiating (silent ones are cheap to
     // open) makes room, the oldest first, rather than locking newcomers out.
     if (this.negotiating.size > 0) {
-      this.#evictNegotiating(`${host.connections.size} connections open (the limit) and none idle`)
+      this.#evictNegotiating(`${ctx.connections.size} connections open (the limit) and none idle`)
       return true
     }
-    host.stats.connectionsRefused++
-    this.#logRefused.log(host.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${host.connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms nor trickling a frame`,
-      () => ({ protocol: host.protocolName, remote: `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`, connectionsOpen: host.connections.size, maxConnections: this.maxConnections }))
+    ctx.counters.connectionRefused()
+    this.#logRefused.log(ctx.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${ctx.connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms nor trickling a frame`,
+      () => ({ protocol: ctx.protocol.name, remote: `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
     accepted.destroy()
     return false
   }
 
   #evictNegotiating (why: string): void {
-    const host = this.#host
+    const ctx = this.#ctx
     const oldest = this.negotiating.values().next().value!
-    host.stats.negotiatingEvicted++
-    this.#logNegotiatingEvicted.log(host.warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`,
-      () => ({ protocol: host.protocolName, remote: oldest.remoteAddress, negotiating: this.negotiating.size, maxNegotiating: this.maxNegotiating }))
+    ctx.counters.negotiatingEvicted()
+    this.#logNegotiatingEvicted.log(ctx.warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`,
+      () => ({ protocol: ctx.protocol.name, remote: oldest.remoteAddress, negotiating: this.negotiating.size, maxNegotiating: this.maxNegotiating }))
     oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
   }
 
@@ -272,16 +277,16 @@ export class Admission<C extends FrameCandidate> {
    * at once): at the limit, libuv drops new connections without telling us.
    */
   checkDescriptors (): void {
-    const host = this.#host
+    const ctx = this.#ctx
     const limit = this.#fdLimit
     if (limit === undefined || this.#countingFds) return
     this.#countingFds = true
     countOpenDescriptors((open) => {
       this.#countingFds = false
       if (open === undefined || open < limit - DESCRIPTOR_SLACK) return
-      host.stats.descriptorsExhausted++
-      this.#logAcceptError.log(host.error, () => `out of file descriptors: ${open === Infinity ? limit : open} of ${limit} open (${host.connections.size} connections, limit ${this.maxConnections}); new connections are dropped until some close (lower --max-connections or raise ulimit -n)`,
-        () => ({ protocol: host.protocolName, code: 'EMFILE', descriptorsOpen: open === Infinity ? limit : open, descriptorLimit: limit, connectionsOpen: host.connections.size, maxConnections: this.maxConnections }))
+      ctx.counters.descriptorsExhausted()
+      this.#logAcceptError.log(ctx.error, () => `out of file descriptors: ${open === Infinity ? limit : open} of ${limit} open (${ctx.connections.size} connections, limit ${this.maxConnections}); new connections are dropped until some close (lower --max-connections or raise ulimit -n)`,
+        () => ({ protocol: ctx.protocol.name, code: 'EMFILE', descriptorsOpen: open === Infinity ? limit : open, descriptorLimit: limit, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
     })
   }
 }
@@ -289,7 +294,8 @@ export class Admission<C extends FrameCandidate> {
 /** The frame `sc` is receiving as the scans saw it (null: none, or not being read): admission judges its rate. */
 export function frameProgress (sc: FrameCandidate, now: number): FrameProgress | null {
   const connection = sc.connection
-  if (sc.partialSince < 0 || !connection.hasPartialFrame || sc.partialFrame !== connection.framesRead) return null
+  const scan = sc.scan
+  if (scan.partialSince < 0 || !connection.hasPartialFrame || scan.partialFrame !== connection.framesRead) return null
   if (connection.isReadingPaused || connection.isReadingHeld || connection.isReadingSuspended) return null
-  return { bytes: connection.partialFrameBytes, arrivingMs: now - sc.partialSince }
+  return { bytes: connection.partialFrameBytes, arrivingMs: now - scan.partialSince }
 }

@@ -1,8 +1,7 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { AnswerSlices } from '../codec/protocol.js'
-import type { InboundCall } from './inbound-call.js'
+import type { AnsweredCall, AnswerSlices, ServerProtocol } from '../codec/protocol.js'
+import type { Connection } from '../transport/connection.js'
 import type { Logger } from './logger.js'
-import type { ServerConnection } from './server-connection.js'
 
 /** A call id the connection may take. */
 export const ID_OK = 0
@@ -19,6 +18,130 @@ export const ID_IN_FLIGHT = 2
  */
 export type IdCheck = typeof ID_OK | typeof ID_NOT_32_BIT | typeof ID_IN_FLIGHT
 
+/** A call as the answer order sees it: what the protocol encodes its answer from, and its place. */
+export interface OrderedCall extends AnsweredCall {
+  /** Its place in its connection's order (in-order protocols); -1 for protocols that match by id. */
+  readonly seq: number
+  /** It asked to close the connection after its answer. */
+  readonly closeAfter: boolean
+  /** Its handler was abandoned: its parts are dropped. */
+  readonly abandoned: boolean
+}
+
+/** What the answer order needs of a connection's calls in flight (the `ServerConnection`'s table). */
+export interface InFlightTable {
+  readonly size: number
+  has: (key: number) => boolean
+  delete: (key: number) => boolean
+}
+
+/**
+ * One connection's answers, as its answer order keeps them: the way back
+ * from each of its calls to the connection (a call's `owner`: its streamed
+ * parts, its closing), and for in-order protocols the answers that are
+ * ready but wait for an earlier one. Made with the connection; the
+ * `AnswerOrder` of the server acts on it.
+ */
+export class ConnectionAnswers {
+  readonly connection: Connection
+  readonly remoteAddress: string
+  /** The connection's calls in flight (its `ServerConnection.inFlight`). */
+  readonly inFlight: InFlightTable
+  readonly order: AnswerOrder
+  /** A call asked to close the connection after its answer: no request after it is read. */
+  closing = false
+  // In-order protocols: every request takes the next `seq`; answers leave
+  // in `seq` order. An answer ready before its turn waits in #held (by
+  // seq: its bytes, or null for a request with no answer) and counts in
+  // heldBytes, which the connection's outbound bound also limits.
+  nextSeq = 0
+  sendSeq = 0
+  heldBytes = 0
+  /** The seq after which the connection closes (a call asked); -1: none. */
+  closeAfterSeq = -1
+  /** Protocols matched by id: the protocolError answer that goes out once the calls in flight are answered. */
+  lastWords: Uint8Array[] | null = null
+  #held: Map<number, AnswerSlices> | null = null
+  // Parts of streamed answers (`ctx.write`) whose request's turn has not come, by seq, in writing order.
+  #parts: Map<number, Uint8Array[][]> | null = null
+
+  constructor (order: AnswerOrder, connection: Connection, remoteAddress: string, inFlight: InFlightTable) {
+    this.order = order
+    this.connection = connection
+    this.remoteAddress = remoteAddress
+    this.inFlight = inFlight
+  }
+
+  /** One part of `call`'s streamed answer (`ctx.write`): sent now in its turn, else held until it comes; false once the connection has closed. */
+  writePart (call: OrderedCall, part: unknown): boolean {
+    const slices = this.order.writer.encodePart(this, call, part)
+    if (slices === null) return false
+    this.order.writePart(this, call, slices)
+    return !this.connection.isClosed
+  }
+
+  /**
+   * A call asked to close the connection after its answer (in order: the
+   * answer of `seq`; -1 for protocols matched by id): nothing more is read
+   * from now on, and no answer after it is sent.
+   */
+  requestClose (seq: number): void {
+    this.closing = true
+    if (seq >= 0 && (this.closeAfterSeq < 0 || seq < this.closeAfterSeq)) this.closeAfterSeq = seq
+    this.connection.stopReading()
+  }
+
+  /**
+   * Keeps the answer of `seq` until the answers before it have gone. Each
+   * held answer counts at least HELD_ENTRY_BYTES, so that a peer cannot
+   * park unbounded numbers of empty answers behind a slow one.
+   */
+  hold (seq: number, slices: AnswerSlices): void {
+    (this.#held ??= new Map()).set(seq, slices)
+    this.heldBytes += heldBytesOf(slices)
+  }
+
+  /** Keeps a part of the streamed answer of `seq` until its turn comes; counted as held answers are. */
+  holdPart (seq: number, slices: Uint8Array[]): void {
+    const parts = (this.#parts ??= new Map())
+    const list = parts.get(seq)
+    if (list === undefined) parts.set(seq, [slices])
+    else list.push(slices)
+    this.heldBytes += heldBytesOf(slices)
+  }
+
+  /** The held parts of the request whose turn it is now, in writing order; undefined when none. */
+  takeParts (): Uint8Array[][] | undefined {
+    const parts = this.#parts
+    if (parts === null || parts.size === 0) return undefined
+    const list = parts.get(this.sendSeq)
+    if (list === undefined) return undefined
+    parts.delete(this.sendSeq)
+    for (const slices of list) this.heldBytes -= heldBytesOf(slices)
+    return list
+  }
+
+  /** The held answer whose turn it is now, if it is ready; `undefined` when it is not. */
+  takeNext (): AnswerSlices | undefined {
+    const held = this.#held
+    if (held === null || held.size === 0) return undefined
+    const slices = held.get(this.sendSeq)
+    if (slices === undefined) return undefined
+    held.delete(this.sendSeq)
+    this.heldBytes -= heldBytesOf(slices)
+    return slices
+  }
+}
+
+/** What one held answer costs at least: its map entry and slot. */
+const HELD_ENTRY_BYTES = 64
+
+function heldBytesOf (slices: AnswerSlices): number {
+  let bytes = HELD_ENTRY_BYTES
+  if (slices !== null) for (const slice of slices) bytes += slice.length
+  return bytes
+}
+
 /**
  * When a connection's answers may leave, and what that means for keys,
  * held answers and closing: a protocol's `ordering`, as one object per
@@ -27,66 +150,101 @@ export type IdCheck = typeof ID_OK | typeof ID_NOT_32_BIT | typeof ID_IN_FLIGHT
  * The call dispatch asks it instead of branching on the ordering.
  */
 export interface AnswerOrder {
+  /** Encodes and writes the answers. */
+  readonly writer: AnswerWriter
   /** The frame's place in its connection's order, taken now (-1: its answers are not ordered and its id is its key). */
-  place: (sc: ServerConnection) => number
+  place: (a: ConnectionAnswers) => number
   /** Whether the frame's call id can be taken: `ID_OK`, or why not (`ID_NOT_32_BIT`, `ID_IN_FLIGHT`). */
-  checkId: (sc: ServerConnection, callId: number) => IdCheck
+  checkId: (a: ConnectionAnswers, callId: number) => IdCheck
   /** The call's key in its connection's in-flight table: its place, or its id. */
   key: (seq: number, callId: number) => number
   /** The call's answer may be written now (else it is held, encoded, for its turn). */
-  inTurn: (sc: ServerConnection, call: InboundCall) => boolean
+  inTurn: (a: ConnectionAnswers, call: OrderedCall) => boolean
   /** A call's answer was written in its turn: the answers held behind it follow. */
-  answered: (sc: ServerConnection, call: InboundCall) => void
+  answered: (a: ConnectionAnswers, call: OrderedCall) => void
   /** Sends an answer the server made, or holds it until its turn; null: close once the answers before it have gone. */
-  emit: (sc: ServerConnection, seq: number, slices: AnswerSlices) => void
+  emit: (a: ConnectionAnswers, seq: number, slices: AnswerSlices) => void
   /** One part of a streamed answer: sent in the call's turn, else held until it comes. */
-  writePart: (sc: ServerConnection, call: InboundCall, slices: Uint8Array[]) => void
+  writePart: (a: ConnectionAnswers, call: OrderedCall, slices: Uint8Array[]) => void
   /** A call that asked to close its connection was answered: it ends once the requests before it are answered too. */
-  closeAfter: (sc: ServerConnection) => void
+  closeAfter: (a: ConnectionAnswers) => void
   /** A call left its connection's in-flight table. */
-  released: (sc: ServerConnection, call: InboundCall) => void
+  released: (a: ConnectionAnswers, call: OrderedCall) => void
   /** The protocol's last words for a stream it cannot read on, after the answers before them; false (stop reading). */
-  lastWords: (sc: ServerConnection, answer: Uint8Array[]) => false
+  lastWords: (a: ConnectionAnswers, answer: Uint8Array[]) => false
 }
 
-/** Writes a connection's answers, and closes one whose unsent bytes pass its bound. */
+/** Encodes and writes a connection's answers, and closes one whose unsent bytes pass its bound. */
 export class AnswerWriter {
+  readonly #protocol: ServerProtocol
   readonly #log: Logger
 
-  constructor (log: Logger) {
+  constructor (protocol: ServerProtocol, log: Logger) {
+    this.#protocol = protocol
     this.#log = log
   }
 
+  /**
+   * Writes the handler's `response` to `call`: in place into the
+   * connection's outbound buffer in its turn, else encoded into a buffer
+   * of its own and held for its turn. Throws what the protocol's encoding
+   * throws (an invalid response).
+   */
+  answer (a: ConnectionAnswers, call: OrderedCall, response: unknown, inTurn: boolean): void {
+    const protocol = this.#protocol
+    const connection = a.connection
+    const bytes = protocol.encodedLength(call, response)
+    if (!inTurn) {
+      // Not its turn: its answer waits, encoded, for the ones before it.
+      a.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
+      this.afterHold(a)
+    } else if (bytes > 0) {
+      if (!connection.writeFrame(bytes, protocol, call, response)) this.overBound(a)
+    } else if (bytes < 0) {
+      this.send(a, protocol.encodeSlices!(call, response))
+    }
+  }
+
+  /** One part of `call`'s streamed answer, encoded (`encodePart`); null when the connection has closed or the call was abandoned. Throws when the protocol cannot stream. */
+  encodePart (a: ConnectionAnswers, call: OrderedCall, part: unknown): Uint8Array[] | null {
+    const encode = this.#protocol.encodePart
+    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
+    if (a.connection.isClosed || call.abandoned) return null
+    return encode(call, part)
+  }
+
   /** Queues `slices` on the connection. */
-  send (sc: ServerConnection, slices: Uint8Array[]): void {
+  send (a: ConnectionAnswers, slices: Uint8Array[]): void {
     let bytes = 0
     for (const slice of slices) bytes += slice.length
-    if (!sc.connection.send({ slices: slices as Buffer[], bytes })) this.overBound(sc)
+    if (!a.connection.send({ slices: slices as Buffer[], bytes })) this.overBound(a)
   }
 
   /** Held answers count against the connection's outbound bound. */
-  afterHold (sc: ServerConnection): void {
-    if (sc.connection.outboundBytes + sc.heldBytes > sc.connection.maxOutboundBytes) this.overBound(sc)
+  afterHold (a: ConnectionAnswers): void {
+    if (a.connection.outboundBytes + a.heldBytes > a.connection.maxOutboundBytes) this.overBound(a)
   }
 
   /** The peer reads slower than its answers are produced: closed. */
-  overBound (sc: ServerConnection): void {
-    if (sc.connection.isClosed) return
-    this.#log.warn(`closing ${sc.remoteAddress}: it reads responses slower than they are produced (outbound bound exceeded)`)
-    sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+  overBound (a: ConnectionAnswers): void {
+    if (a.connection.isClosed) return
+    this.#log.warn(`closing ${a.remoteAddress}: it reads responses slower than they are produced (outbound bound exceeded)`)
+    a.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
   }
 }
 
 /** `'in-order'` protocols: answers leave in request order; one that finishes early waits, encoded, for its turn. */
 export class InOrderAnswers implements AnswerOrder {
+  readonly writer: AnswerWriter
   readonly #writer: AnswerWriter
 
   constructor (writer: AnswerWriter) {
+    this.writer = writer
     this.#writer = writer
   }
 
-  place (sc: ServerConnection): number {
-    return sc.nextSeq++
+  place (a: ConnectionAnswers): number {
+    return a.nextSeq++
   }
 
   // In order, ids are not keys: any is taken.
@@ -99,72 +257,72 @@ export class InOrderAnswers implements AnswerOrder {
     return seq | 0
   }
 
-  inTurn (sc: ServerConnection, call: InboundCall): boolean {
-    return call.seq === sc.sendSeq
+  inTurn (a: ConnectionAnswers, call: OrderedCall): boolean {
+    return call.seq === a.sendSeq
   }
 
-  answered (sc: ServerConnection): void {
-    this.#advance(sc)
+  answered (a: ConnectionAnswers): void {
+    this.#advance(a)
   }
 
-  emit (sc: ServerConnection, seq: number, slices: AnswerSlices): void {
+  emit (a: ConnectionAnswers, seq: number, slices: AnswerSlices): void {
     if (slices === null) {
-      if (seq > sc.sendSeq) {
-        sc.requestClose(seq - 1)
+      if (seq > a.sendSeq) {
+        a.requestClose(seq - 1)
         return
       }
-      sc.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
+      a.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
       return
     }
-    if (seq !== sc.sendSeq) {
-      sc.hold(seq, slices.length === 0 ? null : slices)
-      this.#writer.afterHold(sc)
+    if (seq !== a.sendSeq) {
+      a.hold(seq, slices.length === 0 ? null : slices)
+      this.#writer.afterHold(a)
       return
     }
-    if (slices.length > 0) this.#writer.send(sc, slices)
-    this.#advance(sc)
+    if (slices.length > 0) this.#writer.send(a, slices)
+    this.#advance(a)
   }
 
-  writePart (sc: ServerConnection, call: InboundCall, slices: Uint8Array[]): void {
-    if (call.seq === sc.sendSeq) {
-      if (slices.length > 0) this.#writer.send(sc, slices)
+  writePart (a: ConnectionAnswers, call: OrderedCall, slices: Uint8Array[]): void {
+    if (call.seq === a.sendSeq) {
+      if (slices.length > 0) this.#writer.send(a, slices)
       return
     }
-    sc.holdPart(call.seq, slices)
-    this.#writer.afterHold(sc)
+    a.holdPart(call.seq, slices)
+    this.#writer.afterHold(a)
   }
 
   // #advance ends the connection once the closing call's turn has passed.
-  closeAfter (sc: ServerConnection): void {
-    if (sc.sendSeq <= sc.closeAfterSeq) return
-    sc.connection.endAfterFlush()
+  closeAfter (a: ConnectionAnswers): void {
+    if (a.sendSeq <= a.closeAfterSeq) return
+    a.connection.endAfterFlush()
   }
 
   released (): void {}
 
   // The last words take the next place: they follow the answers before them.
-  lastWords (sc: ServerConnection, answer: Uint8Array[]): false {
-    const seq = sc.nextSeq++
-    sc.requestClose(seq)
-    this.emit(sc, seq, answer)
+  lastWords (a: ConnectionAnswers, answer: Uint8Array[]): false {
+    const seq = a.nextSeq++
+    a.requestClose(seq)
+    this.emit(a, seq, answer)
     return false
   }
 
-  // The answer of sc.sendSeq went out: the ones held behind it follow, in
+  // The answer of a.sendSeq went out: the ones held behind it follow, in
   // order, each after the parts of its streamed answer written before its turn.
-  #advance (sc: ServerConnection): void {
+  #advance (a: ConnectionAnswers): void {
     for (;;) {
-      sc.sendSeq++
-      if (sc.closeAfterSeq >= 0 && sc.sendSeq > sc.closeAfterSeq) {
-        sc.connection.endAfterFlush()
+      a.sendSeq++
+      if (a.closeAfterSeq >= 0 && a.sendSeq > a.closeAfterSeq) {
+        a.connection.endAfterFlush()
         return
       }
-      if (sc.heldBytes === 0) return
-      const parts = sc.takeParts()
-      if (parts !== undefined) for (const part of parts) this.#writer.send(sc, part)
-      const slices = sc.takeNext()
+      if (a.heldBytes === 0) return
+      const parts = a.takeParts()
+      if (parts !== undefined) for (const part of parts) this.#writer.send(a, part)
+      const slices = a.takeNext()
       if (slices === undefined) return
-      if (slices !== null && slices.length > 0) this.#writer.send(sc, slices)
+      if (slices !== null && slices.length > 0) this.#writer.send(a, slices)
     }
   }
 }
@@ -176,22 +334,24 @@ export class InOrderAnswers implements AnswerOrder {
  * by their place, and both are answered.
  */
 export class ByIdAnswers implements AnswerOrder {
+  readonly writer: AnswerWriter
   readonly #writer: AnswerWriter
   readonly #repeats: boolean
 
   constructor (writer: AnswerWriter, allowRepeatedIds: boolean) {
+    this.writer = writer
     this.#writer = writer
     this.#repeats = allowRepeatedIds
   }
 
-  place (sc: ServerConnection): number {
-    return this.#repeats ? sc.nextSeq++ : -1
+  place (a: ConnectionAnswers): number {
+    return this.#repeats ? a.nextSeq++ : -1
   }
 
   // An id must be an integer of 32 bits, signed or not (a u32 maps one to one onto the table's keys).
-  checkId (sc: ServerConnection, callId: number): IdCheck {
+  checkId (a: ConnectionAnswers, callId: number): IdCheck {
     if (!(Number.isInteger(callId) && callId >= -0x80000000 && callId <= 0xffffffff)) return ID_NOT_32_BIT
-    if (!this.#repeats && sc.inFlight.has(callId | 0)) return ID_IN_FLIGHT
+    if (!this.#repeats && a.inFlight.has(callId | 0)) return ID_IN_FLIGHT
     return ID_OK
   }
 
@@ -205,49 +365,56 @@ export class ByIdAnswers implements AnswerOrder {
 
   answered (): void {}
 
-  emit (sc: ServerConnection, _seq: number, slices: AnswerSlices): void {
+  emit (a: ConnectionAnswers, _seq: number, slices: AnswerSlices): void {
     if (slices === null) {
-      if (sc.inFlight.size > 0) {
-        sc.requestClose(-1)
+      if (a.inFlight.size > 0) {
+        a.requestClose(-1)
         return
       }
-      sc.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
+      a.connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed by the protocol instead of an answer'))
       return
     }
-    if (slices.length > 0) this.#writer.send(sc, slices)
+    if (slices.length > 0) this.#writer.send(a, slices)
   }
 
-  writePart (sc: ServerConnection, _call: InboundCall, slices: Uint8Array[]): void {
-    if (slices.length > 0) this.#writer.send(sc, slices)
+  writePart (a: ConnectionAnswers, _call: OrderedCall, slices: Uint8Array[]): void {
+    if (slices.length > 0) this.#writer.send(a, slices)
   }
 
-  closeAfter (sc: ServerConnection): void {
-    if (sc.inFlight.size > 0) return
-    sc.connection.endAfterFlush()
+  closeAfter (a: ConnectionAnswers): void {
+    if (a.inFlight.size > 0) return
+    a.connection.endAfterFlush()
   }
 
   // A connection asked to close waits for its last call (answered just after this).
-  released (sc: ServerConnection, call: InboundCall): void {
-    if (sc.closing && sc.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => this.#endWithLastWords(sc))
+  released (a: ConnectionAnswers, call: OrderedCall): void {
+    if (a.closing && a.inFlight.size === 0 && !call.closeAfter) queueMicrotask(() => this.#endWithLastWords(a))
   }
 
   // The last words follow the answers of the calls still in flight (#endWithLastWords).
-  lastWords (sc: ServerConnection, answer: Uint8Array[]): false {
-    sc.requestClose(-1)
-    if (sc.inFlight.size > 0) {
-      sc.lastWords = answer
+  lastWords (a: ConnectionAnswers, answer: Uint8Array[]): false {
+    a.requestClose(-1)
+    if (a.inFlight.size > 0) {
+      a.lastWords = answer
       return false
     }
-    if (answer.length > 0) this.#writer.send(sc, answer)
-    sc.connection.endAfterFlush()
+    if (answer.length > 0) this.#writer.send(a, answer)
+    a.connection.endAfterFlush()
     return false
   }
 
   // A closing connection's last call was answered: its protocolError answer (if any), then the end.
-  #endWithLastWords (sc: ServerConnection): void {
-    const words = sc.lastWords
-    sc.lastWords = null
-    if (words !== null && words.length > 0 && !sc.connection.isClosed) this.#writer.send(sc, words)
-    sc.connection.endAfterFlush()
+  #endWithLastWords (a: ConnectionAnswers): void {
+    const words = a.lastWords
+    a.lastWords = null
+    if (words !== null && words.length > 0 && !a.connection.isClosed) this.#writer.send(a, words)
+    a.connection.endAfterFlush()
   }
+}
+
+// An answer encoded into a buffer of its own (it waits for its turn).
+function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
+  const out = Buffer.allocUnsafe(bytes)
+  protocol.encodeInto(call, response, out, 0)
+  return out
 }

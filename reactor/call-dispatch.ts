@@ -1,44 +1,20 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
+import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
-import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type IdCheck } from './answer-order.js'
+import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
 import { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall } from './inbound-call.js'
 import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter } from './filters.js'
-import type { Logger } from './logger.js'
 import type { ServerMetrics } from './metrics.js'
 import { RouteTable, type CallExecutor, type Route, type RouteDefinition, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
-import type { GroupDefaults } from './server-options.js'
+import type { ServerContext } from './server-context.js'
+import type { ServerCounters } from './server-counters.js'
+import { groupDefaultsOf, type GroupDefaults } from './server-options.js'
 import type { ServerConnection } from './server-connection.js'
 
 export type { Handler } from './filters.js'
 export type { CallExecutor, RouteDefinition, RouteGroupOptions, RouteHandlers } from './route-table.js'
-
-/**
- * What the call dispatch needs of the server around it. Plain data fields
- * and functions, no accessors: an object literal with a getter is a
- * dictionary-mode object in V8, and every load from it in optimized code
- * is then a generic inline-cache call (~300 instructions per call, found
- * with bench/server-instructions.ts).
- */
-export interface DispatchHost {
-  readonly clock: Clock
-  readonly log: Logger
-  readonly metrics: ServerMetrics
-  readonly stats: { callsReceived: number, callsSucceeded: number, callsFailed: number, badFrames: number, handlersAbandoned: number }
-  /** Every pool, or none (`scheduler: 'direct'`). */
-  readonly pooled: boolean
-  readonly defaults: GroupDefaults
-  /** Until ready, calls to unknown groups are refused `unavailable` rather than `no-service`. */
-  isReady: () => boolean
-  /** The open connections (abandonment scans their calls). */
-  readonly connections: Iterable<ServerConnection>
-  /** A call was answered; the server may be drained. */
-  answered: () => void
-  /** A peer sent bytes the protocol refused: logged as a warning, at most one line per interval (peers choose how often). */
-  badData: (remoteAddress: string, why: string, code: string) => void
-}
 
 /**
  * The call side of the server: from a request frame to its answer. It
@@ -53,14 +29,23 @@ export interface DispatchHost {
  */
 export class CallDispatch {
   readonly #protocol: ServerProtocol
-  readonly #host: DispatchHost
+  readonly #ctx: ServerContext<ServerConnection>
   readonly #clock: Clock
+  readonly #counters: ServerCounters
+  readonly #metrics: ServerMetrics
+  /** Every pool, or none (`scheduler: 'direct'`). */
+  readonly #pooled: boolean
+  readonly #defaults: GroupDefaults
   /** When answers may leave: in request order, or as they are ready (by id). */
   readonly #order: AnswerOrder
   readonly #writer: AnswerWriter
   readonly #head = new CallHead()
   readonly #routes = new RouteTable()
   readonly #abandonment: Abandonment
+  /** Until ready, calls to unknown groups are refused `unavailable` rather than `no-service`. */
+  #ready: boolean
+  /** While closing: told once no call is in flight on any connection. */
+  #drained: (() => void) | null = null
   /** The call `onFrame` is submitting, so a handler it starts at once takes its start time from #lastNow. */
   #submitting: InboundCall | null = null
   // One clock reading per read, not per frame: the frames of one read were
@@ -84,21 +69,59 @@ export class CallDispatch {
   /** `onCallEnd` observers; null while there is none (the common case costs one check per call). */
   #observers: CallEndObserver[] | null = null
 
-  constructor (protocol: ServerProtocol, host: DispatchHost) {
+  constructor (ctx: ServerContext<ServerConnection>, metrics: ServerMetrics) {
+    const protocol = ctx.protocol
     this.#protocol = protocol
-    this.#host = host
-    this.#clock = host.clock
+    this.#ctx = ctx
+    this.#clock = ctx.clock
+    this.#counters = ctx.counters
+    this.#metrics = metrics
+    this.#pooled = ctx.options.scheduler !== 'direct'
+    this.#defaults = groupDefaultsOf(ctx.options)
+    this.#ready = ctx.options.ready ?? true
     const duplicateIds = protocol.duplicateIds ?? 'close'
     if (duplicateIds !== 'close' && duplicateIds !== 'allow') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: duplicateIds must be 'close' or 'allow', got ${String(duplicateIds)}`)
-    this.#writer = new AnswerWriter(host.log)
+    this.#writer = new AnswerWriter(protocol, ctx.log)
     this.#order = protocol.ordering === 'in-order' ? new InOrderAnswers(this.#writer) : new ByIdAnswers(this.#writer, duplicateIds === 'allow')
-    this.#abandonment = new Abandonment({ connections: host.connections, stats: host.stats, log: host.log, refuse: this.#reject })
+    this.#abandonment = new Abandonment(ctx, () => this.#routes.groups(), this.#reject)
+  }
+
+  /** When answers may leave (in request order, or by id): each connection's `answers` are made with it. */
+  get answerOrder (): AnswerOrder {
+    return this.#order
+  }
+
+  /** Handlers that overran are abandoned: a guard the server's scan runs. */
+  get abandonment (): Abandonment {
+    return this.#abandonment
+  }
+
+  /** The routes are registered: unknown groups are now refused `no-service` rather than `unavailable`. */
+  markReady (): void {
+    this.#ready = true
+  }
+
+  /**
+   * Calls `drained` once no call is in flight on any connection: now, or
+   * after the answer or close that ends the last one (null: stop watching).
+   */
+  whenDrained (drained: (() => void) | null): void {
+    this.#drained = drained
+    this.checkDrained()
+  }
+
+  /** Tells `whenDrained`'s callback if no call is in flight any more (a connection closed). */
+  checkDrained (): void {
+    const drained = this.#drained
+    if (drained === null) return
+    for (const sc of this.#ctx.connections) if (sc.inFlight.size > 0) return
+    drained()
   }
 
   /** Registers a group of routes; see `ProtocolServer.addRoutes`. */
   addRoutes (name: string, handlers: RouteHandlers, options: RouteGroupOptions = {}): void {
     if (this.#routes.has(name)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} is already registered`)
-    const defaults = this.#host.defaults
+    const defaults = this.#defaults
     const executor = options.executor ?? null
     const definitions = new Map<string, RouteDefinition>()
     for (const [method, entry] of Object.entries(handlers)) {
@@ -106,10 +129,10 @@ export class CallDispatch {
       if (typeof definition?.handler !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${name}.${method}`)
       definitions.set(method, definition as RouteDefinition)
     }
-    const pooled = this.#host.pooled || executor !== null
+    const pooled = this.#pooled || executor !== null
     const workers = executor !== null ? executor.workers : options.workers ?? defaults.workers
     let dispatcher: ServiceDispatcher | null = null
-    const metrics = this.#host.metrics.addService(name, [...definitions.keys()], {
+    const metrics = this.#metrics.addService(name, [...definitions.keys()], {
       workers: pooled ? workers : 0,
       queueLength: () => dispatcher?.pool.queueLength ?? 0,
       idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
@@ -216,7 +239,8 @@ export class CallDispatch {
 
   /** One request frame of a set-up connection; false: stop reading it. */
   onFrame (sc: ServerConnection, buf: Buffer, start: number, end: number): boolean {
-    if (sc.closing) return false
+    const answers = sc.answers
+    if (answers.closing) return false
     const read = sc.connection.reads
     if (read !== this.#stampRead || sc !== this.#stampConnection) {
       this.#stampConnection = sc
@@ -238,16 +262,15 @@ export class CallDispatch {
     if (malformed !== null) return this.#protocolError(sc, malformed)
     if (head.skip) return true
     const order = this.#order
-    const seq = order.place(sc)
+    const seq = order.place(answers)
     const callId = head.callId
-    const idCheck = order.checkId(sc, callId)
+    const idCheck = order.checkId(answers, callId)
     if (idCheck !== ID_OK) return this.#badId(sc, callId, idCheck)
     const key = order.key(seq, callId)
-    const host = this.#host
-    host.stats.callsReceived++
+    this.#counters.callReceived()
 
     if (this.#closing) return this.#refuseHead(sc, seq, 'shutdown', 'server is shutting down')
-    if (sc.retiredAt >= 0) return this.#refuseHead(sc, seq, 'shutdown', 'connection reached its maximum age; reconnect')
+    if (sc.scan.retiredAt >= 0) return this.#refuseHead(sc, seq, 'shutdown', 'connection reached its maximum age; reconnect')
     const route = this.#routes.find(head)
     if (route === undefined) return this.#unrouted(sc, seq)
     let request: unknown
@@ -258,15 +281,15 @@ export class CallDispatch {
     }
     if (request instanceof InvalidRequest) return this.#refuseHead(sc, seq, 'invalid', request.message, request.detail)
     const group = route.group
-    const call = new InboundCall(route, sc.peer, head.callId, receivedAt, head.timeoutMs > 0 ? head.timeoutMs : host.defaults.requestTimeoutMs, head.data, request, this.#clock)
-    call.owner = sc
+    const call = new InboundCall(route, sc.peer, head.callId, receivedAt, head.timeoutMs > 0 ? head.timeoutMs : this.#defaults.requestTimeoutMs, head.data, request, this.#clock)
+    call.owner = answers
     call.seq = seq
     sc.inFlight.set(key, call)
     this.#submitting = call
     if (group.dispatcher === null) this.#runHandler(call)
     else group.dispatcher.submit(call, this.#lastNow)
     this.#submitting = null
-    return !sc.connection.isClosed && !sc.closing
+    return !sc.connection.isClosed && !answers.closing
   }
 
   /** The connection closed: its calls' signals abort; handlers still running are watched for abandonment. */
@@ -276,7 +299,7 @@ export class CallDispatch {
     for (const call of sc.inFlight.values()) {
       call.abort(reason)
       // A handler still running after the abort (it ignores its signal) is watched.
-      this.#abandonment.orphaned(call)
+      this.#abandonment.orphaned(call, sc.closedAt)
     }
   }
 
@@ -284,7 +307,7 @@ export class CallDispatch {
   #unrouted (sc: ServerConnection, seq: number): boolean {
     const head = this.#head
     if (!this.#routes.has(head.service)) {
-      return this.#host.isReady()
+      return this.#ready
         ? this.#refuseHead(sc, seq, 'no-service', `service ${head.service} not registered on this server`)
         : this.#refuseHead(sc, seq, 'unavailable', `service unavailable: service ${head.service} not registered yet`)
     }
@@ -293,19 +316,28 @@ export class CallDispatch {
 
   // Answers a request refused before it became a call (a method, not a closure per frame).
   #refuseHead (sc: ServerConnection, seq: number, reason: RefusalReason, message: string, detail?: unknown): boolean {
-    this.#host.stats.callsFailed++
+    this.#counters.callFailed()
     if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
-    this.#order.emit(sc, seq, this.#protocol.refusal(this.#head, reason, message, detail))
-    return !sc.connection.isClosed && !sc.closing
+    const answers = sc.answers
+    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail))
+    return !sc.connection.isClosed && !answers.closing
   }
 
   /**
    * The connection's framing refused its stream (after set-up): answered
    * like a head `decodeHead` refused. True: this took the connection over
-   * (it reads nothing more and ends after the answer).
+   * (it reads nothing more and ends after the answer). False: the protocol
+   * has no answer for it (no protocolError; e.g. a frame over
+   * maxMessageBytes refused at its prefix): a bad frame, counted and logged
+   * here, and the connection closes with `error`.
    */
   framingError (sc: ServerConnection, error: RpcError): boolean {
-    if (this.#protocol.protocolError === undefined || sc.closing) return false
+    if (this.#protocol.protocolError === undefined || sc.answers.closing) {
+      if (sc.badFrame) return false
+      sc.badFrame = true
+      this.#counters.badFrame(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
+      return false
+    }
     this.#protocolError(sc, error)
     return true
   }
@@ -323,11 +355,10 @@ export class CallDispatch {
       }
     }
     if (answer === null) return this.#badFrame(sc, error)
-    this.#host.stats.badFrames++
     sc.badFrame = true
     // The peer is told in its protocol's words: a client's mistake, not the server's trouble.
-    this.#host.badData(sc.remoteAddress, `${error.message}; answered, closing the connection`, error.code)
-    return this.#order.lastWords(sc, answer)
+    this.#counters.badFrame(sc.remoteAddress, `${error.message}; answered, closing the connection`, error.code)
+    return this.#order.lastWords(sc.answers, answer)
   }
 
   // A call id the connection cannot take: the peer is broken.
@@ -339,9 +370,8 @@ export class CallDispatch {
   #badFrame (sc: ServerConnection, error: RpcError): false {
     // The stream can no longer be trusted: close without a reply (the
     // answers to the frames before it, already queued, still go out).
-    this.#host.stats.badFrames++
     sc.badFrame = true
-    this.#host.badData(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
+    this.#counters.badFrame(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
     sc.connection.flushAndDestroy(error.code === ErrorCode.MALFORMED_FRAME || error.code === ErrorCode.FRAME_TOO_LARGE ? error : new RpcError(ErrorCode.MALFORMED_FRAME, error.message, { cause: error }))
     return false
   }
@@ -417,64 +447,43 @@ export class CallDispatch {
   #respond (call: InboundCall, response: unknown): void {
     // An abandoned handler settled at last: its result is dropped.
     if (call.abandoned && this.#abandonment.settled(call)) return
-    const sc = call.owner as ServerConnection | null
-    if (sc === null || sc.connection.isClosed) {
-      if (sc !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
+    const answers = call.owner
+    if (answers === null || answers.connection.isClosed) {
+      if (answers !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
       this.#release(call)
       return
     }
-    const protocol = this.#protocol
-    const connection = sc.connection
     const order = this.#order
-    const inTurn = order.inTurn(sc, call)
-    let bytes: number
+    const inTurn = order.inTurn(answers, call)
     try {
-      bytes = protocol.encodedLength(call, response)
-      if (!inTurn) {
-        // Not its turn: its answer waits, encoded, for the ones before it.
-        sc.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
-        this.#writer.afterHold(sc)
-      } else if (bytes > 0) {
-        if (!connection.writeFrame(bytes, protocol, call, response)) this.#writer.overBound(sc)
-      } else if (bytes < 0) {
-        this.#writer.send(sc, protocol.encodeSlices!(call, response))
-      }
+      this.#writer.answer(answers, call, response, inTurn)
     } catch (err) {
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
       return
     }
-    this.#host.stats.callsSucceeded++
+    this.#counters.callSucceeded()
     if (this.#observers !== null) this.#ended(call, 'ok', '')
     const settledAt = call.metrics === null ? 0 : (this.#lastNow = this.#clock.now())
     this.#release(call, settledAt)
-    if (inTurn) order.answered(sc, call)
-    if (call.closeAfter) order.closeAfter(sc)
-    this.#host.answered()
+    if (inTurn) order.answered(answers, call)
+    if (call.closeAfter) order.closeAfter(answers)
+    if (this.#drained !== null) this.checkDrained()
   }
 
   // Answers the call in the protocol's words (the server answers it itself).
   #refuse (call: InboundCall, reason: RefusalReason, message: string, detail?: unknown): void {
     const owned = call.owner !== null
-    const sc = this.#release(call)
-    if (this.#observers !== null && owned) this.#ended(call, sc === undefined ? 'closed' : reason, sc === undefined ? 'the connection closed before the answer was sent' : message, detail)
-    if (sc === undefined) return
-    this.#host.stats.callsFailed++
-    this.#order.emit(sc, call.seq, this.#protocol.refusal(call, reason, message, detail))
-    if (call.closeAfter) this.#order.closeAfter(sc)
-    this.#host.answered()
-  }
-
-  /** One part of `call`'s streamed answer (`ctx.write`): sent now in its turn, else held until it comes. */
-  writePart (sc: ServerConnection, call: InboundCall, part: unknown): boolean {
-    const encode = this.#protocol.encodePart
-    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
-    if (sc.connection.isClosed || call.abandoned) return false
-    this.#order.writePart(sc, call, encode(call, part))
-    return !sc.connection.isClosed
+    const answers = this.#release(call)
+    if (this.#observers !== null && owned) this.#ended(call, answers === undefined ? 'closed' : reason, answers === undefined ? 'the connection closed before the answer was sent' : message, detail)
+    if (answers === undefined) return
+    this.#counters.callFailed()
+    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail))
+    if (call.closeAfter) this.#order.closeAfter(answers)
+    if (this.#drained !== null) this.checkDrained()
   }
 
   // Ends the call's life on its connection; undefined when the connection is gone.
-  #release (call: InboundCall, settledAt?: number): ServerConnection | undefined {
+  #release (call: InboundCall, settledAt?: number): ConnectionAnswers | undefined {
     call.finish()
     const metrics = call.metrics
     if (metrics !== null) {
@@ -485,14 +494,14 @@ export class CallDispatch {
       metrics.handlerLatency.observe(now - call.handledAt)
       if (now > call.deadline) metrics.timedOutOnResponse++
     }
-    const sc = call.owner as ServerConnection | null
+    const answers = call.owner
     call.owner = null
-    if (sc === null) return undefined
+    if (answers === null) return undefined
     this.#abandonment.forget(call)
     const order = this.#order
-    sc.inFlight.delete(order.key(call.seq, call.callId))
-    order.released(sc, call)
-    return sc.connection.isClosed ? undefined : sc
+    answers.inFlight.delete(order.key(call.seq, call.callId))
+    order.released(answers, call)
+    return answers.connection.isClosed ? undefined : answers
   }
 
 }
@@ -500,13 +509,6 @@ export class CallDispatch {
 function checkFilters (filters: readonly Filter[]): readonly Filter[] {
   for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
   return filters
-}
-
-// An answer encoded into a buffer of its own (it waits for its turn).
-function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
-  const out = Buffer.allocUnsafe(bytes)
-  protocol.encodeInto(call, response, out, 0)
-  return out
 }
 
 // What a handler threw, as a message; never throws itself (a thrown value may refuse String()).

@@ -1,6 +1,8 @@
 import { EventEmitter } from 'node:events'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
+import type { PushOutputLimit } from './push-output-limit.js'
+import type { ServerContext } from './server-context.js'
 import type { ServerConnection } from './server-connection.js'
 
 export type { WriteWatermarks } from './server-options.js'
@@ -8,15 +10,10 @@ export type { WriteWatermarks } from './server-options.js'
 export const DEFAULT_HIGH_WATERMARK_BYTES = 64 * 1024
 export const DEFAULT_LOW_WATERMARK_BYTES = 32 * 1024
 
-/** What a handle needs of its server. */
-export interface PushHost {
-  readonly protocol: ServerProtocol
+/** The bytes unsent at which a handle turns unwritable (`highBytes`) and writable again (`lowBytes`), resolved. */
+export interface Watermarks {
   readonly highBytes: number
   readonly lowBytes: number
-  /** Queues pushed bytes on `sc` and applies the push limits; false when the connection is closed (or was, for them). */
-  push: (sc: ServerConnection, slices: Uint8Array[], bytes: number) => boolean
-  /** `close(reason)` was called. */
-  closeByApplication: (sc: ServerConnection, reason: string | undefined) => void
 }
 
 /**
@@ -29,7 +26,9 @@ export interface PushHost {
 export class ServerConnectionHandle extends EventEmitter implements ConnectionHandle {
   readonly remoteAddress: string
   readonly closed: Promise<void>
-  readonly #host: PushHost
+  readonly #ctx: ServerContext
+  readonly #pushes: PushOutputLimit
+  readonly #watermarks: Watermarks
   #sc: ServerConnection | null
   #user = ''
   #state: unknown = undefined
@@ -40,9 +39,11 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
   readonly #check = (): void => this.#checkWritable()
 
-  constructor (host: PushHost, sc: ServerConnection) {
+  constructor (sc: ServerConnection, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {
     super()
-    this.#host = host
+    this.#ctx = ctx
+    this.#pushes = pushes
+    this.#watermarks = watermarks
     this.#sc = sc
     this.remoteAddress = sc.remoteAddress
     this.closed = new Promise((resolve) => { this.#resolveClosed = resolve })
@@ -62,12 +63,12 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
 
   /** The protocol that encodes its pushes (groups encode once per protocol). Internal. */
   get protocol (): ServerProtocol {
-    return this.#host.protocol
+    return this.#ctx.protocol
   }
 
   send (message: unknown): boolean {
-    const encode = this.#host.protocol.encodePush
-    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#host.protocol.name} protocol has no encodePush: it cannot push`)
+    const encode = this.#ctx.protocol.encodePush
+    if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#ctx.protocol.name} protocol has no encodePush: it cannot push`)
     if (this.#sc === null) return false
     const slices = encode(message)
     return this.sendEncoded(slices, byteLengthOf(slices))
@@ -77,25 +78,30 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   sendEncoded (slices: Uint8Array[], bytes: number): boolean {
     const sc = this.#sc
     if (sc === null) return false
-    const sent = this.#host.push(sc, slices, bytes)
-    if (sent && this.#writable && this.bufferedBytes > this.#host.highBytes) this.#becameUnwritable()
+    const sent = this.#pushes.push(sc, slices, bytes)
+    if (sent && this.#writable && this.bufferedBytes > this.#watermarks.highBytes) this.#becameUnwritable()
     return sent
   }
 
+  // What is queued goes out, then the connection ends.
   close (reason?: string): void {
     const sc = this.#sc
     if (sc === null) return
-    this.#host.closeByApplication(sc, reason)
+    const connection = sc.connection
+    if (connection.isClosed) return
+    if (reason !== undefined) this.#ctx.log.info(`closing ${sc.remoteAddress}: ${reason}`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+    sc.answers.requestClose(-1)
+    connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`))
   }
 
   get writable (): boolean {
-    if (this.#writable && this.#sc !== null && this.bufferedBytes > this.#host.highBytes) this.#becameUnwritable()
+    if (this.#writable && this.#sc !== null && this.bufferedBytes > this.#watermarks.highBytes) this.#becameUnwritable()
     return this.#writable
   }
 
   get bufferedBytes (): number {
     const sc = this.#sc
-    return sc === null ? 0 : sc.connection.outboundBytes + sc.heldBytes
+    return sc === null ? 0 : sc.connection.outboundBytes + sc.answers.heldBytes
   }
 
   pauseReading (): void {
@@ -126,7 +132,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     this.#checkArmed = false
     const sc = this.#sc
     if (sc === null || this.#writable) return
-    if (this.bufferedBytes <= this.#host.lowBytes) {
+    if (this.bufferedBytes <= this.#watermarks.lowBytes) {
       this.#writable = true
       sc.connection.onDrain = null
       this.emit('drain')

@@ -1,6 +1,7 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { CallInfo, ConnectionHandle, RouteInfo } from '../codec/protocol.js'
 import type { Clock, TimerHandle } from '../scheduling/clock.js'
+import type { ConnectionAnswers } from './answer-order.js'
 import type { MethodMetrics } from './metrics.js'
 
 /** What a handler sees of its call, whatever the protocol. */
@@ -64,11 +65,6 @@ export interface CallPeer {
   readonly connection?: ConnectionHandle | undefined
 }
 
-/** Where a call's streamed parts go: its connection's state. Internal. */
-export interface PartSink {
-  writePart: (call: InboundCall, part: unknown) => boolean
-}
-
 /**
  * One call being handled by the server, from the moment its whole frame
  * arrived until its answer is queued on the connection. The deadline is
@@ -98,8 +94,12 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
   declare handledAt: number
   /** The method's metrics while its handler runs; null before and after. Internal. */
   declare metrics: MethodMetrics | null
-  /** The server's per-connection state this call belongs to; null once answered. Internal. */
-  declare owner: unknown
+  /**
+   * Its connection's answers: where its answer and streamed parts go, in
+   * the connection's answer order; null once answered.
+   * @internal
+   */
+  declare owner: ConnectionAnswers | null
   /** Its place in its connection's answer order (in-order protocols); -1 for protocols that match by id. Internal. */
   declare seq: number
   /** `closeConnection()` was called. */
@@ -169,7 +169,7 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
   }
 
   write (part: unknown): boolean {
-    const owner = this.owner as PartSink | null
+    const owner = this.owner
     if (owner === null) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `ctx.write on call ${this.callId} after its answer`)
     return owner.writePart(this, part)
   }
@@ -192,7 +192,7 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
     if (this.closeAfter) return
     this.closeAfter = true
     // At once: nothing after this request is read, and (in order) no answer after its own is sent.
-    ;(this.owner as { requestClose?: (seq: number) => void } | null)?.requestClose?.(this.seq)
+    this.owner?.requestClose(this.seq)
   }
 
   // The AbortController and its deadline timer are made only for handlers

@@ -1,60 +1,123 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { Connection } from '../transport/connection.js'
+import type { ConnectionGuard } from './connection-guard.js'
+import type { RateLimitedLog } from './logger.js'
+import type { ServerContext } from './server-context.js'
+import type { PushOutputLimitOptions } from './server-options.js'
 
-/**
- * The slow-consumer rule for connections that receive pushes, as Redis's
- * `client-output-buffer-limit pubsub 32mb 8mb 60`: a connection whose
- * unsent bytes pass the hard limit is closed at once; one that stays above
- * the soft limit for `softMs` without a break is closed then. So N
- * subscribers that stop reading cost at most N × the hard limit, and a
- * burst above the soft limit that drains in time costs nothing.
- */
-export interface PushOutputLimitOptions {
-  /** Unsent bytes past which a connection that received pushes is closed at once; default 32 MiB; 0: no hard limit. */
-  hardBytes?: number
-  /** Unsent bytes above which it may stay only `softMs`; default 8 MiB; 0: no soft limit. */
-  softBytes?: number
-  /** How long it may stay above `softBytes`; default 60 000 ms. */
-  softMs?: number
-}
+export type { PushOutputLimitOptions } from './server-options.js'
 
 export const DEFAULT_PUSH_HARD_BYTES = 32 * 1024 * 1024
 export const DEFAULT_PUSH_SOFT_BYTES = 8 * 1024 * 1024
 export const DEFAULT_PUSH_SOFT_MS = 60_000
 
-/** What the limit needs of a connection: since when it has been over the soft limit (-1: it is not). */
-export interface PushLimited {
-  softSince: number
+/** What the push output limit follows of one connection. */
+export class PushRecord {
+  /** Something was pushed to it (`ConnectionHandle.send`, a group): the push output limits apply. */
+  pushed = false
+  /** Since when its unsent bytes have been over the soft push limit; -1: not over it. */
+  softSince = -1
 }
 
+/** What the limit needs of a connection: its record, its unsent bytes (queued, and answers held for their turn). */
+export interface Pushed {
+  readonly connection: Connection
+  readonly remoteAddress: string
+  readonly push: PushRecord
+  readonly answers: { readonly heldBytes: number }
+}
+
+/** What the limit decided: close at once (`hard`), close after the soft period (`soft`), or keep. */
 export type PushVerdict = 'hard' | 'soft' | null
 
-export class PushOutputLimit {
+/**
+ * The server's pushes and their slow-consumer rule
+ * (`PushOutputLimitOptions`): queues what is pushed to a connection and
+ * judges it at each push; the scan judges the connections over the soft
+ * limit, which stop receiving pushes, until they close or come back below.
+ * Closes are counted and logged, rate-limited.
+ */
+export class PushOutputLimit implements ConnectionGuard<Pushed> {
   readonly hardBytes: number
   readonly softBytes: number
   readonly softMs: number
+  readonly #ctx: ServerContext
+  /** Connections that received a push and are over the soft limit: the scan watches them. */
+  readonly #overSoft = new Set<Pushed>()
+  readonly #log: RateLimitedLog
 
-  constructor (options: PushOutputLimitOptions = {}) {
+  constructor (ctx: ServerContext, options: PushOutputLimitOptions = {}) {
     this.hardBytes = nonNegative(options.hardBytes ?? DEFAULT_PUSH_HARD_BYTES, 'pushOutputLimit.hardBytes')
     this.softBytes = nonNegative(options.softBytes ?? DEFAULT_PUSH_SOFT_BYTES, 'pushOutputLimit.softBytes')
     this.softMs = nonNegative(options.softMs ?? DEFAULT_PUSH_SOFT_MS, 'pushOutputLimit.softMs')
+    this.#ctx = ctx
+    this.#log = ctx.rateLimitedLog()
   }
 
   /**
    * Judges a connection holding `unsentBytes` at `now`: 'hard' or 'soft'
-   * when it must close, null otherwise. Records (in `member.softSince`)
+   * when it must close, null otherwise. Records (in `record.softSince`)
    * when it went over the soft limit, and forgets it once it is below.
    */
-  judge (member: PushLimited, unsentBytes: number, now: number): PushVerdict {
+  judge (record: PushRecord, unsentBytes: number, now: number): PushVerdict {
     if (this.hardBytes > 0 && unsentBytes > this.hardBytes) return 'hard'
     if (this.softBytes === 0 || unsentBytes <= this.softBytes) {
-      member.softSince = -1
+      record.softSince = -1
       return null
     }
-    if (member.softSince < 0) {
-      member.softSince = now
+    if (record.softSince < 0) {
+      record.softSince = now
       return this.softMs === 0 ? 'soft' : null
     }
-    return now - member.softSince >= this.softMs ? 'soft' : null
+    return now - record.softSince >= this.softMs ? 'soft' : null
+  }
+
+  /** Pushed bytes for `sc`: queued (closed past its outbound bound), then judged by the push limits; false when it is closed (or was, for them). */
+  push (sc: Pushed, slices: Uint8Array[], bytes: number): boolean {
+    const connection = sc.connection
+    if (connection.isClosed) return false
+    sc.push.pushed = true
+    if (!connection.send({ slices: slices as Buffer[], bytes })) {
+      this.#ctx.log.warn(`closing ${sc.remoteAddress}: it reads slower than it is sent to (outbound bound exceeded)`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+      return false
+    }
+    this.#ctx.counters.pushSent()
+    return this.#judgePushed(sc, this.#ctx.clock.now())
+  }
+
+  /** The scan looks at least this often while a soft limit is set (its period is a quarter of this). */
+  scanEveryMs (): number {
+    return this.softBytes > 0 ? Math.max(this.softMs, 40) : Infinity
+  }
+
+  /** Over the soft push limit: closed once there for softMs, forgotten once below (pushes may have stopped). */
+  tick (now: number): void {
+    if (this.#overSoft.size > 0) for (const sc of [...this.#overSoft]) this.#judgePushed(sc, now)
+  }
+
+  closed (sc: Pushed): void {
+    if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
+  }
+
+  // The push limits for a connection that received pushes; false: closed for them.
+  #judgePushed (sc: Pushed, now: number): boolean {
+    const ctx = this.#ctx
+    const record = sc.push
+    const unsent = sc.connection.outboundBytes + sc.answers.heldBytes
+    const verdict = this.judge(record, unsent, now)
+    if (record.softSince >= 0) this.#overSoft.add(sc)
+    else if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
+    if (verdict === null) return true
+    const why = verdict === 'hard'
+      ? `${unsent} unsent bytes, over the hard push limit of ${this.hardBytes}`
+      : `over the soft push limit of ${this.softBytes} bytes for ${Math.round(now - record.softSince)} ms (${unsent} unsent bytes)`
+    ctx.counters.pushLimitClosed(verdict === 'hard')
+    this.#overSoft.delete(sc)
+    this.#log.log(ctx.warn, () => `closing ${sc.remoteAddress}: it does not read what is pushed to it: ${why}`,
+      () => ({ protocol: ctx.protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, limit: verdict }))
+    sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, `closed as a slow consumer: ${why}`))
+    return false
   }
 }
 

@@ -6,10 +6,26 @@ import type { ConnectionStats } from '../transport/connection.js'
 import type { IdleCollectionOptions } from './idle-collection.js'
 import type { Logger } from './logger.js'
 import type { LimitCounters } from './metrics.js'
-import type { PushOutputLimitOptions } from './push-output-limit.js'
 
 // The server's options: their types, defaults and checks. The server
 // (reactor/server.ts) reads them; the KRPC server passes them through.
+
+/**
+ * The slow-consumer rule for connections that receive pushes, as Redis's
+ * `client-output-buffer-limit pubsub 32mb 8mb 60`: a connection whose
+ * unsent bytes pass the hard limit is closed at once; one that stays above
+ * the soft limit for `softMs` without a break is closed then. So N
+ * subscribers that stop reading cost at most N × the hard limit, and a
+ * burst above the soft limit that drains in time costs nothing.
+ */
+export interface PushOutputLimitOptions {
+  /** Unsent bytes past which a connection that received pushes is closed at once; default 32 MiB; 0: no hard limit. */
+  hardBytes?: number
+  /** Unsent bytes above which it may stay only `softMs`; default 8 MiB; 0: no soft limit. */
+  softBytes?: number
+  /** How long it may stay above `softBytes`; default 60 000 ms. */
+  softMs?: number
+}
 
 /** Options of a `ProtocolServer` (KRPC's `KrpcServer` takes them too): limits, timeouts, scheduling, TLS and logging; each has a default. */
 export interface ServerOptions {

@@ -1,34 +1,35 @@
-// The generic server's life cycle: accept (within admission's limits, TLS
-// first when asked), the protocol's set-up, the budgets and pushes shared by
-// its connections, and the graceful close. Its other jobs live beside it:
-// options (server-options.ts), admission (admission.ts), the periodic scan
-// (connection-scan.ts), TLS accept (tls-accept.ts), and everything from a
-// request frame to its answer (call-dispatch.ts). Over 500 lines because
-// close() and the set-up are one job each, told in one place.
+// The generic server's life cycle: listen, accept (within admission's
+// limits, TLS first when asked), the protocol's set-up, and the graceful
+// close. Its parts share one ServerContext (server-context.ts); the guards
+// over the connections are composed here once (connection-guard.ts), and
+// everything from a request frame to its answer is call-dispatch.ts's.
 import { createServer, type Server as NetServer, type Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ServerProtocol } from '../codec/protocol.js'
-import { realClock, type Clock, type TimerHandle } from '../scheduling/clock.js'
+import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
 import { Connection, type Handshake } from '../transport/connection.js'
-import { CallDispatch, type DispatchHost, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
-import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type PushHost } from './connection-handle.js'
+import { CallDispatch, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
+import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type Watermarks } from './connection-handle.js'
 import type { CallEndObserver, Filter } from './filters.js'
 import { PushOutputLimit } from './push-output-limit.js'
-import { ServerMetrics, type LimitCounters } from './metrics.js'
-import { RateLimitedLog, resolveLogger, type LogFields, type Logger } from './logger.js'
+import { ServerMetrics } from './metrics.js'
+import type { Logger, RateLimitedLog } from './logger.js'
 import { ServerConnection } from './server-connection.js'
-import { InboundBudget, DEFAULT_MAX_INBOUND_BUFFERED_BYTES } from '../transport/inbound-budget.js'
-import { OutboundBudget, DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES } from './outbound-budget.js'
-import { Admission, DEFAULT_MIN_FRAME_BYTES_PER_SECOND, DEFAULT_SLOW_FRAME_GRACE_MS } from './admission.js'
+import type { InboundBudget } from '../transport/inbound-budget.js'
+import type { OutboundBudget } from './outbound-budget.js'
+import { serverBudgets } from './server-budgets.js'
+import { Admission } from './admission.js'
+import { ConnectionGuards } from './connection-guard.js'
 import { ConnectionScan } from './connection-scan.js'
+import { ServerContext, type ResolvedServerOptions } from './server-context.js'
+import { SlowConsumerWatch } from './slow-consumer.js'
 import {
-  DEFAULT_IDLE_TIMEOUT_MS, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_MAX_NEGOTIATION_BYTES, DEFAULT_NEGOTIATION_TIMEOUT_MS,
-  LOG_INTERVAL_MS, SUSPENDED_GRACE_MS, groupDefaultsOf, nonNegative, tlsHandshakeTimeoutOf, writeWatermarksOf,
+  DEFAULT_MAX_NEGOTIATION_BYTES, tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
@@ -37,7 +38,7 @@ import { ListenError } from './listen-error.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
-export type { PushOutputLimitOptions } from './push-output-limit.js'
+export type { PushOutputLimitOptions } from './server-options.js'
 export type { WriteWatermarks } from './connection-handle.js'
 export type { ServerConnectionStats, ServerLimits, ServerOptions, ServerStats } from './server-options.js'
 export { ListenError } from './listen-error.js'
@@ -50,51 +51,37 @@ export { ListenError } from './listen-error.js'
  * `KrpcServer` wraps one, with the KRPC protocol and services as its groups.
  */
 export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // eslint-disable-line @typescript-eslint/no-explicit-any
+  /** What the server's parts share: protocol, options, clock, logger, connections, counters. */
+  readonly #ctx: ServerContext<ServerConnection>
   readonly #protocol: ServerProtocol
-  readonly #options: Required<Pick<ServerOptions, 'maxMessageBytes' | 'negotiationTimeoutMs' | 'idleTimeoutMs'>> & ServerOptions
+  readonly #options: ResolvedServerOptions
   readonly #clock: Clock
   readonly #log: Required<Logger>
   /** Per-group and per-route metrics; `metrics.text()` is the Prometheus exposition. */
   readonly metrics = new ServerMetrics()
   readonly #dispatch: CallDispatch
-  readonly #connections = new Set<ServerConnection>()
+  readonly #connections: Set<ServerConnection>
   /** Admission of new connections (limits, evictions); its `negotiating` are the connections still in set-up, oldest first. */
   readonly #admission: Admission<ServerConnection>
   readonly #negotiating: Set<ServerConnection>
-  /** The periodic pass over the connections (idle, slow frames, age, soft push limit, abandonment). */
-  readonly #scan: ConnectionScan
+  /** The guards over the connections (told at accept, each scan tick, and close), composed once. */
+  readonly #guards: ConnectionGuards<ServerConnection>
+  readonly #pushes: PushOutputLimit
+  readonly #slowConsumers: SlowConsumerWatch
+  readonly #watermarks: Watermarks
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  // Peers choose how often these happen: each kind is rate-limited.
+  // Peers choose how often this happens: rate-limited.
   readonly #logNegotiationFailed: RateLimitedLog
-  readonly #logBadData: RateLimitedLog
-  // Called on the logger, so a class-based logger keeps its `this`.
-  readonly #warn = (message: string, fields?: LogFields): void => { this.#log.warn(message, fields) }
-  readonly #error = (message: string, fields?: LogFields): void => { this.#log.error(message, fields) }
   /** Where #listen was asked to listen, for messages. */
   #listenAddress: string | null = null
   readonly #net: NetServer
-  #ready: boolean
   #closing: Promise<void> | null = null
-  #drained: (() => void) | null = null
   /** While closing: called when the last connection has closed. */
   #onLastClose: (() => void) | null = null
-  #stats = {
-    connectionsAccepted: 0, callsReceived: 0, callsSucceeded: 0, callsFailed: 0, badFrames: 0, idleClosed: 0, agedClosed: 0,
-    frameTimeouts: 0, connectionsRefused: 0, connectionsEvicted: 0, negotiatingEvicted: 0, acceptErrors: 0, descriptorsExhausted: 0, handlersAbandoned: 0,
-    tlsHandshakeFailures: 0, tlsHandshakeTimeouts: 0, pushesSent: 0, pushHardLimitClosed: 0, pushSoftLimitClosed: 0, slowFramesClosed: 0
-  }
-  readonly #pushLimit: PushOutputLimit
-  readonly #pushHost: PushHost
-  /** Connections that received a push and are over the soft limit: the scan watches them. */
-  readonly #overSoft = new Set<ServerConnection>()
-  readonly #logPushLimit: RateLimitedLog
   readonly #poller: BusyPoller | undefined
   /** With `tls`: TLS from the first byte for every accepted connection. */
   readonly #tls: TlsAccept | null = null
-  /** Connections not read for their outbound bound, and the timer that judges whether their peer takes anything. */
-  readonly #suspended = new Map<ServerConnection, TimerHandle>()
-  readonly #logSlowConsumer = new RateLimitedLog(LOG_INTERVAL_MS, () => this.#clock.now())
   /** Stops the idle collection (`idleCollection`), once listening; null before and after. */
   #stopIdleCollection: (() => void) | null = null
 
@@ -104,91 +91,29 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
    * their `ctx.connectionState` is its `State`.
    */
   constructor (protocol: ServerProtocol<Req, Res, State, Data>, options: ServerOptions = {}) {
-    this.#protocol = protocol as ServerProtocol
-    this.#options = {
-      ...options,
-      maxMessageBytes: options.maxMessageBytes ?? protocol.maxFrameBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
-      negotiationTimeoutMs: options.negotiationTimeoutMs ?? DEFAULT_NEGOTIATION_TIMEOUT_MS,
-      idleTimeoutMs: options.idleTimeoutMs ?? DEFAULT_IDLE_TIMEOUT_MS
-    }
-    this.#clock = options.clock ?? realClock
-    this.#log = resolveLogger(options.logger)
-    this.#ready = options.ready ?? true
+    const ctx = this.#ctx = new ServerContext<ServerConnection>(protocol as ServerProtocol, options)
+    this.#protocol = ctx.protocol
+    this.#options = ctx.options
+    this.#clock = ctx.clock
+    this.#log = ctx.log
+    this.#connections = ctx.connections
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    const now = (): number => this.#clock.now()
-    this.#logNegotiationFailed = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#logBadData = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    const minFrameRate = nonNegative(options.minFrameBytesPerSecond ?? DEFAULT_MIN_FRAME_BYTES_PER_SECOND, 'minFrameBytesPerSecond')
-    const slowFrameGraceMs = nonNegative(options.slowFrameGraceMs ?? DEFAULT_SLOW_FRAME_GRACE_MS, 'slowFrameGraceMs')
-    this.#admission = new Admission({
-      clock: this.#clock, warn: this.#warn, error: this.#error, protocolName: protocol.name, connections: this.#connections, stats: this.#stats, minFrameRate
-    }, options.maxConnections, options.maxNegotiatingConnections)
+    this.#logNegotiationFailed = ctx.rateLimitedLog()
+    const scan = new ConnectionScan(ctx)
+    this.#admission = new Admission(ctx)
     this.#negotiating = this.#admission.negotiating
-    this.#logPushLimit = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#pushLimit = new PushOutputLimit(options.pushOutputLimit)
-    const { highBytes, lowBytes } = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
-    this.#pushHost = {
-      protocol: this.#protocol,
-      highBytes,
-      lowBytes,
-      push: (sc, slices, bytes) => this.#push(sc, slices, bytes),
-      closeByApplication: (sc, reason) => this.#closeByApplication(sc, reason)
-    }
+    this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit)
+    this.#slowConsumers = new SlowConsumerWatch(ctx)
+    this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
-    if (options.tls !== undefined) {
-      this.#tls = new TlsAccept(options.tls, handshakeMs, {
-        clock: this.#clock,
-        protocolName: protocol.name,
-        stats: this.#stats,
-        warn: this.#warn,
-        badData: (remote, why, code) => {
-          this.#logBadData.log(this.#warn, () => `received bad data from ${remote}: ${why}`, () => ({ protocol: protocol.name, remote, code }))
-        }
-      })
-    }
-    const inboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#inbound = new InboundBudget(options.maxInboundBufferedBytes ?? DEFAULT_MAX_INBOUND_BUFFERED_BYTES, (_member, held) => {
-      inboundLog.log(this.#warn, () => `closing a connection holding ${held} bytes of an incomplete frame: the inbound buffers of all connections passed their budget of ${this.#inbound.maxBytes} bytes`,
-        () => ({ protocol: protocol.name, heldBytes: held, budgetBytes: this.#inbound.maxBytes }))
-    })
-    const outboundLog = new RateLimitedLog(LOG_INTERVAL_MS, now)
-    this.#outbound = new OutboundBudget(options.maxOutboundBufferedBytes ?? DEFAULT_MAX_OUTBOUND_BUFFERED_BYTES, this.#clock, (member, total) => {
-      outboundLog.log(this.#warn, () => `not reading from a connection holding ${member.outboundBytes} unsent bytes: unsent responses total ${total} bytes, over the budget of ${this.#outbound.maxBytes}`,
-        () => ({ protocol: protocol.name, unsentBytes: member.outboundBytes, totalUnsentBytes: total, budgetBytes: this.#outbound.maxBytes }))
-    })
-    this.metrics.limitCounters = () => this.#limitCounters()
-    const stats = this.#stats
-    const host: DispatchHost = {
-      clock: this.#clock,
-      log: this.#log,
-      metrics: this.metrics,
-      stats,
-      pooled: options.scheduler !== 'direct',
-      defaults: groupDefaultsOf(options),
-      isReady: () => this.#ready,
-      connections: this.#connections,
-      answered: () => this.#maybeDrained(),
-      badData: (remote, why, code) => {
-        this.#logBadData.log(this.#warn, () => `received bad data from ${remote}: ${why}`, () => ({ protocol: protocol.name, remote, code }))
-      }
-    }
-    this.#dispatch = new CallDispatch(this.#protocol, host)
-    this.#scan = new ConnectionScan({
-      clock: this.#clock,
-      log: this.#log,
-      warn: this.#warn,
-      protocolName: protocol.name,
-      connections: this.#connections,
-      stats: this.#stats,
-      options: this.#options,
-      minFrameRate,
-      slowFrameGraceMs,
-      pushLimit: this.#pushLimit,
-      overSoft: this.#overSoft,
-      judgePushed: (sc, at) => this.#judgePushed(sc, at),
-      dispatch: this.#dispatch,
-      checkDescriptors: () => this.#admission.checkDescriptors()
-    })
+    if (options.tls !== undefined) this.#tls = new TlsAccept(options.tls, handshakeMs, ctx)
+    const budgets = serverBudgets(ctx)
+    this.#inbound = budgets.inbound
+    this.#outbound = budgets.outbound
+    this.metrics.limitCounters = () => ctx.counters.limitCounters(this.#inbound.closedConnections, this.#outbound.pauses)
+    this.#dispatch = new CallDispatch(ctx, this.metrics)
+    // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.
+    this.#guards = new ConnectionGuards(this.#clock, this.#connections, [this.#dispatch.abandonment, this.#pushes, this.#admission, this.#slowConsumers, scan])
     // Paused on accept: nothing is read before #onAccept moves the socket to
     // a SocketReader (see readThrough).
     this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
@@ -244,12 +169,12 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   /** Sets `maxConnectionAgeMs` (0 or less: no limit) for connections accepted from now on. */
   setMaxConnectionAgeMs (ms: number): void {
     this.#options.maxConnectionAgeMs = ms
-    if (this.#net.listening) this.#scan.arm()
+    if (this.#net.listening) this.#guards.arm()
   }
 
   /** Marks the routes as registered: unknown groups are now refused `no-service` rather than `unavailable`. */
   markReady (): void {
-    this.#ready = true
+    this.#dispatch.markReady()
   }
 
   /**
@@ -280,7 +205,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       this.#listenAddress = where
       const onListening = (): void => {
         this.#net.off('error', onError)
-        this.#scan.arm()
+        this.#guards.arm()
         const idle = this.#options.idleCollection
         if (idle !== false && this.#stopIdleCollection === null) this.#stopIdleCollection = startIdleCollection(idle)
         resolve(this.#net.address() as AddressInfo)
@@ -320,76 +245,13 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   stats (): ServerStats {
     let inFlight = 0
     for (const sc of this.#connections) inFlight += sc.inFlight.size
-    return {
-      ...this.#stats,
+    return this.#ctx.counters.stats({
       connectionsOpen: this.#connections.size,
       callsInFlight: inFlight,
       inboundBudgetClosed: this.#inbound.closedConnections,
       outboundPauses: this.#outbound.pauses,
       abandonedRunning: this.#dispatch.abandonedRunning
-    }
-  }
-
-  // Pushed bytes for `sc`: queued (closed past its outbound bound), then judged by the push limits.
-  #push (sc: ServerConnection, slices: Uint8Array[], bytes: number): boolean {
-    const connection = sc.connection
-    if (connection.isClosed) return false
-    sc.pushed = true
-    if (!connection.send({ slices: slices as Buffer[], bytes })) {
-      this.#log.warn(`closing ${sc.remoteAddress}: it reads slower than it is sent to (outbound bound exceeded)`, { protocol: this.#protocol.name, remote: sc.remoteAddress })
-      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
-      return false
-    }
-    this.#stats.pushesSent++
-    return this.#judgePushed(sc, this.#clock.now())
-  }
-
-  // The push limits for a connection that received pushes; false: closed for them.
-  #judgePushed (sc: ServerConnection, now: number): boolean {
-    const unsent = sc.connection.outboundBytes + sc.heldBytes
-    const verdict = this.#pushLimit.judge(sc, unsent, now)
-    if (sc.softSince >= 0) this.#overSoft.add(sc)
-    else if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
-    if (verdict === null) return true
-    const limit = this.#pushLimit
-    const why = verdict === 'hard'
-      ? `${unsent} unsent bytes, over the hard push limit of ${limit.hardBytes}`
-      : `over the soft push limit of ${limit.softBytes} bytes for ${Math.round(now - sc.softSince)} ms (${unsent} unsent bytes)`
-    if (verdict === 'hard') this.#stats.pushHardLimitClosed++
-    else this.#stats.pushSoftLimitClosed++
-    this.#overSoft.delete(sc)
-    this.#logPushLimit.log(this.#warn, () => `closing ${sc.remoteAddress}: it does not read what is pushed to it: ${why}`,
-      () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, limit: verdict }))
-    sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, `closed as a slow consumer: ${why}`))
-    return false
-  }
-
-  // ConnectionHandle.close(reason): what is queued goes out, then the connection ends.
-  #closeByApplication (sc: ServerConnection, reason: string | undefined): void {
-    const connection = sc.connection
-    if (connection.isClosed) return
-    if (reason !== undefined) this.#log.info(`closing ${sc.remoteAddress}: ${reason}`, { protocol: this.#protocol.name, remote: sc.remoteAddress })
-    sc.requestClose(-1)
-    connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`))
-  }
-
-  #limitCounters (): LimitCounters {
-    const s = this.#stats
-    return {
-      idleClosed: s.idleClosed,
-      frameTimeouts: s.frameTimeouts,
-      inboundBudgetClosed: this.#inbound.closedConnections,
-      outboundPauses: this.#outbound.pauses,
-      connectionsRefused: s.connectionsRefused,
-      connectionsEvicted: s.connectionsEvicted,
-      negotiatingEvicted: s.negotiatingEvicted,
-      acceptErrors: s.acceptErrors,
-      descriptorsExhausted: s.descriptorsExhausted,
-      pushesSent: s.pushesSent,
-      pushHardLimitClosed: s.pushHardLimitClosed,
-      pushSoftLimitClosed: s.pushSoftLimitClosed,
-      slowFramesClosed: s.slowFramesClosed
-    }
+    })
   }
 
   /** The limits in force (defaults resolved), as `nyala serve` reports them. */
@@ -434,7 +296,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const graceMs = options.graceMs ?? 30_000
       const startedAt = this.#clock.now()
       this.#net.close(() => resolve())
-      this.#scan.stop()
+      this.#guards.stop()
       for (const sc of this.#connections) {
         if (!sc.ready) sc.connection.destroy()
       }
@@ -446,7 +308,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       // The grace timer stays armed after the drain: connections still
       // flushing to a peer that does not read are destroyed when it fires.
       const finish = (flush = true): void => {
-        this.#drained = null
+        this.#dispatch.whenDrained(null)
         for (const sc of [...this.#connections]) {
           if (flush) sc.connection.endAfterFlush()
           else sc.connection.flushAndDestroy()
@@ -493,11 +355,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
         // Re-armed after the queues' own grace timers, so that queued calls are refused before connections close.
         if (graceTimer !== null) this.#clock.clearTimer(graceTimer)
         graceTimer = this.#clock.setTimer(graceFired, Math.max(0, graceMs - (this.#clock.now() - startedAt)))
-        this.#drained = () => {
-          this.#drained = null
+        this.#dispatch.whenDrained(() => {
+          this.#dispatch.whenDrained(null)
           setImmediate(() => setImmediate(() => finish()))
-        }
-        this.#maybeDrained()
+        })
       })
     })
     const executors = this.#dispatch.executors.filter(e => e.close !== undefined)
@@ -507,19 +368,13 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return this.#closing
   }
 
-  #maybeDrained (): void {
-    if (this.#drained === null) return
-    for (const sc of this.#connections) if (sc.inFlight.size > 0) return
-    this.#drained()
-  }
-
   #onAccept (accepted: Socket): void {
     if (this.#closing !== null) {
       accepted.destroy()
       return
     }
     if (!this.#admission.admit(accepted)) return
-    this.#stats.connectionsAccepted++
+    this.#ctx.counters.accepted()
     const remoteAddress = `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`
     let secure: TLSSocket | null
     try {
@@ -543,10 +398,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       busyPoller: this.#poller,
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection),
-      onReadingSuspended: () => this.#watchSuspended(sc)
+      onReadingSuspended: () => this.#slowConsumers.watch(sc)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch)
-    const handle = new ServerConnectionHandle(this.#pushHost, sc)
+    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch.answerOrder)
+    const handle = new ServerConnectionHandle(sc, this.#ctx, this.#pushes, this.#watermarks)
     sc.handle = handle
     try {
       // The protocol's code may throw: the connection goes, the server stays.
@@ -557,14 +412,12 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       this.#admission.setUpFailed(remoteAddress, err)
       return
     }
-    const maxAgeMs = this.#options.maxConnectionAgeMs ?? 0
-    // Jitter keeps connections opened together from all reconnecting together.
-    if (maxAgeMs > 0) sc.retireAt = sc.lastActiveAt + maxAgeMs * (0.9 + 0.2 * Math.random())
+    this.#guards.accepted(sc)
     this.#connections.add(sc)
     const dispatch = this.#dispatch
     connection.attach({
       onFrame: (buf, start, end) => dispatch.onFrame(sc, buf, start, end),
-      onFramingError: (error) => dispatch.framingError(sc, error) || this.#framingRefused(sc, error),
+      onFramingError: (error) => dispatch.framingError(sc, error),
       onClose: (error) => this.#onClose(sc, error)
     })
     if (secure === null) {
@@ -616,7 +469,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const fields = { protocol: this.#protocol.name, remote: remoteAddress, code: error.code }
       // A peer that hangs up before set-up (a port probe, a health check) is no fault of anyone's.
       if (error.code === ErrorCode.CONNECTION_CLOSED) this.#log.info(`negotiation with ${remoteAddress} failed: ${error.message}`, fields)
-      else this.#logNegotiationFailed.log(this.#warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
+      else this.#logNegotiationFailed.log(this.#ctx.warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
     })
   }
 
@@ -626,65 +479,16 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return make === undefined ? undefined : make(remoteAddress, handle)
   }
 
-  // Past its outbound bound the connection is not read (the kernel left
-  // more than the bound). A peer that takes none of what waits for
-  // SUSPENDED_GRACE_MS at a time is a slow consumer: closed (QUEUE_FULL).
-  // Taking is the kernel's write queue falling, or a drain; answers still
-  // coming for requests already read do not count.
-  #watchSuspended (sc: ServerConnection): void {
-    const connection = sc.connection
-    let lastQueue = connection.writeQueueBytes
-    let lastDrains = connection.drains
-    const check = (): void => {
-      this.#suspended.delete(sc)
-      if (connection.isClosed || !connection.isReadingSuspended) return
-      const queue = connection.writeQueueBytes
-      if (queue < lastQueue || connection.drains !== lastDrains) {
-        lastQueue = queue
-        lastDrains = connection.drains
-        this.#suspended.set(sc, this.#clock.setTimer(check, SUSPENDED_GRACE_MS))
-        return
-      }
-      const unsent = connection.outboundBytes
-      this.#logSlowConsumer.log(this.#warn, () => `closing ${sc.remoteAddress}: it took none of its ${unsent} unsent bytes in ${SUSPENDED_GRACE_MS} ms, over the bound of ${connection.maxOutboundBytes}`,
-        () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, maxOutboundBytes: connection.maxOutboundBytes }))
-      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
-    }
-    const armed = this.#suspended.get(sc)
-    if (armed !== undefined) this.#clock.clearTimer(armed)
-    this.#suspended.set(sc, this.#clock.setTimer(check, SUSPENDED_GRACE_MS))
-  }
-
-  // A stream the protocol has no answer for (no protocolError), e.g. a frame
-  // over maxMessageBytes refused at its prefix: a bad frame, counted and
-  // logged here; false lets the connection close with `error`.
-  #framingRefused (sc: ServerConnection, error: RpcError): false {
-    if (sc.badFrame) return false
-    this.#stats.badFrames++
-    sc.badFrame = true
-    this.#logBadData.log(this.#warn, () => `received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`, () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, code: error.code }))
-    return false
-  }
-
   #onClose (sc: ServerConnection, error: RpcError | undefined): void {
     this.#connections.delete(sc)
-    if (this.#suspended.size > 0) {
-      const timer = this.#suspended.get(sc)
-      if (timer !== undefined) this.#clock.clearTimer(timer)
-      this.#suspended.delete(sc)
-    }
-    this.#negotiating.delete(sc)
+    this.#guards.closed(sc, error)
     sc.closedAt = this.#clock.now()
     if (this.#connections.size === 0) this.#onLastClose?.()
     // A frame the decoder refused at its prefix is a bad frame too.
-    if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) {
-      this.#stats.badFrames++
-      this.#logBadData.log(this.#warn, () => `received bad data from ${sc.remoteAddress}: ${error.message}; closing the connection`, () => ({ protocol: this.#protocol.name, remote: sc.remoteAddress, code: error.code }))
-    }
-    if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
+    if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) this.#ctx.counters.badFrame(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
     this.#dispatch.connectionClosed(sc, error)
     sc.handle?.connectionClosed(error)
-    this.#maybeDrained()
+    this.#dispatch.checkDrained()
   }
 
 }

@@ -1,21 +1,9 @@
 import type { Socket } from 'node:net'
 import { TLSSocket, createSecureContext, type SecureContext, type TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Clock } from '../scheduling/clock.js'
-import { RateLimitedLog, type LogFields } from './logger.js'
-import { LOG_INTERVAL_MS } from './server-options.js'
+import type { RateLimitedLog } from './logger.js'
+import type { ServerContext } from './server-context.js'
 import type { ServerConnection } from './server-connection.js'
-
-/** What TLS from the first byte needs of the server around it. */
-export interface TlsAcceptHost {
-  readonly clock: Clock
-  /** The protocol's name, for log fields. */
-  readonly protocolName: string
-  readonly stats: { tlsHandshakeFailures: number, tlsHandshakeTimeouts: number, badFrames: number }
-  warn: (message: string, fields?: LogFields) => void
-  /** A peer sent bytes TLS refused after the handshake: logged, rate-limited. */
-  badData: (remoteAddress: string, why: string, code: string | undefined) => void
-}
 
 /**
  * The server's `tls` option: TLS from the first byte. Checks the options
@@ -27,10 +15,10 @@ export class TlsAccept {
   readonly #tls: TlsOptions
   readonly #secureContext: SecureContext
   readonly #timeoutMs: number
-  readonly #host: TlsAcceptHost
+  readonly #ctx: ServerContext
   readonly #logFailed: RateLimitedLog
 
-  constructor (tls: TlsOptions, timeoutMs: number, host: TlsAcceptHost) {
+  constructor (tls: TlsOptions, timeoutMs: number, ctx: ServerContext) {
     checkAcceptOptions(tls)
     if (tls.requestCert === true && tls.rejectUnauthorized !== false && tls.ca === undefined) {
       // Else any certificate from a public CA would pass, its CN becoming ctx.user.
@@ -40,8 +28,8 @@ export class TlsAccept {
     // Bad certificates and keys throw here, before listening.
     this.#secureContext = createSecureContext(tls)
     this.#timeoutMs = timeoutMs
-    this.#host = host
-    this.#logFailed = new RateLimitedLog(LOG_INTERVAL_MS, () => host.clock.now())
+    this.#ctx = ctx
+    this.#logFailed = ctx.rateLimitedLog()
   }
 
   /** The TLS socket over an accepted one (paused: it takes the handle before any byte is read). May throw (node:tls). */
@@ -63,28 +51,28 @@ export class TlsAccept {
    * closes the connection.
    */
   handshake (sc: ServerConnection, socket: TLSSocket, secured: (user: string) => void): void {
-    const host = this.#host
+    const ctx = this.#ctx
     const remoteAddress = sc.remoteAddress
     const connection = sc.connection
     const tls = this.#tls
     const timeoutMs = this.#timeoutMs
     const failed = (why: string, code: string | undefined): void => {
-      host.stats.tlsHandshakeFailures++
-      this.#logFailed.log(host.warn, () => `TLS handshake with ${remoteAddress} failed: ${why}; closing the connection`,
-        () => ({ protocol: host.protocolName, remote: remoteAddress, code }))
+      ctx.counters.tlsHandshakeFailed()
+      this.#logFailed.log(ctx.warn, () => `TLS handshake with ${remoteAddress} failed: ${why}; closing the connection`,
+        () => ({ protocol: ctx.protocol.name, remote: remoteAddress, code }))
     }
     const onError = (err: NodeJS.ErrnoException): void => { failed(err.message.split('\n')[0]!, err.code) }
     const done = (): void => {
-      host.clock.clearTimer(timer)
+      ctx.clock.clearTimer(timer)
       socket.off('error', onError)
       socket.off('close', done)
     }
-    const timer = host.clock.setTimer(() => {
+    const timer = ctx.clock.setTimer(() => {
       done()
       if (sc.closedAt >= 0) return
-      host.stats.tlsHandshakeTimeouts++
-      this.#logFailed.log(host.warn, () => `TLS handshake with ${remoteAddress} not done after ${timeoutMs} ms; closing the connection`,
-        () => ({ protocol: host.protocolName, remote: remoteAddress, tlsHandshakeTimeoutMs: timeoutMs }))
+      ctx.counters.tlsHandshakeTimedOut()
+      this.#logFailed.log(ctx.warn, () => `TLS handshake with ${remoteAddress} not done after ${timeoutMs} ms; closing the connection`,
+        () => ({ protocol: ctx.protocol.name, remote: remoteAddress, tlsHandshakeTimeoutMs: timeoutMs }))
       connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `TLS handshake with ${remoteAddress} timed out after ${timeoutMs} ms`))
     }, timeoutMs)
     socket.on('error', onError)
@@ -95,8 +83,7 @@ export class TlsAccept {
     socket.on('_tlsError', (err: Error) => {
       if (sc.closedAt >= 0 || connection.isClosed) return
       const why = err.message.split('\n')[0]!
-      host.stats.badFrames++
-      host.badData(remoteAddress, `TLS: ${why}; closing the connection`, (err as NodeJS.ErrnoException).code)
+      ctx.counters.badFrame(remoteAddress, `TLS: ${why}; closing the connection`, (err as NodeJS.ErrnoException).code)
       connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `TLS: ${why}`, { cause: err }))
     })
     socket.once('secure', () => {
