@@ -16,6 +16,9 @@ import { join } from 'node:path'
 import { startListening } from '../helpers/listening-child.js'
 import { REPO, runSourceProgram, runTsc, toSources } from '../helpers/typegen.js'
 
+// Four child processes and a tsc run: minutes on a busy machine, bounded here.
+t.setTimeout(300_000)
+
 const readme = readFileSync(join(REPO, 'README.md'), 'utf8')
 
 /** The body of the section under `## heading`, to the next `## `. */
