@@ -42,8 +42,8 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
       loop polling N µs after each read or send instead of sleeping: lower
       latency for a core spinning while busy (docs/performance.md).
-      Limits per reactor against hostile or broken peers (README, "Limits
-      and hostile peers"): a frame must arrive within --frame-timeout-ms;
+      Limits per reactor against hostile or broken peers (docs/limits.md):
+      a frame must arrive within --frame-timeout-ms;
       incomplete frames of all connections hold at most
       --max-inbound-buffered-bytes (256 MiB); a connection may have
       --max-outbound-bytes (100 MiB) of unsent answers, all connections

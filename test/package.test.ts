@@ -15,15 +15,16 @@ t.test('main and types point at the compiled reactor/index, which has a source',
   t.ok(existsSync(`${root}/reactor/index.ts`), 'reactor/index.ts exists')
 })
 
-t.test('the entry point exports the server, the client, errors and schemas', async t => {
+t.test('the entry points export the servers, the clients, errors and schemas', async t => {
   const api = await import('../reactor/index.js')
-  for (const name of ['Server', 'Client', 'RpcError', 'ErrorCode', 'KrpcCode', 'ProtoSchema', 'serveReactors', 'ExponentialBackoff', 'RetryBudget']) {
-    t.ok(name in api, `exports ${name}`)
+  for (const name of ['ProtocolServer', 'ProtocolClient', 'RpcError', 'ErrorCode', 'serveReactors', 'ExponentialBackoff', 'RetryBudget']) {
+    t.ok(name in api, `nyala exports ${name}`)
   }
-  const { Server, Client } = api
-  const server = new Server()
+  const krpc = await import('../reactor/krpc/index.js')
+  for (const name of ['KrpcServer', 'KrpcClient', 'KrpcCode', 'ProtoSchema']) t.ok(name in krpc, `nyala/krpc exports ${name}`)
+  const server = new krpc.KrpcServer()
   t.type(server.listen, 'function')
-  const client = new Client()
+  const client = new krpc.KrpcClient()
   client.close()
 })
 
@@ -41,7 +42,9 @@ t.test('the exports map: nyala, nyala/krpc, nyala/demo and nyala/testing, each w
   const testing = await import('../reactor/testing.js')
   t.type(testing.FakeClock, 'function', 'nyala/testing: FakeClock')
   const api = await import('../reactor/index.js')
-  for (const name of ['ProtocolServer', 'CallHead', 'InvalidRequest', 'krpcError', 'krpcCodeOf']) t.ok(name in api, `nyala exports ${name}`)
+  for (const name of ['ProtocolServer', 'CallHead', 'InvalidRequest']) t.ok(name in api, `nyala exports ${name}`)
+  const krpc = await import('../reactor/krpc/index.js')
+  for (const name of ['krpcError', 'krpcCodeOf']) t.ok(name in krpc, `nyala/krpc exports ${name}`)
 })
 
 /** Every Markdown file of the repository, outside node_modules and dist. */
@@ -73,7 +76,8 @@ t.test('the README and every doc import only the public entry points: nyala, nya
 })
 
 t.test('new RetryBudget() needs no clock: it runs on the real one (no deep import of realClock)', async (t) => {
-  const { RetryBudget, realClock, Client } = await import('../reactor/index.js')
+  const { RetryBudget, realClock } = await import('../reactor/index.js')
+  const { KrpcClient } = await import('../reactor/krpc/index.js')
   const budget = new RetryBudget()
   budget.recordCall()
   t.equal(budget.balance, 100, 'the default floor: 10 retries per second over a 10 s window')
@@ -84,7 +88,7 @@ t.test('new RetryBudget() needs no clock: it runs on the real one (no deep impor
   t.equal(strict.tryWithdraw(), false, 'no budget, no retry')
   const explicit = new RetryBudget(realClock, { windowMs: 1000 })
   t.equal(explicit.windowMs, 1000, 'a clock and options')
-  const client = new Client({ retry: { budget: new RetryBudget({ ratio: 0.5 }) } })
+  const client = new KrpcClient({ retry: { budget: new RetryBudget({ ratio: 0.5 }) } })
   t.equal(client.retryStats?.budget?.calls, 0, 'a client takes it as its retry budget')
   client.close()
 })

@@ -26,7 +26,7 @@ import { DEFAULT_INT64_MODE, type Int64Mode } from './plain-messages.js'
 export interface TypegenOptions {
   /** The int64 mode the file types 64-bit fields with and loads the schema with. */
   int64?: Int64Mode
-  /** The module the file imports nyala from (default `nyala`). */
+  /** The module the file imports nyala's KRPC API from (default `nyala/krpc`, where `ProtoSchema` and the service types live). */
   runtime?: string
   /** Shown in the file's header: the command that made it. */
   command?: string
@@ -59,7 +59,7 @@ function * walk (ns: protobuf.NamespaceBase): Generator<protobuf.ReflectionObjec
 export function generateTypes (root: protobuf.Root, pkg: string, options: TypegenOptions = {}): string {
   root.resolveAll()
   const int64 = options.int64 ?? DEFAULT_INT64_MODE
-  const runtime = options.runtime ?? 'nyala'
+  const runtime = options.runtime ?? 'nyala/krpc'
   const types: protobuf.Type[] = []
   const enums: protobuf.Enum[] = []
   const services: protobuf.Service[] = []

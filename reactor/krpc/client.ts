@@ -37,6 +37,7 @@ export type ClientConnectionStats = EngineConnectionStats
  */
 export type RetryOptions = ProtocolRetryOptions
 
+/** Options of the KRPC client (`new KrpcClient(options)`): endpoints and balancing, deadlines, retries, negotiation and TLS, limits. */
 export interface ClientOptions {
   /** The endpoint (or endpoints, balanced) stubs use when none is named. */
   endpoint?: Target

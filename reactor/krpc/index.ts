@@ -13,12 +13,8 @@
  * @module nyala/krpc
  */
 export { KrpcServer, SERVER_FEATURES, type AddServiceOptions, type Handler, type KrpcServerOptions, type ServiceHandlers, type ThreadServiceOptions, type HandlerModule, type ThreadPoolStats } from './server.js'
-/** @deprecated The KRPC server's former name: use `KrpcServer`; this name goes in the next release. */
-export { Server } from './server.js'
 export type { KrpcCallContext } from './call.js'
 export { Client as KrpcClient, type CallOptions, type CallResult, type Callback, type StubMethod, type ClientConnectionStats, type ClientOptions, type ClientTlsOptions, type Endpoint, type RetryOptions, type RetryStats, type Stub, type Target } from './client.js'
-/** @deprecated The KRPC client's former name: use `KrpcClient`; this name goes in the next release. */
-export { Client } from './client.js'
 export type { Authenticator } from '../../codec/krpc/negotiation.js'
 export { hashPassword, loadPasswordFile, type PasswordCheckLimits } from './password-file.js'
 export { KrpcCode, krpcCodeName, krpcError, krpcCodeOf, unsupportedFeatureFlagsOf } from '../../codec/krpc/codes.js'

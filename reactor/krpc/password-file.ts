@@ -96,6 +96,14 @@ function parseHash (text: string): StoredHash {
   return { ...params, salt: decodeBase64(parts[3]!, 'salt', SALT_LIMITS), key: decodeBase64(parts[4]!, 'key', KEY_LIMITS) }
 }
 
+/** Bounds of a password file's checks (`loadPasswordFile`). */
+export interface PasswordCheckLimits {
+  /** Checks running at once (each on a libuv thread-pool thread); default 4, the pool's default size. */
+  maxRunning?: number
+  /** Checks waiting for one of those; default 64. A check over it is refused at once (FATAL_UNAUTHORIZED). */
+  maxWaiting?: number
+}
+
 /**
  * Reads the password file at `path` now (synchronously: it is meant for
  * start-up) and returns an `Authenticator` for `KrpcServerOptions.authenticate`.
@@ -110,14 +118,6 @@ function parseHash (text: string): StoredHash {
  * its time does not say which users exist. The file is not re-read: restart
  * to change it.
  */
-/** Bounds of a password file's checks (`loadPasswordFile`). */
-export interface PasswordCheckLimits {
-  /** Checks running at once (each on a libuv thread-pool thread); default 4, the pool's default size. */
-  maxRunning?: number
-  /** Checks waiting for one of those; default 64. A check over it is refused at once (FATAL_UNAUTHORIZED). */
-  maxWaiting?: number
-}
-
 export function loadPasswordFile (path: string, limits: PasswordCheckLimits = {}): Authenticator {
   const maxRunning = limits.maxRunning ?? 4
   const maxWaiting = limits.maxWaiting ?? 64

@@ -43,7 +43,7 @@ message Empty {}
 
 service EverythingService { rpc Echo(Everything) returns (Everything); rpc Nothing(Empty) returns (Empty); }
 `
-const usage = `import { Server, Client } from 'nyala'
+const usage = `import { KrpcServer, KrpcClient } from 'nyala/krpc'
 import { Color, EverythingService, type Everything, type EverythingHandlers } from './all.js'
 
 const handlers: EverythingHandlers = {
@@ -54,8 +54,8 @@ const handlers: EverythingHandlers = {
   },
   Nothing: () => ({})
 }
-const server = new Server().addService(EverythingService, handlers)
-const stub = new Client({ endpoint: '127.0.0.1:1' }).service(EverythingService)
+const server = new KrpcServer().addService(EverythingService, handlers)
+const stub = new KrpcClient({ endpoint: '127.0.0.1:1' }).service(EverythingService)
 const message: Everything = { d: 1, must: {}, i64: LONG, by: Buffer.from('x'), by_name: { a: { n: 1 } }, text: 'hi' }
 export const answer: Promise<Everything> = stub.Echo(message)
 export const empty: Promise<Record<string, never>> = stub.Nothing({})
@@ -92,9 +92,9 @@ t.test('a handler of the wrong type does not compile', async (t) => {
   const dir = mkdtempSync(join(tmpdir(), 'nyala-typegen-wrong-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   writeFileSync(join(dir, 'all.ts'), generateTypes(root(), 't.all', { int64: 'bigint' }))
-  writeFileSync(join(dir, 'wrong.ts'), `import { Server } from 'nyala'
+  writeFileSync(join(dir, 'wrong.ts'), `import { KrpcServer } from 'nyala/krpc'
 import { EverythingService } from './all.js'
-new Server().addService(EverythingService, {
+new KrpcServer().addService(EverythingService, {
   Echo: (request) => ({ d: 'one', must: request.must }),
   Nothing: () => ({})
 })

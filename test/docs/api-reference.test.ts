@@ -3,7 +3,8 @@
  * the TSDoc comments) covers the public entry points of package.json's
  * exports map, each under its import name; every exported member has a
  * comment, every type a public signature names is exported by an entry
- * point, and every link resolves (TypeDoc's validation, which typedoc.json
+ * point or is a folded type typedoc.json lists as `intentionallyNotExported`
+ * (test/public-types.test.ts keeps that list exact), and every link resolves (TypeDoc's validation, which typedoc.json
  * makes fatal: `npm run docs:api` then generates nothing); and docs/api/ is
  * what the sources generate now (regenerated into a temporary folder and
  * compared), so the reference never goes stale.
@@ -84,8 +85,9 @@ t.test('TypeDoc: every exported member documented, and docs/api/ up to date', { 
     }
   }
   for (const [file, members] of [...undocumented].sort()) t.same(members, [], `${file}: every exported member has a TSDoc comment`)
-  // A type a public signature names but no entry point exports: add it to the entry point's export list.
-  t.same(notExported, [], 'every type the public API names is exported by an entry point')
+  // A type a public signature names but no entry point exports: export it, or fold it (typedoc.json's
+  // intentionallyNotExported, and a row in CHANGELOG.md saying how to reach it).
+  t.same(notExported, [], 'every type the public API names is exported by an entry point, or listed as folded')
   t.same(other, [], 'no other warnings')
   // A validation warning stops TypeDoc before it writes anything: there is nothing to compare.
   if (code !== 0) return

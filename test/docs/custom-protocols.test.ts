@@ -1,6 +1,7 @@
-// docs/custom-protocols.md's first example is a whole server: this test
-// runs that very block (its `nyala` import pointed at the sources) in a
-// process of its own and talks to it over loopback.
+// docs/custom-protocols.md's examples are whole servers: this test runs
+// those very blocks (their `nyala` import pointed at the sources) in a
+// process of their own and talks to them over loopback. (The README's
+// examples: test/docs/readme.test.ts.)
 import t from 'tap'
 import { connect } from 'node:net'
 import { once } from 'node:events'
@@ -36,12 +37,12 @@ t.test('the example is short, imports only the package entry point, and works as
   await once(child, 'exit')
 })
 
-t.test('the README\'s custom-protocol example runs too', async (t) => {
-  const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8')
-  const section = readme.slice(readme.indexOf('## Custom protocols'))
-  const code = /```ts\n([\s\S]*?)```/.exec(section)![1]!
+t.test('the hand-written line protocol of "The API in brief" runs too', async (t) => {
+  const at = doc.indexOf('## The API in brief: a line protocol by hand')
+  t.ok(at >= 0, 'the doc has the section')
+  const code = /```ts\n([\s\S]*?)```/.exec(doc.slice(at))![1]!
   t.match(code, /await server\.listen\(7000\)/, 'it listens on a fixed port, which the test replaces')
-  const dir = mkdtempSync(join(tmpdir(), 'nyala-readme-'))
+  const dir = mkdtempSync(join(tmpdir(), 'nyala-doc-lines-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))
   const file = join(dir, 'echo-lines.mts')
   writeFileSync(file, code.replace("from 'nyala'", `from ${JSON.stringify(entry)}`)

@@ -13,6 +13,7 @@ import { Server } from '../../reactor/krpc/server.js'
 import { Client } from '../../reactor/krpc/client.js'
 import { CalculatorService, calculatorHandlers } from '../../examples/calculator/index.js'
 import * as nyala from '../../reactor/index.js'
+import { KrpcServer } from '../../reactor/krpc/index.js'
 import { FakeServer } from '../helpers/krpc-peers.js'
 
 t.setTimeout(120_000)
@@ -214,7 +215,7 @@ t.test('the pino adapter of docs/logging.md fits a pino-like logger (fields firs
     error: (m, f) => pino.error(f ?? {}, m), warn: (m, f) => pino.warn(f ?? {}, m),
     info: (m, f) => pino.info(f ?? {}, m), debug: (m, f) => pino.debug(f ?? {}, m)
   }
-  const server = new nyala.Server({ logger }).addService(CalculatorService, calculatorHandlers)
+  const server = new KrpcServer({ logger }).addService(CalculatorService, calculatorHandlers)
   const { port } = await server.listen(0, '127.0.0.1')
   t.teardown(() => server.close({ graceMs: 0 }))
   await sendGarbage(port)

@@ -13,7 +13,8 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
-import { hashPassword, loadPasswordFile, silentLogger } from '../../reactor/index.js'
+import { silentLogger } from '../../reactor/index.js'
+import { hashPassword, loadPasswordFile } from '../../reactor/krpc/index.js'
 import { CalculatorService, Probe, newClient, startServer } from '../helpers/reactor-harness.js'
 
 t.setTimeout(120_000)

@@ -8,7 +8,8 @@
 // the check), and the direct scheduler. FakeClock throughout: the burst
 // check runs when the test says.
 import t from 'tap'
-import { ProtocolServer, type CallContext, type InboundCall } from '../../reactor/index.js'
+import { ProtocolServer, type CallContext } from '../../reactor/index.js'
+import type { InboundCall } from '../../reactor/inbound-call.js'
 import { FakeClock, Gate, serveCore, tally, timedTaggedProtocol, turns, until } from '../helpers/core-harness.js'
 import { taggedAnswers, taggedProtocol, taggedRequest } from '../helpers/toy-protocols.js'
 import { Peer } from '../helpers/socket-peer.js'

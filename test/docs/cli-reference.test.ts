@@ -1,12 +1,12 @@
 /**
- * The README's CLI table says what the CLI does: for every command of
+ * docs/cli.md's table says what the CLI does: for every command of
  * bin/cli.ts's COMMANDS,
- * - the README's "## CLI" section has a row for it (and no row names a
+ * - docs/cli.md has a row for it (and no row names a
  *   command the CLI lacks);
  * - every flag of the command's usage text (as `nyala help` prints it) is
  *   in that row and every flag of the row is in the usage; a flag shown with a
  *   value (`[--workers 10]`, `[--queue edf|fifo]`) shows the same value in
- *   both, so the README cannot show a default the command does not have;
+ *   both, so the doc cannot show a default the command does not have;
  * - every option the command's parseArgs accepts is in its usage, and every
  *   flag of the usage is an option it accepts (or one its module handles
  *   by name before parsing, as bench's '--compare'). The options are read from
@@ -22,7 +22,7 @@ import * as util from 'node:util'
 import { readFileSync } from 'node:fs'
 
 const cliSource = readFileSync(new URL('../../bin/cli.ts', import.meta.url), 'utf8')
-const readme = readFileSync(new URL('../../README.md', import.meta.url), 'utf8')
+const doc = readFileSync(new URL('../../docs/cli.md', import.meta.url), 'utf8')
 
 /** The entries of `const COMMANDS ... = { name: { run: fn, usage: ... }, ... }` in bin/cli.ts, with the module each `run` is imported from. */
 function commands (): Array<{ name: string, run: string, module: string }> {
@@ -63,17 +63,14 @@ function shownValues (synopsis: string): Map<string, string> {
   return shown
 }
 
-/** The README's CLI section: from "## CLI" to the next "## " heading. */
+/** docs/cli.md's table: the whole page (one table of commands). */
 function cliSection (): string {
-  const start = readme.search(/^## CLI\s*$/m)
-  if (start < 0) throw new Error('README.md has no "## CLI" section')
-  const rest = readme.slice(start + 1)
-  const next = rest.search(/^## /m)
-  return next < 0 ? rest : rest.slice(0, next)
+  if (!/^# CLI\s*$/m.test(doc)) throw new Error('docs/cli.md has no "# CLI" heading')
+  return doc
 }
 
-/** The README's table rows, by command: the whole row, and its first cell (the synopsis), table escapes undone. */
-function readmeRows (): Map<string, { row: string, synopsis: string }> {
+/** docs/cli.md's table rows, by command: the whole row, and its first cell (the synopsis), table escapes undone. */
+function docRows (): Map<string, { row: string, synopsis: string }> {
   const rows = new Map<string, { row: string, synopsis: string }>()
   for (const line of cliSection().split('\n')) {
     const m = /^\|\s*`nyala ([a-z][a-z0-9-]*)/.exec(line)
@@ -135,7 +132,7 @@ function usages (help: string): Map<string, string> {
 
 class Stop extends Error {}
 
-t.test('the README\'s CLI table, the usage texts and the options parseArgs accepts agree', async (t) => {
+t.test('docs/cli.md\'s CLI table, the usage texts and the options parseArgs accepts agree', async (t) => {
   const names = commandNames()
   t.ok(names.length >= 5, `bin/cli.ts has ${names.length} commands: ${names.join(', ')}`)
   const cli = await import('../../bin/cli.js') as Cli
@@ -150,7 +147,7 @@ t.test('the README\'s CLI table, the usage texts and the options parseArgs accep
       }
     }
   }
-  const rows = readmeRows()
+  const rows = docRows()
   const help = usages(cli.HELP)
   for (const { name, run, module } of commands()) {
     t.test(`nyala ${name}`, async (t) => {
@@ -175,20 +172,20 @@ t.test('the README\'s CLI table, the usage texts and the options parseArgs accep
 
       const row = rows.get(name)
       if (row === undefined) {
-        t.fail(`README.md's CLI table has no row for nyala ${name}`)
+        t.fail(`docs/cli.md's CLI table has no row for nyala ${name}`)
         return
       }
       const rowFlags = flagsOf(row.row)
-      for (const flag of usageFlags) t.ok(rowFlags.has(flag), `README row shows ${flag}`)
-      for (const flag of rowFlags) t.ok(usageFlags.has(flag), `README's ${flag} is in the usage`)
+      for (const flag of usageFlags) t.ok(rowFlags.has(flag), `docs/cli.md's row shows ${flag}`)
+      for (const flag of rowFlags) t.ok(usageFlags.has(flag), `docs/cli.md's ${flag} is in the usage`)
       const usageShown = shownValues(usageSynopsis(usage))
       for (const [flag, value] of shownValues(row.synopsis)) {
         if (!usageShown.has(flag)) continue // in the usage's description only: checked above
-        t.equal(`${flag} ${value}`.trim(), `${flag} ${usageShown.get(flag)!}`.trim(), `README shows ${flag} as the usage does`)
+        t.equal(`${flag} ${value}`.trim(), `${flag} ${usageShown.get(flag)!}`.trim(), `docs/cli.md shows ${flag} as the usage does`)
       }
     })
   }
-  t.test('the README lists no command the CLI lacks', async (t) => {
+  t.test('docs/cli.md lists no command the CLI lacks', async (t) => {
     for (const name of rows.keys()) t.ok(name === 'help' || names.includes(name), `nyala ${name} is a command`)
     t.ok(rows.has('help'), 'and has a row for nyala help')
   })
