@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
+import { encodeToSlices } from '../codec/frame-sink.js'
+import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type IdCheck } from './answer-order.js'
@@ -427,17 +428,14 @@ export class CallDispatch {
     const connection = sc.connection
     const order = this.#order
     const inTurn = order.inTurn(sc, call)
-    let bytes: number
     try {
-      bytes = protocol.encodedLength(call, response)
       if (!inTurn) {
-        // Not its turn: its answer waits, encoded, for the ones before it.
-        sc.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
+        // Not its turn: its answer waits, encoded into a buffer of its own, for the ones before it.
+        const slices = encodeToSlices(protocol.encode, protocol, call, response)
+        sc.hold(call.seq, slices.length === 0 ? null : slices)
         this.#writer.afterHold(sc)
-      } else if (bytes > 0) {
-        if (!connection.writeFrame(bytes, protocol, call, response)) this.#writer.overBound(sc)
-      } else if (bytes < 0) {
-        this.#writer.send(sc, protocol.encodeSlices!(call, response))
+      } else if (!connection.writeFrame(protocol, call, response)) {
+        this.#writer.overBound(sc)
       }
     } catch (err) {
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
@@ -469,7 +467,7 @@ export class CallDispatch {
     const encode = this.#protocol.encodePart
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
     if (sc.connection.isClosed || call.abandoned) return false
-    this.#order.writePart(sc, call, encode(call, part))
+    this.#order.writePart(sc, call, encodeToSlices(encode, this.#protocol, call, part))
     return !sc.connection.isClosed
   }
 
@@ -500,13 +498,6 @@ export class CallDispatch {
 function checkFilters (filters: readonly Filter[]): readonly Filter[] {
   for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
   return filters
-}
-
-// An answer encoded into a buffer of its own (it waits for its turn).
-function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
-  const out = Buffer.allocUnsafe(bytes)
-  protocol.encodeInto(call, response, out, 0)
-  return out
 }
 
 // What a handler threw, as a message; never throws itself (a thrown value may refuse String()).

@@ -1,5 +1,6 @@
 import { EventEmitter } from 'node:events'
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { ServerConnection } from './server-connection.js'
 
@@ -69,7 +70,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     const encode = this.#host.protocol.encodePush
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#host.protocol.name} protocol has no encodePush: it cannot push`)
     if (this.#sc === null) return false
-    const slices = encode(message)
+    const slices = encodeOneToSlices(encode, this.#host.protocol, message)
     return this.sendEncoded(slices, byteLengthOf(slices))
   }
 

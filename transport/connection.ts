@@ -4,6 +4,7 @@ import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
+import { encodeToSlices, FrameBuffer, type FrameChunk, type FrameSink } from '../codec/frame-sink.js'
 import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
 import type { BusyPoller } from './busy-poll.js'
 import type { InboundBudget } from './inbound-budget.js'
@@ -78,10 +79,13 @@ export interface ConnectionOptions {
   onReadingSuspended?: (() => void) | undefined
 }
 
-/** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
+/** Encodes an answer or request frame into a sink (see `Connection.writeFrame`); a server protocol's `encode` has this shape. */
 export interface FrameEncoder<A, B> {
-  encodeInto: (a: A, b: B, out: Buffer, at: number) => void
+  encode: (a: A, b: B, out: FrameSink) => void
 }
+
+// The frame being encoded in place (one per thread: only one is open at a time; see writeFrame).
+const inPlace = new FrameBuffer()
 
 /** Counters of one connection. */
 export interface ConnectionStats extends TransferQueueStats {
@@ -473,41 +477,70 @@ export class Connection {
   }
 
   /**
-   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
-   * b, out, at)` straight into the connection's coalesced outbound slab,
-   * if it can go there now (small, nothing held back, not backed up, not
-   * closed); false otherwise, with nothing written: the caller then sends
-   * it as a transfer of its own (`send`), e.g. to keep it droppable.
+   * True when `writeFrame` encodes in place now (the set-up is done and the
+   * connection is open): a frame written then goes straight into the
+   * coalesced outbound buffer and cannot be dropped any more; false: it
+   * would be queued as a transfer of its own, behind the set-up.
    */
-  tryWriteFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    const out = this.#queue.reserve(bytes)
-    if (out === null) return false
-    encoder.encodeInto(a, b, out, this.#queue.reservedAt)
-    this.#committed(bytes)
-    return true
-  }
-
-  #committed (bytes: number): void {
-    this.#activity++
-    this.#poller?.touch()
-    this.#queue.commit(bytes)
+  get writesInPlace (): boolean {
+    return this.#queue.inPlaceChunk !== null
   }
 
   /**
-   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
-   * b, out, at)`: straight into the connection's coalesced outbound slab
-   * when it fits (the frames of one turn then leave in one write), else
-   * into a buffer of its own. False: the connection is closed, or over its
-   * outbound bound (the frame is dropped; the caller decides what follows).
-   * An `encodeInto` that throws leaves nothing queued, and the throw
-   * reaches the caller.
+   * Encodes one frame with `encoder.encode(a, b, sink)` and queues it.
+   * In place when it can (`writesInPlace`): the room the encoder reserves
+   * is in the connection's coalesced outbound buffer (the frames of one
+   * turn leave in one write), and the slices it appends follow it without
+   * a copy; else into a buffer of its own, queued as a transfer. An encoder
+   * that adds nothing queues nothing (true). False: the connection is
+   * closed, or over its outbound bound (the frame is dropped; the caller
+   * decides what follows). An encoder that throws leaves nothing queued,
+   * and the throw reaches the caller.
    */
-  writeFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    if (this.tryWriteFrame(bytes, encoder, a, b)) return true
+  writeFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
     if (this.#closed) return false
-    const own = Buffer.allocUnsafe(bytes)
-    encoder.encodeInto(a, b, own, 0)
-    return this.send({ slices: [own], bytes })
+    const chunk = this.#queue.inPlaceChunk
+    // A frame encoded while another is open (an encoder that sends) cannot share the slab's room.
+    if (chunk === null || inPlace.open) return this.#writeOwnFrame(encoder, a, b)
+    const frame = inPlace
+    frame.begin(chunk)
+    try {
+      encoder.encode(a, b, frame)
+    } catch (err) {
+      frame.close()
+      throw err
+    }
+    const home = frame.homeBuffer
+    const start = frame.runStart
+    const end = frame.runEnd
+    if (!frame.isRun) return this.#writePieces(frame, chunk, end)
+    frame.close()
+    if (end === start) return true
+    if (!this.#queue.commitRun(home, start, end - start)) return false
+    chunk.at = end
+    this.#activity++
+    this.#poller?.touch()
+    return true
+  }
+
+  // A frame in place that took pieces (appended slices, rooms elsewhere): one transfer of them.
+  #writePieces (frame: FrameBuffer, chunk: FrameChunk, end: number): boolean {
+    const bytes = frame.bytes
+    const home = frame.homeBuffer
+    const slices = frame.pieces()
+    if (!this.send({ slices, bytes })) return false
+    // Its last run in the chunk is taken: the chunk's next frame starts after it.
+    if (chunk.buffer === home) chunk.at = end
+    return true
+  }
+
+  // A frame that cannot go in place: encoded into a buffer of its own.
+  #writeOwnFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
+    const slices = encodeToSlices(encoder.encode as (a: A, b: B, out: FrameSink) => void, encoder, a, b)
+    if (slices.length === 0) return true
+    let bytes = 0
+    for (let i = 0; i < slices.length; i++) bytes += slices[i]!.length
+    return this.send({ slices, bytes })
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */
