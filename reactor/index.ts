@@ -18,6 +18,7 @@ export { lengthField, lines, type FramePayload, type LengthFieldFraming, type Le
 export { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type CallInfo, type ConnectionHandle, type Handshake, type HandshakeStep, type RefusalReason, type RouteInfo, type SecureChannel, type ServerProtocol, type TlsEngine, type TlsEngineStep } from '../codec/protocol.js'
 export type { AnswerKind, AnswerPart, ClientHandshake, ClientMatching, ClientProtocol } from '../codec/client-protocol.js'
 export type { Framing, FrameScanner, ScanFraming } from '../codec/frame-decoder.js'
+export type { FrameSink } from '../codec/frame-sink.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
 export { InboundCall, type CallContext, type CallPeer, type CallRoute } from './inbound-call.js'
 export { ConnectionGroup } from './connection-group.js'
