@@ -4,7 +4,7 @@ import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
-import { encodeToSlices, FrameBuffer, type FrameChunk, type FrameSink } from '../codec/frame-sink.js'
+import { writeFrame, type FrameEncoder } from './frame-writer.js'
 import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
 import type { BusyPoller } from './busy-poll.js'
 import type { InboundBudget } from './inbound-budget.js'
@@ -79,13 +79,7 @@ export interface ConnectionOptions {
   onReadingSuspended?: (() => void) | undefined
 }
 
-/** Encodes an answer or request frame into a sink (see `Connection.writeFrame`); a server protocol's `encode` has this shape. */
-export interface FrameEncoder<A, B> {
-  encode: (a: A, b: B, out: FrameSink) => void
-}
-
-// The frame being encoded in place (one per thread: only one is open at a time; see writeFrame).
-const inPlace = new FrameBuffer()
+export type { FrameEncoder } from './frame-writer.js'
 
 /** Counters of one connection. */
 export interface ConnectionStats extends TransferQueueStats {
@@ -499,48 +493,9 @@ export class Connection {
    */
   writeFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
     if (this.#closed) return false
-    const chunk = this.#queue.inPlaceChunk
-    // A frame encoded while another is open (an encoder that sends) cannot share the slab's room.
-    if (chunk === null || inPlace.open) return this.#writeOwnFrame(encoder, a, b)
-    const frame = inPlace
-    frame.begin(chunk)
-    try {
-      encoder.encode(a, b, frame)
-    } catch (err) {
-      frame.close()
-      throw err
-    }
-    const home = frame.homeBuffer
-    const start = frame.runStart
-    const end = frame.runEnd
-    if (!frame.isRun) return this.#writePieces(frame, chunk, end)
-    frame.close()
-    if (end === start) return true
-    if (!this.#queue.commitRun(home, start, end - start)) return false
-    chunk.at = end
     this.#activity++
     this.#poller?.touch()
-    return true
-  }
-
-  // A frame in place that took pieces (appended slices, rooms elsewhere): one transfer of them.
-  #writePieces (frame: FrameBuffer, chunk: FrameChunk, end: number): boolean {
-    const bytes = frame.bytes
-    const home = frame.homeBuffer
-    const slices = frame.pieces()
-    if (!this.send({ slices, bytes })) return false
-    // Its last run in the chunk is taken: the chunk's next frame starts after it.
-    if (chunk.buffer === home) chunk.at = end
-    return true
-  }
-
-  // A frame that cannot go in place: encoded into a buffer of its own.
-  #writeOwnFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    const slices = encodeToSlices(encoder.encode as (a: A, b: B, out: FrameSink) => void, encoder, a, b)
-    if (slices.length === 0) return true
-    let bytes = 0
-    for (let i = 0; i < slices.length; i++) bytes += slices[i]!.length
-    return this.send({ slices, bytes })
+    return writeFrame(this.#queue, encoder, a, b)
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */

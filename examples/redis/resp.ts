@@ -765,15 +765,6 @@ export function putReply (reply: Reply, out: FrameSink): void {
   writeReply(reply, out.buffer, at)
 }
 
-/** A reply as the buffers to send: one, or a large bulk string's slices (its bytes not copied). */
-export function replyBytes (reply: Reply): Uint8Array[] {
-  const length = replyLength(reply)
-  if (length < 0) return replySlices(reply)
-  const out = Buffer.allocUnsafe(length)
-  writeReply(reply, out, 0)
-  return [out]
-}
-
 /** A whole reply as one buffer (tests, and replies kept for later). */
 export function encodeReply (reply: Reply): Buffer {
   const length = replyLength(reply)
