@@ -118,7 +118,8 @@ export class FrameBuffer implements FrameSink {
   reserve (bytes: number): number {
     const at = this.#at
     const end = at + bytes
-    if (end <= this.#limit && end >= at) {
+    // `>>> 0` keeps whole counts of 0 or more: a negative or fractional one goes the slow way, to be refused.
+    if (end <= this.#limit && bytes >>> 0 === bytes) {
       this.#at = end
       return at
     }
