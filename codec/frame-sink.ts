@@ -273,7 +273,7 @@ function scratchFrame (): FrameBuffer {
 export function encodeToSlices<T, A, B> (encode: (this: T, a: A, b: B, out: FrameSink) => void, self: T, a: A, b: B): Buffer[] {
   const frame = scratchFrame()
   try {
-    encode.call(self, a, b, frame)
+    if (encode.call(self, a, b, frame) !== undefined) throw returnedValue()
   } catch (err) {
     frame.close()
     throw err
@@ -285,10 +285,20 @@ export function encodeToSlices<T, A, B> (encode: (this: T, a: A, b: B, out: Fram
 export function encodeOneToSlices<T, A> (encode: (this: T, a: A, out: FrameSink) => void, self: T, a: A): Buffer[] {
   const frame = scratchFrame()
   try {
-    encode.call(self, a, frame)
+    if (encode.call(self, a, frame) !== undefined) throw returnedValue()
   } catch (err) {
     frame.close()
     throw err
   }
   return frame.take()
+}
+
+/**
+ * The error for an encoder that returned something: encoders write into
+ * their sink and return nothing (one written for the former contract,
+ * which returned its slices, would otherwise send nothing, silently).
+ * Internal to nyala.
+ */
+export function returnedValue (): RpcError {
+  return new RpcError(ErrorCode.INVALID_ARGUMENT, 'an encoder returned a value: it must write its frame into its FrameSink (reserve, append) and return nothing')
 }

@@ -1,4 +1,4 @@
-import { encodeToSlices, FrameBuffer, type FrameChunk, type FrameSink } from '../codec/frame-sink.js'
+import { encodeToSlices, FrameBuffer, returnedValue, type FrameChunk, type FrameSink } from '../codec/frame-sink.js'
 import type { TransferQueue } from './transfer-queue.js'
 
 /** Encodes an answer or request frame into a sink (see `writeFrame`); a server protocol's `encode` has this shape. */
@@ -28,7 +28,7 @@ export function writeFrame<A, B> (queue: TransferQueue, encoder: FrameEncoder<A,
   const frame = inPlace
   frame.begin(chunk)
   try {
-    encoder.encode(a, b, frame)
+    if (encoder.encode(a, b, frame) !== undefined) throw returnedValue()
   } catch (err) {
     frame.close()
     throw err

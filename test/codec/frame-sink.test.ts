@@ -146,3 +146,12 @@ t.test('FrameBuffer in a chunk: its run, then its pieces once it appends', async
   t.same(pieces.map((p) => p.length), [3, APPEND_COPY_BYTES * 4, 1])
   t.equal(frame.runEnd, 14, 'the chunk\'s next frame may start after the last run')
 })
+
+t.test('an encoder that returns a value (the former contract\'s slices) is refused, nothing queued', async (t) => {
+  const queue = new TransferQueue(new FakeSink())
+  queue.beginRead()
+  const former = { encode: () => [Buffer.from('x')] } as unknown as FrameEncoder<null, null>
+  t.throws(() => writeFrame(queue, former, null, null), /returned a value/)
+  t.throws(() => encodeToSlices(former.encode, former, null, null), /returned a value/)
+  t.equal(queue.stats().queuedTransfers, 0)
+})
