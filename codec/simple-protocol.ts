@@ -9,7 +9,8 @@ import type { AnswerSlices, CallHead, CallInfo, RefusalReason, ServerProtocol } 
  * The short way to a request/response protocol: three functions (`decode`,
  * `encode`, `refusal`) and a framing, turned into a whole `ServerProtocol`
  * (and, with `simpleClientProtocol`, a `ClientProtocol`) on the same
- * two-phase fast path a hand-written protocol uses. With a stock framing
+ * fast path a hand-written protocol uses (its answers encoded into the
+ * connection's outbound buffer). With a stock framing
  * (`lengthField`, `lines`: codec/framings.ts), `decode` sees the payload
  * without the framing's bytes, and the framing adds them to what `encode`
  * and `refusal` return, so no encoder writes a length prefix.
