@@ -29,10 +29,10 @@ export interface FrameSink {
    */
   reserve: (bytes: number) => number
   /**
-   * Adds `slice` as the next bytes of the frame. From `APPEND_COPY_BYTES`
-   * up it is sent as it is (writev, no copy): it must not change until the
-   * frame has been written (a client: until its call settles). Smaller
-   * slices are copied, as a `reserve` would.
+   * Adds `slice` as the next bytes of the frame. From 1 KiB up
+   * (`APPEND_COPY_BYTES`) it is sent as it is (writev, no copy): it must
+   * not change until the frame has been written (a client: until its call
+   * settles). Smaller slices are copied, as a `reserve` would.
    */
   append: (slice: Uint8Array) => void
 }
