@@ -1,5 +1,6 @@
 import type { RpcError } from './errors.js'
 import type { Framing, ScanFraming } from './frame-decoder.js'
+import type { FrameSink } from './frame-sink.js'
 import type { Handshake } from './protocol.js'
 
 /**
@@ -105,36 +106,29 @@ export interface ClientProtocol<Req = unknown, Res = unknown> {
   /** The call in log records' fields (KRPC: service and method); default `{ protocol: name }`. */
   logFields?: (request: Req, data: unknown) => Record<string, unknown>
   /**
-   * Checked just before a request queued on the connection (one waiting
-   * for the set-up, or sent as slices) goes out, with the session the
-   * handshake was done with: an error fails the call unsent. A request
-   * that may be refused this way should be encoded as slices (its
-   * `encodedLength` -1), since one written in place is not checked.
+   * Checked just before a request goes out, with the session the handshake
+   * was done with (for a request queued while the set-up runs: once it is
+   * done): an error fails the call unsent.
    */
   beforeSend?: (request: Req, data: unknown, session: unknown) => RpcError | undefined
   /**
    * Checks `request` before a connection is chosen for it (none is opened
    * for a request that cannot be sent): an error, which may be thrown,
    * fails the call at once with RPC_ERR_INVALID_ARGUMENT (or its own code).
-   * What it found may be kept for the `encodedLength` that follows.
+   * What it found may be kept for the `encode` that follows.
    */
   check?: (request: Req, data: unknown) => void
   /**
-   * The size of `request`'s frame, written in place by `encodeInto`
-   * (straight into the connection's coalesced outbound buffer when it
-   * fits); -1: use `encodeSlices` (large values, sent without a copy).
-   * May throw (an RpcError or another error): the call then fails with
-   * RPC_ERR_INVALID_ARGUMENT, unsent.
+   * Encodes `request`'s frame into `out` (see `FrameSink`): room reserved
+   * there is, once the connection is set up, straight in its coalesced
+   * outbound buffer; large values are appended without a copy (the
+   * caller's buffers must not change until the call settles). `id` is the
+   * client's number for the request (write it in for `'id'` matching),
+   * `timeoutMs` the attempt's budget (0 for none). May throw (an RpcError
+   * or another error): the call then fails with RPC_ERR_INVALID_ARGUMENT
+   * (or the error's own code), unsent.
    */
-  encodedLength: (request: Req, id: number, data?: unknown, timeoutMs?: number) => number
-  /**
-   * Writes exactly `encodedLength` bytes at `out[at]`; called right after
-   * `encodedLength` for the same request and id, so that what it measured
-   * may be kept for this (`timeoutMs`: the attempt's, 0 for none).
-   */
-  encodeInto: (request: Req, id: number, out: Buffer, at: number) => void
-  /** The frame as slices, when `encodedLength` said -1. The caller's buffers must not change until the call settles. */
-  encodeSlices?: (request: Req, id: number, data?: unknown, timeoutMs?: number) => Uint8Array[]
+  encode: (request: Req, id: number, out: FrameSink, data?: unknown, timeoutMs?: number) => void
   /**
    * `id` matching: the id the answer `buf[start, end)` carries, or an error
    * when its head is malformed (the connection then fails: the stream can

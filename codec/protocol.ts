@@ -2,6 +2,7 @@ import type { Socket } from 'node:net'
 import type { Duplex } from 'node:stream'
 import type { RpcError } from './errors.js'
 import type { Framing, ScanFraming } from './frame-decoder.js'
+import type { FrameSink } from './frame-sink.js'
 
 /**
  * The protocol API: what a binary protocol tells nyala's generic server so
@@ -333,21 +334,15 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    */
   decodeRequest: (route: RouteInfo, buf: Buffer, head: CallHead<Data>) => Req | InvalidRequest
   /**
-   * The size of `response`'s answer frame, to be written in place by
-   * `encodeInto` (the common case: straight into the connection's
-   * coalesced outbound buffer); 0: no answer at all (memcached's quiet
-   * commands); -1: use `encodeSlices` instead (large payloads, sent with
-   * writev and no copy). May throw: the call is then answered `failed`.
+   * Encodes the answer frame to `response` into `out` (see `FrameSink`):
+   * room reserved there is, on the hot path, straight in the connection's
+   * coalesced outbound buffer; large payloads are appended without a copy.
+   * Adding nothing means no answer at all (memcached's quiet commands).
+   * May throw: what it added is dropped and the call is answered `failed`.
+   * An answer that finishes before its turn (`'in-order'`) is encoded at
+   * once, into a buffer of its own, and waits there.
    */
-  encodedLength: (call: AnsweredCall<Data>, response: Res) => number
-  /**
-   * Writes the answer frame of exactly `encodedLength` bytes at `out[at]`.
-   * Called right after `encodedLength` for the same call and response, so
-   * the protocol may keep what it measured there. Should not throw.
-   */
-  encodeInto: (call: AnsweredCall<Data>, response: Res, out: Buffer, at: number) => void
-  /** The answer frame as slices, when `encodedLength` said -1. */
-  encodeSlices?: (call: AnsweredCall<Data>, response: Res) => Uint8Array[]
+  encode: (call: AnsweredCall<Data>, response: Res, out: FrameSink) => void
   /**
    * The protocol's words for a request the server answers itself (see
    * `RefusalReason`): the answer's bytes, an empty array for no answer, or
@@ -356,17 +351,18 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    */
   refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
   /**
-   * A message the server sends unasked (`ctx.connection.send`,
-   * `ConnectionGroup.send`: a publish/subscribe message, a notification),
-   * as bytes. Called once per message and protocol, however many
-   * connections it goes to: the same bytes are shared. May throw (the send
-   * then throws). Without it, pushes are refused.
+   * Encodes a message the server sends unasked (`ctx.connection.send`,
+   * `ConnectionGroup.send`: a publish/subscribe message, a notification)
+   * into `out`. Called once per message and protocol, however many
+   * connections it goes to: the bytes are shared. May throw (the send
+   * then throws, nothing sent). Without it, pushes are refused.
    */
-  encodePush?: (message: unknown) => Uint8Array[]
+  encodePush?: (message: unknown, out: FrameSink) => void
   /**
-   * One part of a streamed answer (`ctx.write(part)`), sent before the
-   * handler's final answer, in the request's place in the order. May throw
-   * (`ctx.write` then throws). Without it, `ctx.write` is refused.
+   * Encodes one part of a streamed answer (`ctx.write(part)`) into `out`;
+   * it is sent before the handler's final answer, in the request's place
+   * in the order. May throw (`ctx.write` then throws, nothing sent).
+   * Without it, `ctx.write` is refused.
    */
-  encodePart?: (call: AnsweredCall<Data>, part: unknown) => Uint8Array[]
+  encodePart?: (call: AnsweredCall<Data>, part: unknown, out: FrameSink) => void
 }

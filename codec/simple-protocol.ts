@@ -1,6 +1,7 @@
 import { ErrorCode, RpcError } from './errors.js'
 import type { Framing, ScanFraming } from './frame-decoder.js'
-import { isPayloadFraming, type FramePayload } from './framings.js'
+import { encodeToSlices, type FrameSink } from './frame-sink.js'
+import { isPayloadFraming, type FramePayload, type PayloadFraming } from './framings.js'
 import type { ClientMatching, ClientProtocol } from './client-protocol.js'
 import type { AnswerSlices, CallHead, CallInfo, RefusalReason, ServerProtocol } from './protocol.js'
 
@@ -8,15 +9,15 @@ import type { AnswerSlices, CallHead, CallInfo, RefusalReason, ServerProtocol } 
  * The short way to a request/response protocol: three functions (`decode`,
  * `encode`, `refusal`) and a framing, turned into a whole `ServerProtocol`
  * (and, with `simpleClientProtocol`, a `ClientProtocol`) on the same
- * two-phase fast path a hand-written protocol uses. With a stock framing
+ * fast path a hand-written protocol uses (its answers encoded into the
+ * connection's outbound buffer). With a stock framing
  * (`lengthField`, `lines`: codec/framings.ts), `decode` sees the payload
  * without the framing's bytes, and the framing adds them to what `encode`
  * and `refusal` return, so no encoder writes a length prefix.
  *
- * Each answer is encoded once: `encodedLength` calls `encode` and keeps its
- * buffers for `encodeInto`, which the server calls right after it for the
- * same answer and which copies them into the connection's outbound slab
- * behind the framing's head. Payloads of `SLICE_FROM_BYTES` and more go out
+ * Each answer's payload is copied into the sink's room (on the hot path,
+ * the connection's outbound slab) behind the framing's head, which the
+ * framing writes around it. Payloads of `SLICE_FROM_BYTES` and more go out
  * as slices (writev, no copy).
  */
 
@@ -100,7 +101,6 @@ export function simpleProtocol<Req = unknown, Res = unknown> (options: SimplePro
   const byId = ordering === 'id'
   const framer = isPayloadFraming(framing) ? framing : null
   const maxFrameBytes = options.maxFrameBytes ?? framer?.max
-  const kept = new Kept()
 
   const protocol: ServerProtocol<Req, Res> = {
     name,
@@ -131,32 +131,15 @@ export function simpleProtocol<Req = unknown, Res = unknown> (options: SimplePro
       return null
     },
     decodeRequest: (_route, _buf, head) => (head.data as SimpleFrame<Req>).request,
-    encodedLength (call, answer) {
+    encode (call, answer, out) {
       const payload = encode(callOf<Req>(call), answer)
-      if (payload === null) return 0
-      const bytes = lengthOf(payload)
-      const headBytes = framer === null ? 0 : framer.headBytes(bytes)
-      kept.set(call, answer, payload, bytes)
-      if (bytes >= SLICE_FROM_BYTES) return -1
-      return headBytes + bytes + (framer === null ? 0 : framer.tailBytes)
-    },
-    encodeInto (call, answer, out, at) {
-      const payload = kept.take(call, answer) ?? encode(callOf<Req>(call), answer)!
-      const bytes = kept.bytes >= 0 ? kept.bytes : lengthOf(payload)
-      kept.clear()
-      copyInto(payload, out, framer === null ? at : at + framer.headBytes(bytes))
-      if (framer !== null) framer.frameInto(out, at, bytes)
-    },
-    encodeSlices (call, answer) {
-      const payload = kept.take(call, answer) ?? encode(callOf<Req>(call), answer)!
-      kept.clear()
-      return framer === null ? slicesOf(payload) : framer.frame(payload)
+      if (payload !== null) putFrame(framer, payload, out)
     },
     refusal (call: CallInfo, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
       try {
         const payload = refusal(callOf<Req>(call), reason, message, detail)
         if (payload === null) return null
-        return framer === null ? slicesOf(payload) : framer.frame(payload)
+        return encodeToSlices(putFrame, null, framer, payload)
       } catch {
         return null // a refusal that cannot be said closes the connection
       }
@@ -207,43 +190,13 @@ export function simpleClientProtocol<Req = unknown, Res = unknown> (options: Sim
   const framer = isPayloadFraming(framing) ? framing : null
   const payloadOf = framer === null ? (buf: Buffer, start: number, end: number) => buf.subarray(start, end) : framer.payloadOf
   const maxFrameBytes = options.maxFrameBytes ?? framer?.max
-  // The request encodedLength measured, kept for encodeInto, which the client calls right after it.
-  let keptRequest: unknown = NOTHING
-  let keptId = -1
-  let keptPayload: FramePayload | null = null
-  let keptBytes = 0
-  const take = (request: Req, id: number): FramePayload => {
-    const payload = keptRequest === request && keptId === id && keptPayload !== null ? keptPayload : encode(request, id)
-    keptRequest = NOTHING
-    keptPayload = null
-    return payload
-  }
 
   const protocol: ClientProtocol<Req, Res> = {
     name,
     framing,
     matching,
-    encodedLength (request, id) {
-      const payload = encode(request, id)
-      const bytes = lengthOf(payload)
-      const headBytes = framer === null ? 0 : framer.headBytes(bytes)
-      keptRequest = request
-      keptId = id
-      keptPayload = payload
-      keptBytes = bytes
-      if (bytes >= SLICE_FROM_BYTES) return -1
-      return headBytes + bytes + (framer === null ? 0 : framer.tailBytes)
-    },
-    encodeInto (request, id, out, at) {
-      const known = keptRequest === request && keptId === id && keptPayload !== null
-      const payload = take(request, id)
-      const bytes = known ? keptBytes : lengthOf(payload)
-      copyInto(payload, out, framer === null ? at : at + framer.headBytes(bytes))
-      if (framer !== null) framer.frameInto(out, at, bytes)
-    },
-    encodeSlices (request, id) {
-      const payload = take(request, id)
-      return framer === null ? slicesOf(payload) : framer.frame(payload)
+    encode (request, id, out) {
+      putFrame(framer, encode(request, id), out)
     },
     decodeAnswer (request, buf, start, end) {
       try {
@@ -267,37 +220,26 @@ export function simpleClientProtocol<Req = unknown, Res = unknown> (options: Sim
   return { ...protocol, ...(maxFrameBytes === undefined ? {} : { maxFrameBytes }), ...(options.maxId === undefined ? {} : { maxId: options.maxId }) }
 }
 
-const NOTHING = Symbol('nothing kept')
-
-// The answer encodedLength measured, for the encodeInto or encodeSlices
-// that follows it for the same call and answer (one protocol object serves
-// every connection of a server; the server encodes one answer at a time).
-class Kept {
-  call: unknown = NOTHING
-  answer: unknown = undefined
-  payload: FramePayload | null = null
-  bytes = -1
-
-  set (call: unknown, answer: unknown, payload: FramePayload, bytes: number): void {
-    this.call = call
-    this.answer = answer
-    this.payload = payload
-    this.bytes = bytes
+// The frame of `payload` into the sink: small ones copied into its room
+// behind the framing's head (which is written around them), large ones as
+// the framing's slices, the payload's own buffers appended without a copy.
+function putFrame (framer: PayloadFraming | null, payload: FramePayload, out: FrameSink): void {
+  if (framer === null) {
+    if (payload instanceof Uint8Array) out.append(payload)
+    else for (let i = 0; i < payload.length; i++) out.append(payload[i]!)
+    return
   }
-
-  // What was kept for this call and answer; null (and bytes -1) when something else was.
-  take (call: unknown, answer: unknown): FramePayload | null {
-    if (this.call === call && this.answer === answer && this.payload !== null) return this.payload
-    this.bytes = -1
-    return null
+  const bytes = lengthOf(payload)
+  if (bytes >= SLICE_FROM_BYTES) {
+    const slices = framer.frame(payload)
+    for (let i = 0; i < slices.length; i++) out.append(slices[i]!)
+    return
   }
-
-  clear (): void {
-    this.call = NOTHING
-    this.answer = undefined
-    this.payload = null
-    this.bytes = -1
-  }
+  const headBytes = framer.headBytes(bytes)
+  const at = out.reserve(headBytes + bytes + framer.tailBytes)
+  const buffer = out.buffer
+  copyInto(payload, buffer, at + headBytes)
+  framer.frameInto(buffer, at, bytes)
 }
 
 // The call as the protocol's functions see it: the object decode returned.
@@ -325,10 +267,6 @@ function copyInto (payload: FramePayload, out: Buffer, at: number): void {
     out.set(part, at)
     at += part.length
   }
-}
-
-function slicesOf (payload: FramePayload): Uint8Array[] {
-  return payload instanceof Uint8Array ? (payload.length === 0 ? [] : [payload]) : payload.filter((p) => p.length > 0)
 }
 
 function invalidOption (message: string): RpcError {

@@ -1,4 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import { encodeToSlices } from '../codec/frame-sink.js'
 import type { AnsweredCall, AnswerSlices, ServerProtocol } from '../codec/protocol.js'
 import type { Connection } from '../transport/connection.js'
 import type { Logger } from './logger.js'
@@ -192,16 +193,13 @@ export class AnswerWriter {
    */
   answer (a: ConnectionAnswers, call: OrderedCall, response: unknown, inTurn: boolean): void {
     const protocol = this.#protocol
-    const connection = a.connection
-    const bytes = protocol.encodedLength(call, response)
     if (!inTurn) {
-      // Not its turn: its answer waits, encoded, for the ones before it.
-      a.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
+      // Not its turn: its answer waits, encoded into a buffer of its own, for the ones before it.
+      const slices = encodeToSlices(protocol.encode, protocol, call, response)
+      a.hold(call.seq, slices.length === 0 ? null : slices)
       this.afterHold(a)
-    } else if (bytes > 0) {
-      if (!connection.writeFrame(bytes, protocol, call, response)) this.overBound(a)
-    } else if (bytes < 0) {
-      this.send(a, protocol.encodeSlices!(call, response))
+    } else if (!a.connection.writeFrame(protocol, call, response)) {
+      this.overBound(a)
     }
   }
 
@@ -210,7 +208,7 @@ export class AnswerWriter {
     const encode = this.#protocol.encodePart
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#protocol.name} protocol has no encodePart: it cannot stream answers`)
     if (a.connection.isClosed || call.abandoned) return null
-    return encode(call, part)
+    return encodeToSlices(encode, this.#protocol, call, part)
   }
 
   /** Queues `slices` on the connection. */
@@ -410,11 +408,4 @@ export class ByIdAnswers implements AnswerOrder {
     if (words !== null && words.length > 0 && !a.connection.isClosed) this.#writer.send(a, words)
     a.connection.endAfterFlush()
   }
-}
-
-// An answer encoded into a buffer of its own (it waits for its turn).
-function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
-  const out = Buffer.allocUnsafe(bytes)
-  protocol.encodeInto(call, response, out, 0)
-  return out
 }

@@ -1,4 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import { ServerConnectionHandle } from './connection-handle.js'
 
@@ -69,7 +70,7 @@ export class ConnectionGroup implements Iterable<ConnectionHandle> {
         protocol = member.protocol
         const encode = protocol.encodePush
         if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${protocol.name} protocol has no encodePush: it cannot push`)
-        slices = encode(message)
+        slices = encodeOneToSlices(encode, protocol, message)
         bytes = 0
         for (const slice of slices) bytes += slice.length
       }

@@ -1,5 +1,6 @@
 import { EventEmitter } from 'node:events'
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { PushOutputLimit } from './push-output-limit.js'
 import type { ServerContext } from './server-context.js'
@@ -70,7 +71,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     const encode = this.#ctx.protocol.encodePush
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#ctx.protocol.name} protocol has no encodePush: it cannot push`)
     if (this.#sc === null) return false
-    const slices = encode(message)
+    const slices = encodeOneToSlices(encode, this.#ctx.protocol, message)
     return this.sendEncoded(slices, byteLengthOf(slices))
   }
 

@@ -64,11 +64,6 @@ export interface ConnectionOptions {
   onReadingSuspended?: (() => void) | undefined
 }
 
-/** Writes an answer or request frame in place (see `Connection.writeFrame`); a protocol's `encodeInto` has this shape. */
-export interface FrameEncoder<A, B> {
-  encodeInto: (a: A, b: B, out: Buffer, at: number) => void
-}
-
 /** Counters of one connection. */
 export interface ConnectionStats extends TransferQueueStats {
   /** Bytes read from the socket so far. */

@@ -9,11 +9,13 @@ import type { InboundBudget } from './inbound-budget.js'
 import { ReadGate, ReadStop } from './read-gate.js'
 import { SetUp, type SetUpHost } from './set-up.js'
 import { TransferQueue, type OutboundTransfer } from './transfer-queue.js'
-import type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
+import { writeFrame, type FrameEncoder } from './frame-writer.js'
+import type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 export { PROBE_BYTES } from './read-gate.js'
-export type { ConnectionHandler, ConnectionOptions, ConnectionStats, FrameEncoder } from './connection-options.js'
+export type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
+export type { FrameEncoder } from './frame-writer.js'
 
 function makeDeframer (framing: AnyFraming, maxFrameBytes: number | undefined): Deframer {
   return isScanFraming(framing) ? new ScanDecoder(framing, maxFrameBytes) : new FrameDecoder(framing, maxFrameBytes)
@@ -232,41 +234,31 @@ export class Connection {
   }
 
   /**
-   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
-   * b, out, at)` straight into the connection's coalesced outbound slab,
-   * if it can go there now (small, nothing held back, not backed up, not
-   * closed); false otherwise, with nothing written: the caller then sends
-   * it as a transfer of its own (`send`), e.g. to keep it droppable.
+   * True when `writeFrame` encodes in place now (the set-up is done and the
+   * connection is open): a frame written then goes straight into the
+   * coalesced outbound buffer and cannot be dropped any more; false: it
+   * would be queued as a transfer of its own, behind the set-up.
    */
-  tryWriteFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    const out = this.#queue.reserve(bytes)
-    if (out === null) return false
-    encoder.encodeInto(a, b, out, this.#queue.reservedAt)
-    this.#committed(bytes)
-    return true
-  }
-
-  #committed (bytes: number): void {
-    this.#activity++
-    this.#poller?.touch()
-    this.#queue.commit(bytes)
+  get writesInPlace (): boolean {
+    return this.#queue.inPlaceChunk !== null
   }
 
   /**
-   * Writes one frame of exactly `bytes` bytes with `encoder.encodeInto(a,
-   * b, out, at)`: straight into the connection's coalesced outbound slab
-   * when it fits (the frames of one turn then leave in one write), else
-   * into a buffer of its own. False: the connection is closed, or over its
-   * outbound bound (the frame is dropped; the caller decides what follows).
-   * An `encodeInto` that throws leaves nothing queued, and the throw
-   * reaches the caller.
+   * Encodes one frame with `encoder.encode(a, b, sink)` and queues it.
+   * In place when it can (`writesInPlace`): the room the encoder reserves
+   * is in the connection's coalesced outbound buffer (the frames of one
+   * turn leave in one write), and the slices it appends follow it without
+   * a copy; else into a buffer of its own, queued as a transfer. An encoder
+   * that adds nothing queues nothing (true). False: the connection is
+   * closed, or over its outbound bound (the frame is dropped; the caller
+   * decides what follows). An encoder that throws leaves nothing queued,
+   * and the throw reaches the caller.
    */
-  writeFrame<A, B> (bytes: number, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    if (this.tryWriteFrame(bytes, encoder, a, b)) return true
+  writeFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
     if (this.#closed) return false
-    const own = Buffer.allocUnsafe(bytes)
-    encoder.encodeInto(a, b, own, 0)
-    return this.send({ slices: [own], bytes })
+    this.#activity++
+    this.#poller?.touch()
+    return writeFrame(this.#queue, encoder, a, b)
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */

@@ -1,6 +1,7 @@
 import Denque from 'denque'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ByteStream } from './byte-stream.js'
+import { FrameChunk } from '../codec/frame-sink.js'
 
 /**
  * The part of a ByteStream the transfer queue writes to: the connection's
@@ -107,14 +108,14 @@ const CONCAT_BYTES = 64 * 1024
 const BATCH_BYTES = 1024 * 1024
 // While waiting for 'drain', the owner hears of the queue again each time it grows by this much.
 const BACKED_UP_SIGNAL_BYTES = 1024 * 1024
-/** Frames up to this size may be encoded in place (`reserve`/`commit`); larger ones go through `enqueue`. */
-export const MAX_IN_PLACE_FRAME_BYTES = 16 * 1024
 // Frames encoded in place are laid out back to back in slabs of this size,
 // shared by every queue of the thread: an idle connection holds none, and
 // the frames of one read (or turn) still form one run. A slab is never
 // written twice: it stays alive while runs of it are queued or in sockets.
+// Only one frame is encoded in it at a time (a frame encoded while another
+// is open goes elsewhere: Connection.writeFrame).
 const SLAB_BYTES = 64 * 1024
-const slabs = { slab: null as Buffer | null, at: 0, reservation: 0 }
+const slab = new FrameChunk(SLAB_BYTES)
 // While a queue waits for 'drain', its small frames are encoded in place into
 // chunks of its own instead (a backed-up queue must not pin shared slabs that
 // other connections' written frames filled), so each costs its wire bytes,
@@ -122,8 +123,6 @@ const slabs = { slab: null as Buffer | null, at: 0, reservation: 0 }
 // a 7-byte answer, which let tiny pipelined requests on a connection that
 // never reads grow the heap far past the outbound bounds).
 const OWN_CHUNK_BYTES = 16 * 1024
-// `#reservation` of a frame reserved in the queue's own chunk (shared reservations count from 1).
-const OWN_RESERVATION = 0
 
 /**
  * Frames encoded in place one after another in a slab: one queue entry, one
@@ -145,14 +144,6 @@ class SlabRun implements OutboundTransfer {
 
 const NO_SLICES: Buffer[] = []
 const RESOLVED = Promise.resolve()
-
-// A fresh shared slab (out of line: `reserve` is inlined into callers). The
-// old one stays alive as long as slices of it are queued or in a socket.
-function newSlab (): Buffer {
-  const slab = slabs.slab = Buffer.allocUnsafeSlow(SLAB_BYTES)
-  slabs.at = 0
-  return slab
-}
 
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
@@ -204,14 +195,10 @@ export class TransferQueue {
   // Frames queued: a SlabRun entry holds several.
   #queuedFrames = 0
   // In-place frames: the run still open at the back of the queue (null when
-  // something else was queued after it, or it was taken), and the frame
-  // reserved in the shared slab (its place, and which reservation it was).
+  // something else was queued after it, or it was taken).
   #run: SlabRun | null = null
-  #reservedAt = -1
-  #reservation = -1
-  // The chunk of its own frames are encoded into while waiting for 'drain', and the next free byte in it.
-  #own: Buffer | null = null
-  #ownAt = 0
+  // The chunk of its own frames are encoded into while waiting for 'drain'.
+  #own: FrameChunk | null = null
   // The frame an idle queue holds for its checkpoint flush (coalesceMicrotasks):
   // it would have been written at once, so the outbound bound does not count it.
   #checkpointBytes = 0
@@ -272,27 +259,18 @@ export class TransferQueue {
   }
 
   /**
-   * Room for one frame of `bytes` to be encoded in place, for frames with no
-   * hooks (a server's responses): the caller writes exactly `bytes` bytes
-   * into the returned buffer from `reservedAt` on, then calls `commit`. The
+   * Where a frame with no hooks (a server's answer, a client's request
+   * that needs none) may be encoded in place now: the thread's shared slab,
+   * or, while the queue waits for 'drain', a chunk of its own. The encoder
+   * takes room from the chunk's `at` on and `commitRun` queues it, so the
    * frame costs no buffer, slice array or transfer object of its own, and a
-   * batch of such frames is written without a copy. While the queue waits
-   * for 'drain' the room is in a chunk of the queue's own. Null when the
-   * frame must go through `enqueue` instead: too large, the queue held
-   * (frames must stay droppable) or closed, or the outbound bound reached
-   * (`enqueue` decides then).
+   * batch of such frames is written without a copy. Null when frames must
+   * go through `enqueue`: the queue is held (they must stay droppable) or
+   * closed.
    */
-  reserve (bytes: number): Buffer | null {
-    // A reservation not committed is simply abandoned.
-    this.#reservedAt = -1
-    if (bytes > MAX_IN_PLACE_FRAME_BYTES || this.#held || this.#closedError !== null) return null
-    const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
-    if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes && this.#overBound(bytes)) return null
-    if (this.#waitingDrain) return this.#reserveOwn(bytes)
-    let slab = slabs.slab
-    if (slab === null || slab.length - slabs.at < bytes) slab = newSlab()
-    this.#reservedAt = slabs.at
-    this.#reservation = ++slabs.reservation
+  get inPlaceChunk (): FrameChunk | null {
+    if (this.#held || this.#closedError !== null) return null
+    if (this.#waitingDrain) return (this.#own ??= new FrameChunk(OWN_CHUNK_BYTES))
     return slab
   }
 
@@ -313,40 +291,18 @@ export class TransferQueue {
     return false
   }
 
-  // Room in the queue's own chunk (out of line: only backed-up queues come here).
-  #reserveOwn (bytes: number): Buffer {
-    let chunk = this.#own
-    if (chunk === null || chunk.length - this.#ownAt < bytes) {
-      chunk = this.#own = Buffer.allocUnsafeSlow(OWN_CHUNK_BYTES)
-      this.#ownAt = 0
-    }
-    this.#reservedAt = this.#ownAt
-    this.#reservation = OWN_RESERVATION
-    return chunk
-  }
-
-  /** Where the reserved frame starts in the buffer `reserve` returned. */
-  get reservedAt (): number {
-    return this.#reservedAt
-  }
-
-  /** Queues the frame of `bytes` written at `reservedAt`; sent as `enqueue` would send a frame. */
-  commit (bytes: number): void {
-    const at = this.#reservedAt
-    let slab: Buffer
-    if (this.#reservation === OWN_RESERVATION && at >= 0) {
-      slab = this.#own!
-      this.#ownAt = at + bytes
-    } else {
-      // Only the latest reservation of the shared slab may commit: an older one's room may be another frame's now.
-      if (at < 0 || this.#reservation !== slabs.reservation) throw new Error('commit without reserve')
-      slab = slabs.slab!
-      slabs.at = at + bytes
-    }
-    this.#reservedAt = -1
+  /**
+   * Queues the frame of `bytes` encoded in place at `buffer[start]` (a
+   * buffer `inPlaceChunk` gave); sent as `enqueue` would send a frame. False
+   * when it would pass the outbound bound (`enqueue` would refuse it):
+   * nothing is queued. The caller then moves the chunk's `at` past it.
+   */
+  commitRun (buffer: Buffer, start: number, bytes: number): boolean {
+    const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
+    if (backlog > 0 && backlog + bytes > this.#maxOutboundBytes && this.#overBound(bytes)) return false
     let run = this.#run
-    if (run === null || run.slab !== slab || run.start + run.bytes !== at) {
-      run = new SlabRun(slab, at)
+    if (run === null || run.slab !== buffer || run.start + run.bytes !== start) {
+      run = new SlabRun(buffer, start)
       this.#push(run)
       this.#run = run
     }
@@ -355,6 +311,7 @@ export class TransferQueue {
     this.#queuedFrames++
     // While waiting for 'drain', the owner hears of each MiB the queue grows (#queued).
     this.#queued(bytes)
+    return true
   }
 
   // A frame was queued: write it (or schedule it) as the queue's state says.
@@ -506,7 +463,6 @@ export class TransferQueue {
     }
     this.#run = null
     this.#own = null
-    this.#reservedAt = -1
     this.#queuedFrames = 0
     this.#queuedBytes = 0
     this.#checkpointBytes = 0

@@ -43,9 +43,15 @@ export const chatProtocol: ServerProtocol<string[], string> = {
     return null
   },
   decodeRequest: (_route, _buf, head) => head.data as string[],
-  encodedLength: (_call, answer) => Buffer.byteLength(answer) + 1,
-  encodeInto: (_call, answer, out, at) => { out.write(`${answer}\n`, at) },
-  encodePush: (line) => [Buffer.from(`> ${String(line)}\n`)],
+  encode (_call, answer, out) {
+    const at = out.reserve(Buffer.byteLength(answer) + 1)
+    out.buffer.write(`${answer}\n`, at)
+  },
+  encodePush (line, out) {
+    const text = `> ${String(line)}\n`
+    const at = out.reserve(Buffer.byteLength(text))
+    out.buffer.write(text, at)
+  },
   refusal: (_call, reason, message) => [Buffer.from(`-ERR ${reason}: ${message.split('\n')[0]}\n`)]
 }
 

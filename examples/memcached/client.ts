@@ -147,18 +147,19 @@ export function memcachedClientProtocol (): ClientProtocol<MemcachedCommand, Mem
         : HEADER_BYTES + buf.readUInt32BE(offset + 8)
     },
     matching: 'id',
-    encodedLength (command): number {
-      if (command.value.length > SLICE_VALUE_BYTES) return -1
-      return HEADER_BYTES + extrasBytesOf(command) + command.key.length + command.value.length
-    },
-    encodeInto (command, id, out, at): void {
-      const p = writeHead(command, id, out, at)
-      command.value.copy(out, p)
-    },
-    encodeSlices (command, id): Uint8Array[] {
-      const head = Buffer.allocUnsafe(HEADER_BYTES + extrasBytesOf(command) + command.key.length)
-      writeHead(command, id, head, 0)
-      return [head, command.value]
+    encode (command, id, out): void {
+      const headBytes = HEADER_BYTES + extrasBytesOf(command) + command.key.length
+      const value = command.value
+      if (value.length > SLICE_VALUE_BYTES) {
+        // A large value goes out as it is, without a copy.
+        const at = out.reserve(headBytes)
+        writeHead(command, id, out.buffer, at)
+        out.append(value)
+        return
+      }
+      const at = out.reserve(headBytes + value.length)
+      const buf = out.buffer
+      value.copy(buf, writeHead(command, id, buf, at))
     },
     answerId: (buf, start) => buf.readUInt32BE(start + 12),
     answerOf: (command) => command.opcode === Opcode.STAT ? 'stream' : QUIET.has(command.opcode) ? 'maybe' : 'yes',

@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Framing } from '../../codec/frame-decoder.js'
+import type { FrameSink } from '../../codec/frame-sink.js'
 import { InvalidRequest, type AnsweredCall, type AnswerSlices, type CallHead, type CallInfo, type RefusalReason, type RouteInfo, type ServerProtocol } from '../../codec/protocol.js'
 import { DEFAULT_MAX_ITEM_BYTES, MAX_KEY_BYTES, SLAB_VALUE_BYTES, Status } from './store.js'
 
@@ -487,56 +488,53 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
       return new MemcachedRequest(opcode, cas, key, value, flags, exptime, delta, initial)
     },
 
-    encodedLength: (call: CallInfo, response: MemcachedResponse): number => {
-      if (isSilent(opcodeOf(call.data), response.status)) return 0
-      const stats = response.stats
-      if (stats !== null) {
-        let bytes = HEADER_BYTES
-        for (const [name, value] of stats) bytes += HEADER_BYTES + name.length + value.length
-        return bytes
-      }
-      const valueBytes = response.value.length
-      if (valueBytes > sliceValueBytes) return -1
-      return HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length + valueBytes
-    },
-
-    encodeInto: (call: CallInfo, response: MemcachedResponse, out: Buffer, at: number): void => {
+    encode: (call: AnsweredCall, response: MemcachedResponse, out: FrameSink): void => {
       const opcode = opcodeOf(call.data)
+      if (isSilent(opcode, response.status)) return
       const opaque = opaqueOf(call.data)
       const stats = response.stats
       if (stats !== null) {
         // One packet per entry (key: the name, value: the value, CAS 0),
         // then one with no key and no value, which ends the answer.
         for (const [name, value] of stats) {
-          writeHeader(out, at, opcode, name.length, 0, response.status, name.length + value.length, opaque, 0)
+          let at = out.reserve(HEADER_BYTES + name.length + value.length)
+          const buf = out.buffer
+          writeHeader(buf, at, opcode, name.length, 0, response.status, name.length + value.length, opaque, 0)
           at += HEADER_BYTES
-          at += out.write(name, at, 'latin1')
-          at += out.write(value, at, 'latin1')
+          at += buf.write(name, at, 'latin1')
+          buf.write(value, at, 'latin1')
         }
-        writeHeader(out, at, opcode, 0, 0, response.status, 0, opaque, 0)
+        const end = out.reserve(HEADER_BYTES)
+        writeHeader(out.buffer, end, opcode, 0, 0, response.status, 0, opaque, 0)
         return
       }
-      at = encodeHead(out, at, opcode, opaque, response)
-      if (response.value.length > 0) out.set(response.value, at)
-    },
-
-    encodeSlices: (call: CallInfo, response: MemcachedResponse): Uint8Array[] => {
-      const head = Buffer.allocUnsafe(HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length)
-      encodeHead(head, 0, opcodeOf(call.data), opaqueOf(call.data), response)
-      return [head, response.value]
+      const value = response.value
+      const headBytes = HEADER_BYTES + (response.flags >= 0 ? 4 : 0) + response.key.length
+      if (value.length > sliceValueBytes) {
+        // A large value has a buffer of its own that never changes: sent as it is.
+        const at = out.reserve(headBytes)
+        encodeHead(out.buffer, at, opcode, opaque, response)
+        out.append(value)
+        return
+      }
+      // Copied: a smaller value lies in a store chunk that a later SET may overwrite.
+      const at = out.reserve(headBytes + value.length)
+      const buf = out.buffer
+      const valueAt = encodeHead(buf, at, opcode, opaque, response)
+      if (value.length > 0) buf.set(value, valueAt)
     },
 
     // A part of a streamed STAT answer: one packet with the entry's name as
     // its key and its value as its value, CAS 0, the request's opaque.
-    encodePart: (call: AnsweredCall, part: unknown): Uint8Array[] => {
+    encodePart: (call: AnsweredCall, part: unknown, out: FrameSink): void => {
       const [name, value] = part as StatEntry
       const keyBytes = Buffer.byteLength(name, 'latin1')
       const bodyBytes = keyBytes + Buffer.byteLength(value, 'latin1')
-      const out = Buffer.allocUnsafe(HEADER_BYTES + bodyBytes)
-      writeHeader(out, 0, opcodeOf(call.data), keyBytes, 0, ResponseStatus.SUCCESS, bodyBytes, opaqueOf(call.data), 0)
-      out.write(name, HEADER_BYTES, 'latin1')
-      out.write(value, HEADER_BYTES + keyBytes, 'latin1')
-      return [out]
+      const at = out.reserve(HEADER_BYTES + bodyBytes)
+      const buf = out.buffer
+      writeHeader(buf, at, opcodeOf(call.data), keyBytes, 0, ResponseStatus.SUCCESS, bodyBytes, opaqueOf(call.data), 0)
+      buf.write(name, at + HEADER_BYTES, 'latin1')
+      buf.write(value, at + HEADER_BYTES + keyBytes, 'latin1')
     },
 
     refusal: (call: CallInfo, reason: RefusalReason): AnswerSlices => {

@@ -6,6 +6,7 @@
 import type { ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { FrameScanner } from '../../codec/frame-decoder.js'
+import type { FrameSink } from '../../codec/frame-sink.js'
 import { CR, LF } from './resp.js'
 
 /** A reply, decoded. */
@@ -171,6 +172,11 @@ export function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
   }
 }
 
+function putLatin1 (out: FrameSink, text: string): void {
+  const at = out.reserve(text.length)
+  out.buffer.write(text, at, 'latin1')
+}
+
 // Errors after which the command did not run: worth trying again.
 const RETRYABLE_ERRORS: ReadonlySet<string> = new Set(['BUSY', 'LOADING', 'TRYAGAIN'])
 // Commands safe to send again after a lost connection: they change nothing.
@@ -183,18 +189,20 @@ export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply>
     name: 'redis',
     framing: { scanner: () => new ReplyScanner() },
     matching: 'in-order',
-    encodedLength: (command) => command.large ? -1 : command.bytes,
-    encodeInto: (command, _id, out, at) => { writeCommand(command, out, at) },
-    encodeSlices (command): Uint8Array[] {
-      const slices: Buffer[] = []
+    encode (command, _id, out): void {
+      if (!command.large) {
+        const at = out.reserve(command.bytes)
+        writeCommand(command, out.buffer, at)
+        return
+      }
       let head = `*${command.args.length}\r\n`
-      // Each argument as it is, between the headers and CRLFs around it.
+      // Each argument appended as it is (a large one not copied), between the headers and CRLFs around it.
       for (const arg of command.args) {
-        slices.push(Buffer.from(`${head}$${arg.length}\r\n`, 'latin1'), arg)
+        putLatin1(out, `${head}$${arg.length}\r\n`)
+        out.append(arg)
         head = '\r\n'
       }
-      slices.push(Buffer.from(head, 'latin1'))
-      return slices
+      putLatin1(out, head)
     },
     decodeAnswer (_command, buf, start): RedisReply | RpcError {
       const [reply] = decodeValue(buf, start)

@@ -1,4 +1,4 @@
-import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
+import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type FrameSink, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
 import { commandOf, UNKNOWN_COMMAND, type Command } from './commands.js'
 import type { Subscriptions } from './subscriptions.js'
 
@@ -411,12 +411,10 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
 
     decodeRequest: (_route, _buf, head) => head.data as RespRequest,
 
-    encodedLength: (_call, reply) => replyLength(reply),
-    encodeInto: (_call, reply, out, at) => { writeReply(reply, out, at) },
-    encodeSlices: (_call, reply) => replySlices(reply),
+    encode: (_call, reply, out) => { putReply(reply, out) },
     // Pushes (Pub/Sub messages) and the parts of a streamed answer (SUBSCRIBE's confirmations but the last) are replies too.
-    encodePush: (message: unknown) => replyBytes(message as Reply),
-    encodePart: (_call, part: unknown) => replyBytes(part as Reply),
+    encodePush: (message: unknown, out) => { putReply(message as Reply, out) },
+    encodePart: (_call, part: unknown, out) => { putReply(part as Reply, out) },
 
     // Redis's words for a protocol error; anything else (a frame over the limit) closes without a reply.
     protocolError: (error: RpcError): AnswerSlices =>
@@ -755,13 +753,16 @@ export function replySlices (reply: Reply): Uint8Array[] {
   return [head, value, CRLF]
 }
 
-/** A reply as the buffers to send: one, or a large bulk string's slices (its bytes not copied). */
-export function replyBytes (reply: Reply): Uint8Array[] {
+/** Encodes a reply into a sink: measured, then written in its room; a large bulk string's bytes appended, not copied. */
+export function putReply (reply: Reply, out: FrameSink): void {
   const length = replyLength(reply)
-  if (length < 0) return replySlices(reply)
-  const out = Buffer.allocUnsafe(length)
-  writeReply(reply, out, 0)
-  return [out]
+  if (length < 0) {
+    const slices = replySlices(reply)
+    for (let i = 0; i < slices.length; i++) out.append(slices[i]!)
+    return
+  }
+  const at = out.reserve(length)
+  writeReply(reply, out.buffer, at)
 }
 
 /** A whole reply as one buffer (tests, and replies kept for later). */

@@ -1,6 +1,7 @@
 import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
+import { encodeToSlices, type FrameSink } from '../../codec/frame-sink.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
 import type { HandshakeStep } from '../../codec/protocol.js'
 import { realClock, type Clock } from '../../scheduling/clock.js'
@@ -92,11 +93,21 @@ const DEFAULT_KEEPALIVE_MS = 10_000
 /** Warnings of one kind are logged at most this often. */
 export const LOG_INTERVAL_MS = 10_000
 
-/** The in-place encoder: the protocol writes the call's request straight into the outbound slab. */
+/** The in-place encoder: the protocol encodes the call's request straight into the outbound slab. */
 const IN_PLACE = {
-  encodeInto (call: PendingCall<unknown, unknown>, protocol: ClientProtocol<unknown, unknown>, out: Buffer, at: number): void {
-    protocol.encodeInto(call.request, call.id, out, at)
+  encode (call: PendingCall<unknown, unknown>, protocol: ClientProtocol<unknown, unknown>, out: FrameSink): void {
+    protocol.encode(call.request, call.id, out, call.data, wireTimeoutOf(call.timeoutMs))
   }
+}
+
+// What the protocol may send as the request's timeout: the attempt's (at least 1 ms), 0 for none.
+function wireTimeoutOf (timeoutMs: number): number {
+  return timeoutMs > 0 && Number.isFinite(timeoutMs) ? Math.max(1, timeoutMs) : 0
+}
+
+// Runs the protocol's encode into a sink of its own (a method, not a closure per call).
+function encodeRequest (this: ClientProtocol<unknown, unknown>, call: PendingCall<unknown, unknown>, timeoutMs: number, out: FrameSink): void {
+  this.encode(call.request, call.id, out, call.data, timeoutMs)
 }
 
 /**
@@ -295,65 +306,54 @@ export class ClientEngine<Req, Res> {
   }
 
   #write (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
-    const protocol = this.protocol
     const id = cc.takeId()
     call.id = id
     call.seq = cc.nextSeq++
-    // What the protocol may send as the request's timeout: the attempt's (at least 1 ms), 0 for none.
-    const timeoutMs = call.timeoutMs > 0 && Number.isFinite(call.timeoutMs) ? Math.max(1, call.timeoutMs) : 0
-    let bytes: number
-    try {
-      bytes = protocol.encodedLength(call.request, id, call.data, timeoutMs)
-    } catch (err) {
-      return this.fail(call, invalid(err))
-    }
     // Registered before the write: the answer cannot come sooner, but the connection's failure can.
     if (call.answer === 'yes' && !this.inOrder && cc.liveness === null) cc.byId.set(id | 0, call)
     else this.#register(cc, call)
     const connection = cc.connection
+    // A call with an AbortSignal stays a transfer of its own, so that it can be dropped unsent when cancelled.
+    if (call.signal !== undefined || !connection.writesInPlace) return this.#send(cc, call)
+    // Written in place it is not asked again: the set-up is done, so its session is known now.
+    const refusal = this.beforeSend === undefined ? undefined : this.beforeSend(call, cc.session)
+    if (refusal !== undefined) {
+      this.#unregister(cc, call)
+      return this.fail(call, refusal)
+    }
+    let written: boolean
     try {
-      // A call with an AbortSignal stays a transfer of its own, so that it can be dropped unsent when cancelled.
-      if (bytes >= 0 && call.signal === undefined && connection.tryWriteFrame(bytes, IN_PLACE, call as PendingCall<unknown, unknown>, protocol as ClientProtocol<unknown, unknown>)) {
-        call.state = SENT
-        if (call.answer === 'yes') cc.flushNeeded = false
-        else this.#afterWrite(cc, call)
-        return
-      }
+      written = connection.writeFrame(IN_PLACE, call as PendingCall<unknown, unknown>, this.protocol as ClientProtocol<unknown, unknown>)
     } catch (err) {
       this.#unregister(cc, call)
       return this.fail(call, invalid(err))
     }
-    this.#send(cc, call, bytes, timeoutMs)
+    if (!written) return this.#queueFull(cc, call)
+    call.state = SENT
+    if (call.answer === 'yes') cc.flushNeeded = false
+    else this.#afterWrite(cc, call)
   }
 
-  // The call's frame as a transfer of its own (slices; or one buffer, when
-  // it could not be written in place), queued on its connection.
-  #send (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>, bytes: number, timeoutMs: number): void {
-    const protocol = this.protocol
-    const id = call.id
+  // The call's frame as a transfer of its own (droppable until its first
+  // byte is written, and checked by `beforeSend` then), queued on its connection.
+  #send (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
     try {
-      let slices: Buffer[]
-      if (bytes < 0) {
-        if (protocol.encodeSlices === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: encodedLength said -1 but there is no encodeSlices`)
-        slices = protocol.encodeSlices(call.request, id, call.data, timeoutMs).map((s) => Buffer.isBuffer(s) ? s : Buffer.from(s.buffer, s.byteOffset, s.byteLength))
-        bytes = 0
-        for (const s of slices) bytes += s.length
-      } else {
-        const own = Buffer.allocUnsafe(bytes)
-        protocol.encodeInto(call.request, id, own, 0)
-        slices = [own]
-      }
+      const slices = encodeToSlices(encodeRequest, this.protocol as ClientProtocol<unknown, unknown>, call as PendingCall<unknown, unknown>, wireTimeoutOf(call.timeoutMs))
+      let bytes = 0
+      for (let i = 0; i < slices.length; i++) bytes += slices[i]!.length
       call.slices = slices
       call.bytes = bytes
     } catch (err) {
       this.#unregister(cc, call)
       return this.fail(call, invalid(err))
     }
-    if (!cc.connection.send(call)) {
-      this.#unregister(cc, call)
-      return this.fail(call, new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(call.request, call.data)} to ${cc.endpoint}: the connection's outbound queue is full`))
-    }
+    if (!cc.connection.send(call)) return this.#queueFull(cc, call)
     this.#afterWrite(cc, call)
+  }
+
+  #queueFull (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
+    this.#unregister(cc, call)
+    this.fail(call, new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(call.request, call.data)} to ${cc.endpoint}: the connection's outbound queue is full`))
   }
 
   #register (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {

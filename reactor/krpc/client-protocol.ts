@@ -1,6 +1,7 @@
 import { isIP } from 'node:net'
 import { createSecureContext, type SecureContext } from 'node:tls'
 import type { ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
+import type { FrameSink } from '../../codec/frame-sink.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import {
@@ -48,8 +49,19 @@ export interface KrpcNegotiationOptions {
   encryptLoopback?: boolean
 }
 
-// The body of a flat request, written into its frame from the message itself.
-const NO_BODY = new Uint8Array(0)
+// A request with sidecars or required feature flags: the frame's head (the
+// body copied in) in the sink's room, large sidecars appended as they are.
+function encodeSlow (call: KrpcCall, requestType: MessageType<Message>, encodable: Message, id: number, timeoutMs: number, out: FrameSink): void {
+  const body = requestType.encodeToScratch(encodable)
+  const slices = encodeRequestFrame({
+    callId: id,
+    remoteMethod: call.method.remoteMethod,
+    timeoutMs: wireTimeout(timeoutMs),
+    requiredFeatureFlags: call.requiredFeatureFlags,
+    sidecars: call.sidecars
+  }, body.bytes.subarray(0, body.length))
+  for (let i = 0; i < slices.length; i++) out.append(slices[i]!)
+}
 
 // Errors before negotiation that say the peer's bytes were no KRPC at all.
 const GARBLED: ReadonlySet<string> = new Set([ErrorCode.FRAME_TOO_LARGE, ErrorCode.MALFORMED_FRAME, ErrorCode.NEGOTIATION_FAILED, ErrorCode.CONNECTION_CLOSED])
@@ -61,9 +73,9 @@ const NOT_RUN_REMOTE: ReadonlySet<number> = new Set([KrpcCode.ERROR_SERVER_TOO_B
  * KRPC as a `ClientProtocol`: request frames written in place (or as
  * slices, with sidecars), responses matched by call id and decoded by the
  * call's method, and connection negotiation (SASL PLAIN, TLS inside
- * negotiation) as the handshake. One per client: what `encodedLength`
- * measured and `answerId` parsed is kept for the `encodeInto` or
- * `decodeAnswer` that follows at once.
+ * negotiation) as the handshake. One per client: what `check` prepared
+ * and `answerId` parsed is kept for the `encode` or `decodeAnswer` that
+ * follows at once.
  */
 export class KrpcClientProtocol implements ClientProtocol<Message, Message | CallResult<Message>> {
   readonly name = 'krpc'
@@ -73,14 +85,9 @@ export class KrpcClientProtocol implements ClientProtocol<Message, Message | Cal
   readonly setupName = 'connection negotiation'
   readonly #options: KrpcNegotiationOptions
   readonly #secureContext: SecureContext | null
-  // The request check prepared, for the encodedLength that follows.
+  // The request check prepared, for the encode that follows.
   #checked: Message | null = null
   #encodable: Message | null = null
-  // The request encodedLength measured, for encodeInto or encodeSlices.
-  #tail: Uint8Array = NO_BODY
-  #body: Uint8Array = NO_BODY
-  #bodyBytes = 0
-  #type: MessageType<Message> | null = null
   // The response answerId parsed, for decodeAnswer: one reused object, no header, frame or view objects per call.
   readonly #parts = new ResponseParts()
 
@@ -151,58 +158,27 @@ export class KrpcClientProtocol implements ClientProtocol<Message, Message | Cal
     this.#encodable = (data as KrpcCall).method.methodDef.requestType.prepareRequest(request)
   }
 
-  encodedLength (request: Message, id: number, data: unknown, timeoutMs = 0): number {
+  encode (request: Message, id: number, out: FrameSink, data: unknown, timeoutMs = 0): void {
     const call = data as KrpcCall
     const requestType = call.method.methodDef.requestType
-    // A flat request is written straight into its frame; others are
-    // encoded into the codec's scratch buffer: nothing encodes again before
-    // the frame encoder copies them. The request was checked just before.
+    // The request was checked just before: what the check prepared is used.
     const encodable = request === this.#checked ? this.#encodable! : requestType.prepareRequest(request)
     this.#checked = null
     this.#encodable = null
-    let bodyBytes = requestType.flatLength(encodable)
-    if (bodyBytes < 0) {
-      const scratch = requestType.encodeToScratch(encodable)
-      this.#body = scratch.bytes
-      bodyBytes = scratch.length
-    } else {
-      this.#body = NO_BODY
-    }
-    this.#bodyBytes = bodyBytes
-    this.#type = requestType
-    if (call.slow) return -1
+    if (call.slow) return encodeSlow(call, requestType, encodable, id, timeoutMs, out)
     const tail = call.method.tailFor(wireTimeout(timeoutMs))
-    this.#tail = tail
-    return requestFrameBytes(id, tail, bodyBytes)
-  }
-
-  encodeInto (_request: Message, id: number, out: Buffer, at: number): void {
-    const body = this.#body
-    if (body !== NO_BODY) writeRequestFrame(out, at, id, this.#tail, body, this.#bodyBytes)
-    else this.#type!.writeFlat(out, writeRequestFrameHead(out, at, id, this.#tail, this.#bodyBytes))
-    // Nothing of the request stays referenced once it is written.
-    this.#body = NO_BODY
-    this.#type = null
-  }
-
-  encodeSlices (_request: Message, id: number, data: unknown, timeoutMs = 0): Uint8Array[] {
-    const call = data as KrpcCall
-    let body = this.#body
-    const bodyBytes = this.#bodyBytes
-    if (body === NO_BODY) {
-      // The slices want the body's bytes.
-      body = Buffer.allocUnsafe(bodyBytes)
-      this.#type!.writeFlat(body as Buffer, 0)
+    const bodyBytes = requestType.flatLength(encodable)
+    if (bodyBytes < 0) {
+      // Encoded into the codec's scratch buffer, copied into the frame at once.
+      const scratch = requestType.encodeToScratch(encodable)
+      const at = out.reserve(requestFrameBytes(id, tail, scratch.length))
+      writeRequestFrame(out.buffer, at, id, tail, scratch.bytes, scratch.length)
+      return
     }
-    this.#body = NO_BODY
-    this.#type = null
-    return encodeRequestFrame({
-      callId: id,
-      remoteMethod: call.method.remoteMethod,
-      timeoutMs: wireTimeout(timeoutMs),
-      requiredFeatureFlags: call.requiredFeatureFlags,
-      sidecars: call.sidecars
-    }, bodyBytes === body.length ? body : body.subarray(0, bodyBytes))
+    // A flat request is written straight into its frame.
+    const at = out.reserve(requestFrameBytes(id, tail, bodyBytes))
+    const buffer = out.buffer
+    requestType.writeFlat(buffer, writeRequestFrameHead(buffer, at, id, tail, bodyBytes))
   }
 
   answerId (buf: Buffer, start: number, end: number, endpoint?: string): number | RpcError {

@@ -46,7 +46,7 @@ export class KrpcCall {
   readonly responseOnly: boolean
   readonly sidecars: readonly Uint8Array[] | undefined
   readonly requiredFeatureFlags: readonly number[] | undefined
-  /** Sent through `encodeSlices`: sidecars, or flags the server must be asked about first. */
+  /** Encoded as a frame of its own (`encodeRequestFrame`): sidecars, or required feature flags. */
   readonly slow: boolean
 
   constructor (method: PreparedMethod, responseOnly: boolean, sidecars?: readonly Uint8Array[], requiredFeatureFlags?: readonly number[]) {

@@ -1,5 +1,6 @@
 import { createSecureContext, type SecureContext, type TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
+import type { FrameSink } from '../../codec/frame-sink.js'
 import { KrpcCode, krpcCodeName, krpcCodeOf } from '../../codec/krpc/codes.js'
 import { RequestParts, encodeErrorFrame, encodeResponseFrame, krpcFraming, parseRequestInto, responseFrameBytes, writeResponseFrame, writeResponseFrameHead } from '../../codec/krpc/frames.js'
 import { PREAMBLE_BYTES, RpcFeature, ServerNegotiation, checkPreamble, isLoopbackHost, type Authenticator, type Negotiated } from '../../codec/krpc/negotiation.js'
@@ -40,8 +41,6 @@ export class EncodedBody {
 /** Features the server offers in negotiation. */
 export const SERVER_FEATURES = [RpcFeature.APPLICATION_FEATURE_FLAGS]
 
-// The body of a flat response, written into its frame from the message itself.
-const NO_BODY = new Uint8Array(0)
 // A refusal that sends nothing.
 const NO_ANSWER: Uint8Array[] = []
 
@@ -85,9 +84,6 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
   readonly #secureContext: SecureContext | null
   // One reused header object: no header, frame or view objects per call.
   readonly #parts = new RequestParts()
-  // What encodedLength measured, for the encodeInto that follows it.
-  #body: Uint8Array = NO_BODY
-  #bodyBytes = 0
 
   constructor (options: KrpcProtocolOptions = {}) {
     this.#authenticate = options.authenticate
@@ -159,40 +155,30 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     return request
   }
 
-  encodedLength (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody): number {
+  encode (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody, out: FrameSink): void {
+    const callId = call.callId
     if (response instanceof EncodedBody) {
-      if (response.sidecars !== undefined && response.sidecars.length > 0) return -1
-      this.#body = response.body
-      this.#bodyBytes = response.body.length
-      return responseFrameBytes(call.callId, this.#bodyBytes)
+      const body = response.body
+      if (response.sidecars !== undefined && response.sidecars.length > 0) return appendAll(out, encodeResponseFrame(callId, false, body, response.sidecars))
+      const at = out.reserve(responseFrameBytes(callId, body.length))
+      writeResponseFrame(out.buffer, at, callId, body)
+      return
     }
-    const sidecars = call.data.responseSidecars
-    if (sidecars !== undefined && sidecars.length > 0) return -1
     const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
-    let bodyBytes = type.flatLength(response)
+    const sidecars = call.data.responseSidecars
+    if (sidecars !== undefined && sidecars.length > 0) return appendAll(out, encodeResponseFrame(callId, false, type.encode(response), sidecars))
+    const bodyBytes = type.flatLength(response)
     if (bodyBytes < 0) {
       // In the codec's scratch buffer: copied into the frame at once.
       const scratch = type.encodeToScratch(response)
-      this.#body = scratch.bytes
-      bodyBytes = scratch.length
-    } else {
-      this.#body = NO_BODY
+      const at = out.reserve(responseFrameBytes(callId, scratch.length))
+      writeResponseFrame(out.buffer, at, callId, scratch.bytes, scratch.length)
+      return
     }
-    this.#bodyBytes = bodyBytes
-    return responseFrameBytes(call.callId, bodyBytes)
-  }
-
-  encodeInto (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody, out: Buffer, at: number): void {
-    const body = this.#body
-    if (body !== NO_BODY) writeResponseFrame(out, at, call.callId, body, this.#bodyBytes)
-    else (call.route.spec as KrpcRouteSpec).methodDef.responseType.writeFlat(out, writeResponseFrameHead(out, at, call.callId, this.#bodyBytes))
-    this.#body = NO_BODY
-  }
-
-  encodeSlices (call: AnsweredCall<KrpcCallData>, response: Message | EncodedBody): Uint8Array[] {
-    if (response instanceof EncodedBody) return encodeResponseFrame(call.callId, false, response.body, response.sidecars)
-    const type = (call.route.spec as KrpcRouteSpec).methodDef.responseType
-    return encodeResponseFrame(call.callId, false, type.encode(response), call.data.responseSidecars)
+    // A flat message is written straight into its frame.
+    const at = out.reserve(responseFrameBytes(callId, bodyBytes))
+    const buffer = out.buffer
+    type.writeFlat(buffer, writeResponseFrameHead(buffer, at, callId, bodyBytes))
   }
 
   refusal (call: CallInfo<KrpcCallData | undefined>, reason: RefusalReason, message: string, detail?: unknown): AnswerSlices {
@@ -211,6 +197,11 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     const flags = reason === 'invalid' && Array.isArray(detail) ? detail as number[] : undefined
     return encodeErrorFrame(call.callId, REFUSAL_CODES[reason], message, flags)
   }
+}
+
+// Frames of several slices (sidecars) go into the sink as they are.
+function appendAll (out: FrameSink, slices: Uint8Array[]): void {
+  for (let i = 0; i < slices.length; i++) out.append(slices[i]!)
 }
 
 // A handler's `krpcError(KrpcCode.X, 'X: why')` answers 'why', as Kudu's status text is the message alone.

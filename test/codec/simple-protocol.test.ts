@@ -13,6 +13,7 @@ import { ScanDecoder } from '../../codec/scan-decoder.js'
 import { lengthField, lines, type LengthFieldOptions } from '../../codec/framings.js'
 import { SLICE_FROM_BYTES, simpleClientProtocol, simpleProtocol } from '../../codec/simple-protocol.js'
 import { CallHead, type AnsweredCall, type CallInfo, type RouteInfo } from '../../codec/protocol.js'
+import { encoded, encodedSlices } from '../helpers/encode.js'
 
 /** The frames a framing cuts `chunks` into (copied), and the first error. */
 function frames (framing: ReturnType<typeof lengthField>, chunks: readonly Buffer[], max?: number): { frames: Buffer[], error: RpcError | null } {
@@ -226,12 +227,9 @@ function decodeHead (protocol: ReturnType<typeof binary>, frame: Buffer): { erro
   return { error: protocol.decodeHead(frame, 0, frame.length, head), head }
 }
 function answerOf (t: Test, protocol: ReturnType<typeof binary>, call: AnsweredCall, answer: Buffer): Buffer {
-  const bytes = protocol.encodedLength(call, answer)
-  if (bytes < 0) return joined(protocol.encodeSlices!(call, answer))
-  const out = Buffer.alloc(bytes + 4, 0xee)
-  protocol.encodeInto(call, answer, out, 2)
-  t.equal(out.readUInt16BE(bytes + 2), 0xeeee, 'encodeInto stays within encodedLength')
-  return out.subarray(2, 2 + bytes)
+  const slices = encodedSlices((out) => protocol.encode(call, answer, out))
+  t.ok(slices.length <= 1, 'a small answer is one buffer')
+  return joined(slices)
 }
 const callFrom = (head: CallHead): AnsweredCall => ({ service: head.service, method: head.method, callId: head.callId, data: head.data, route })
 
@@ -286,19 +284,16 @@ t.test('simpleProtocol: large answers go as slices, quiet answers as nothing, th
   const call = callFrom(head)
   const big = Buffer.alloc(SLICE_FROM_BYTES, 7)
   const wide = binary({ framing: lengthField({ bytes: 4 }) })
-  t.equal(wide.encodedLength(call, big), -1, 'a large payload: slices')
-  const slices = wide.encodeSlices!(call, big)
+  const slices = encodedSlices((out) => wide.encode(call, big, out))
+  t.ok(slices.length > 1, 'a large payload: slices')
   t.ok(slices.some((s) => s.buffer === big.buffer), 'the payload itself is sent, not a copy')
   t.equal(joined(slices).length, 4 + 5 + SLICE_FROM_BYTES)
-  t.throws(() => protocol.encodedLength(call, Buffer.alloc(70000)), { code: ErrorCode.INVALID_ARGUMENT }, 'too long for a 2-byte field: the call is answered failed')
+  t.throws(() => encodedSlices((out) => protocol.encode(call, Buffer.alloc(70000), out)), { code: ErrorCode.INVALID_ARGUMENT }, 'too long for a 2-byte field: the call is answered failed')
   const quiet = binary({ encode: () => null })
-  t.equal(quiet.encodedLength(call, Buffer.alloc(1)), 0, 'null: no answer')
+  t.same(encodedSlices((out) => quiet.encode(call, Buffer.alloc(1), out)), [], 'null: no answer')
   const throwing = binary({ encode: () => { throw new Error('no') } })
-  t.throws(() => throwing.encodedLength(call, Buffer.alloc(1)), /no/)
-  // encodeInto without encodedLength before it (not what the server does) still writes the answer.
-  const out = Buffer.alloc(2 + 5 + 2)
-  protocol.encodeInto(call, Buffer.from('ab'), out, 0)
-  t.equal(out.toString('hex'), bytesOf([0, 7, 0, 0, 0, 0, 9], 'ab').toString('hex'))
+  t.throws(() => encodedSlices((out) => throwing.encode(call, Buffer.alloc(1), out)), /no/)
+  t.equal(answerOf(t, protocol, call, Buffer.from('ab')).toString('hex'), bytesOf([0, 7, 0, 0, 0, 0, 9], 'ab').toString('hex'))
 })
 
 t.test('simpleProtocol: refusals get the prefix, null and throws close', async (t) => {
@@ -336,10 +331,7 @@ t.test('simpleClientProtocol: requests framed without an encoder writing a prefi
     answerId: (payload) => { if (payload.length < 2) throw new Error('short'); return payload.readUInt16BE(0) }
   })
   t.equal(protocol.maxId, 0xffff)
-  const bytes = protocol.encodedLength('hey', 3)
-  const out = Buffer.alloc(bytes)
-  protocol.encodeInto('hey', 3, out, 0)
-  t.equal(out.toString('hex'), bytesOf([0, 5, 0, 3], 'hey').toString('hex'))
+  t.equal(encoded((out) => protocol.encode('hey', 3, out)).toString('hex'), bytesOf([0, 5, 0, 3], 'hey').toString('hex'))
   const answer = bytesOf([0, 4, 0, 3], 'ok')
   t.equal(protocol.answerId!(answer, 0, answer.length), 3)
   t.equal(protocol.decodeAnswer('hey', answer, 0, answer.length), 'ok')
@@ -348,6 +340,7 @@ t.test('simpleClientProtocol: requests framed without an encoder writing a prefi
   const short = bytesOf([0, 1, 0])
   t.equal((protocol.answerId!(short, 0, short.length) as RpcError).code, ErrorCode.MALFORMED_FRAME, 'a thrown answerId is a malformed frame')
   const big = 'x'.repeat(SLICE_FROM_BYTES)
-  t.equal(protocol.encodedLength(big, 1), -1, 'large requests go as slices')
-  t.equal(joined(protocol.encodeSlices!(big, 1)).length, 2 + 2 + SLICE_FROM_BYTES)
+  const slices = encodedSlices((out) => protocol.encode(big, 1, out))
+  t.ok(slices.length > 1, 'large requests go as slices')
+  t.equal(joined(slices).length, 2 + 2 + SLICE_FROM_BYTES)
 })

@@ -15,6 +15,7 @@ import {
 } from '../../examples/memcached/protocol.js'
 import { MemcachedStore } from '../../examples/memcached/store.js'
 import { joinSlices, toHex } from '../helpers/bytes.js'
+import { encodedSlices } from '../helpers/encode.js'
 
 const OPAQUE = 0xdeadbeef
 
@@ -116,13 +117,9 @@ class Harness {
     if (decoded instanceof InvalidRequest) return { answer: joinSlices(protocol.refusal(call, 'invalid', decoded.message)!), closed: false, sliced: false }
     let closed = false
     const answer = handler(decoded, { closeConnection: () => { closed = true } })
-    const length = protocol.encodedLength(call, answer)
-    if (length === 0) return { answer: null, closed, sliced: false }
-    if (length === -1) return { answer: joinSlices(protocol.encodeSlices!(call, answer)), closed, sliced: true }
-    const out = Buffer.alloc(length + 10, 0xee)
-    protocol.encodeInto(call, answer, out, 5)
-    if (out.subarray(0, 5).some(b => b !== 0xee) || out.subarray(5 + length).some(b => b !== 0xee)) throw new Error('encodeInto wrote outside its bytes')
-    return { answer: out.subarray(5, 5 + length), closed, sliced: false }
+    const slices = encodedSlices((out) => protocol.encode(call, answer, out))
+    if (slices.length === 0) return { answer: null, closed, sliced: false }
+    return { answer: joinSlices(slices), closed, sliced: slices.length > 1 }
   }
 
   /** The answer's bytes, as hex for readable diffs; 'silent' when none. */
@@ -475,13 +472,15 @@ t.test('large values go as their own slice, the stored buffer itself', async t =
   protocol.decodeHead(frame, 0, frame.length, head)
   const call: AnsweredCall = { service: head.service, method: head.method, callId: head.callId, data: head.data, route: { service: 'memcached', method: 'GET', spec: undefined } }
   const answer = h.handlers.GET!(protocol.decodeRequest(call.route, frame, head) as MemcachedRequest, { closeConnection () {} })
-  const slices = protocol.encodeSlices!(call, answer)
+  const slices = encodedSlices((out) => protocol.encode(call, answer, out))
   t.equal(slices.length, 2)
   const stored = h.store.get('big')!.value
   t.ok(slices[1]!.buffer === stored.buffer && slices[1]!.byteOffset === stored.byteOffset && slices[1]!.length === stored.length, 'no copy of the value')
   t.equal(slices[0]!.length, 28)
   const small = memcachedProtocol({ sliceValueBytes: 200_000 })
-  t.equal(small.encodedLength(call, answer), 24 + 4 + 100_000, 'under the threshold it is copied')
+  const copied = encodedSlices((out) => small.encode(call, answer, out))
+  t.equal(copied.length, 1, 'under the threshold it is copied')
+  t.equal(copied[0]!.length, 24 + 4 + 100_000)
 })
 
 t.test('refusals: the status of each reason, opcode and opaque kept, never quiet', async t => {

@@ -13,6 +13,7 @@ import { MemcachedRequest, Opcode, memcachedProtocol, type StatEntry } from '../
 import { MemcachedStore } from '../../examples/memcached/store.js'
 import { ProtocolServer } from '../../reactor/server.js'
 import { realMemcached } from '../helpers/real-servers.js'
+import { encoded } from '../helpers/encode.js'
 
 const MEMCACHED = '/usr/bin/memcached'
 
@@ -175,7 +176,7 @@ t.test('the example\'s STAT handler writes one part per statistic and answers th
 
   const protocol = memcachedProtocol()
   const call = { service: 'memcached', method: 'STAT', callId: 7, data: Opcode.STAT * 2 ** 32 + 0xdeadbeef, route: { service: 'memcached', method: 'STAT', spec: undefined } }
-  const bytes = Buffer.concat(protocol.encodePart!(call, ['pid', '42']))
+  const bytes = encoded((out) => protocol.encodePart!(call, ['pid', '42'], out))
   const expected = Buffer.alloc(24 + 5)
   expected[0] = 0x81
   expected[1] = 0x10

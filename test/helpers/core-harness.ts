@@ -74,13 +74,13 @@ export function timedTaggedProtocol (): ServerProtocol<Buffer, Buffer> {
 export function pushingTaggedProtocol (): ServerProtocol<Buffer, Buffer> {
   return {
     ...taggedProtocol(),
-    encodePush (message: unknown): Uint8Array[] {
+    encodePush (message: unknown, sink): void {
       const body = message as Buffer
-      const out = Buffer.alloc(7 + body.length)
-      out.writeUInt16BE(5 + body.length, 0)
-      out.writeUInt32BE(0xffffffff, 3)
-      body.copy(out, 7)
-      return [out]
+      const at = sink.reserve(7 + body.length)
+      const out = sink.buffer.fill(0, at, at + 7)
+      out.writeUInt16BE(5 + body.length, at)
+      out.writeUInt32BE(0xffffffff, at + 3)
+      body.copy(out, at + 7)
     }
   }
 }

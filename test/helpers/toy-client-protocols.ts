@@ -15,10 +15,11 @@ export function taggedClientProtocol (): ClientProtocol<ToyRequest, string> {
     name: 'tagged',
     framing: { prefixBytes: 2, frameBytes: (buf, offset) => 2 + buf.readUInt16BE(offset) },
     matching: 'id',
-    encodedLength: (request) => 7 + Buffer.byteLength(request.payload ?? ''),
-    encodeInto (request, id, out, at): void {
+    encode (request, id, sink): void {
       const payload = request.payload ?? ''
       const bytes = Buffer.byteLength(payload)
+      const at = sink.reserve(7 + bytes)
+      const out = sink.buffer
       out.writeUInt16BE(5 + bytes, at)
       const route = ROUTES.indexOf(request.route)
       out[at + 2] = route < 0 ? 200 : route
@@ -52,9 +53,9 @@ export function linesClientProtocol (): ClientProtocol<ToyRequest, string> {
       })
     },
     matching: 'in-order',
-    encodedLength: (request) => Buffer.byteLength(request.route) + 2 + Buffer.byteLength(request.payload ?? ''),
-    encodeInto (request, _id, out, at): void {
-      out.write(`${request.route} ${request.payload ?? ''}\n`, at)
+    encode (request, _id, out): void {
+      const at = out.reserve(Buffer.byteLength(request.route) + 2 + Buffer.byteLength(request.payload ?? ''))
+      out.buffer.write(`${request.route} ${request.payload ?? ''}\n`, at)
     },
     decodeAnswer (_request, buf, start, end): string | RpcError {
       if (buf[start] === 0) return new RpcError(ErrorCode.MALFORMED_FRAME, 'an answer line may not start with NUL')

@@ -57,9 +57,10 @@ export function linesProtocol (options: { closeOnUnknown?: boolean } = {}): Serv
       return head.data as string
     },
     // undefined: no answer.
-    encodedLength: (_call, response) => response === undefined ? 0 : Buffer.byteLength(response) + 1,
-    encodeInto (_call, response, out, at): void {
-      out.write(`${response!}\n`, at, 'latin1')
+    encode (_call, response, out): void {
+      if (response === undefined) return
+      const at = out.reserve(Buffer.byteLength(response) + 1)
+      out.buffer.write(`${response}\n`, at, 'latin1')
     },
     refusal: (_call: CallInfo, reason: RefusalReason, message: string): AnswerSlices =>
       options.closeOnUnknown === true && reason === 'no-method' ? null : [Buffer.from(`-ERR ${reason} ${message.split('\n')[0]}\n`)]
@@ -84,12 +85,13 @@ export function taggedProtocol (): ServerProtocol<Buffer, Buffer> {
       return null
     },
     decodeRequest: (_route, buf, head) => buf.subarray(head.bodyStart, head.bodyEnd),
-    encodedLength: (_call, response) => 7 + response.length,
-    encodeInto (call, response, out, at): void {
-      out.writeUInt16BE(5 + response.length, at)
-      out[at + 2] = 0
-      out.writeUInt32BE(call.callId, at + 3)
-      out.set(response, at + 7)
+    encode (call, response, out): void {
+      const at = out.reserve(7 + response.length)
+      const buf = out.buffer
+      buf.writeUInt16BE(5 + response.length, at)
+      buf[at + 2] = 0
+      buf.writeUInt32BE(call.callId, at + 3)
+      buf.set(response, at + 7)
     },
     refusal (call, reason, message): AnswerSlices {
       const text = Buffer.from(message)

@@ -87,9 +87,9 @@ t.test('per-call protocol data reaches the encoder and the decoder', async (t) =
   const seenData: unknown[] = []
   const protocol: ClientProtocol<ToyRequest, string> = {
     ...base,
-    encodedLength: (request, id, data) => {
+    encode: (request, id, out, data) => {
       seenData.push(data)
-      return base.encodedLength(request, id)
+      base.encode(request, id, out)
     },
     decodeAnswer: (request, buf, start, end, data) => {
       const text = base.decodeAnswer(request, buf, start, end)

@@ -19,8 +19,8 @@ import { Peer, servePeers } from '../helpers/socket-peer.js'
 function pushLines (): ServerProtocol<string, string | undefined> {
   return {
     ...linesProtocol(),
-    encodePush: (message) => [Buffer.from(`>${String(message)}\n`)],
-    encodePart: (_call, part) => [Buffer.from(`+${String(part)}\n`)]
+    encodePush: (message, out) => { out.append(Buffer.from(`>${String(message)}\n`)) },
+    encodePart: (_call, part, out) => { out.append(Buffer.from(`+${String(part)}\n`)) }
   }
 }
 
@@ -61,7 +61,7 @@ t.test('ConnectionGroup encodes once, sends to every member, and drops members t
   let encodes = 0
   const protocol = pushLines()
   const encode = protocol.encodePush!
-  protocol.encodePush = (m) => { encodes++; return encode(m) }
+  protocol.encodePush = (m, out) => { encodes++; encode(m, out) }
   const { open, server } = await servePeers(t, protocol, 'lines', {
     join: (_arg: string, ctx: CallContext) => { group.add(ctx.connection); group.add(ctx.connection); return 'joined' },
     publish: (arg: string) => String(group.send(arg))
@@ -135,12 +135,12 @@ t.test('streamed parts leave in the request\'s place in the order, before its an
 t.test('protocols matched by id send parts at once', async t => {
   const protocol: ServerProtocol<Buffer, Buffer> = {
     ...taggedProtocol(),
-    encodePart: (call, part) => {
-      const out = Buffer.alloc(7 + (part as Buffer).length)
-      out.writeUInt16BE(5 + (part as Buffer).length, 0)
-      out.writeUInt32BE(call.callId, 3)
-      ;(part as Buffer).copy(out, 7)
-      return [out]
+    encodePart: (call, part, sink) => {
+      const at = sink.reserve(7 + (part as Buffer).length)
+      const out = sink.buffer.fill(0, at, at + 7)
+      out.writeUInt16BE(5 + (part as Buffer).length, at)
+      out.writeUInt32BE(call.callId, at + 3)
+      ;(part as Buffer).copy(out, at + 7)
     }
   }
   const { open } = await servePeers(t, protocol, 'tagged', {

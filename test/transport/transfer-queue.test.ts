@@ -5,8 +5,11 @@
  */
 import t from 'tap'
 import fc from 'fast-check'
+import type { FrameSink } from '../../codec/frame-sink.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { MAX_IN_PLACE_FRAME_BYTES, TransferQueue, type OutboundTransfer } from '../../transport/transfer-queue.js'
+import { MAX_CHUNK_RESERVE_BYTES as MAX_IN_PLACE_FRAME_BYTES } from '../../codec/frame-sink.js'
+import { writeFrame } from '../../transport/frame-writer.js'
+import { TransferQueue, type OutboundTransfer } from '../../transport/transfer-queue.js'
 import { FakeSink, nextTick } from '../helpers/fake-sink.js'
 
 interface Tracked extends OutboundTransfer {
@@ -581,12 +584,9 @@ t.test('property: order, drops and onSent under any sequence of operations', asy
           const n = ++id
           const x = transfer(n % 250 + 1, op.bytes)
           all.push(x)
-          const out = queue.reserve(op.bytes)
-          if (out === null) {
+          if (queue.inPlaceChunk === null) {
             queue.enqueue(x)
-          } else {
-            out.fill(n % 250 + 1, queue.reservedAt, queue.reservedAt + op.bytes)
-            queue.commit(op.bytes)
+          } else if (inPlace(queue, n % 250 + 1, op.bytes)) {
             x.onSent!(undefined)
             x.beforeWriteCalls = 1
           }
@@ -738,13 +738,15 @@ t.test('onOverBound: past the bound (after writing) the owner is told and frames
   t.equal(sink.writes.reduce((n, w) => n + w.chunk.length, 0), 1800, 'the three taken frames written')
 })
 
-// Encodes a frame of `bytes` bytes, all equal to `id`, in place; false when the queue said to enqueue instead.
+// Encodes a frame of `bytes` bytes, all equal to `id`, with writeFrame (in place when the queue allows); false when it was refused.
 function inPlace (queue: TransferQueue, id: number, bytes = 8): boolean {
-  const out = queue.reserve(bytes)
-  if (out === null) return false
-  out.fill(id, queue.reservedAt, queue.reservedAt + bytes)
-  queue.commit(bytes)
-  return true
+  return writeFrame(queue, FILL, id, bytes)
+}
+const FILL = {
+  encode (id: number, bytes: number, out: FrameSink): void {
+    const at = out.reserve(bytes)
+    out.buffer.fill(id, at, at + bytes)
+  }
 }
 
 t.test('in-place frames: a lone one is an immediate write; a read\'s answers are one slice of the slab, written without a copy', async t => {
@@ -790,26 +792,31 @@ t.test('in-place frames keep their order among enqueued transfers, and batchFram
   t.match(queue.stats(), { batchedWrites: 1, batchedFrames: 4, immediateWrites: 1 })
 })
 
-t.test('reserve says to enqueue instead when the frame is large, the queue held, closed or over its bound', async t => {
+t.test('in place unless held or closed; a large room is a piece of its own; over the bound nothing is queued', async t => {
   const sink = new FakeSink()
   const queue = new TransferQueue(sink, { maxOutboundBytes: 100 })
-  t.equal(queue.reserve(MAX_IN_PLACE_FRAME_BYTES + 1), null, 'too large')
-  t.not(queue.reserve(MAX_IN_PLACE_FRAME_BYTES), null, 'the largest in-place frame')
+  t.not(queue.inPlaceChunk, null, 'in place')
   queue.hold()
-  t.equal(queue.reserve(8), null, 'held: frames must stay droppable')
+  t.equal(queue.inPlaceChunk, null, 'held: frames must stay droppable')
   queue.release()
   sink.writeReturns = false
+  const shared = queue.inPlaceChunk
   t.equal(inPlace(queue, 1), true)
-  t.not(queue.reserve(8), null, 'waiting for drain: in place, in a chunk of its own')
+  t.not(queue.inPlaceChunk, shared, 'waiting for drain: in place, in a chunk of its own')
   sink.writeReturns = true
   queue.onSocketDrain()
+  t.equal(queue.inPlaceChunk, shared, 'drained: the shared slab again')
   sink.writableLength = 95
-  t.equal(queue.reserve(8), null, 'over the outbound bound')
-  t.not(queue.reserve(5), null, 'within it')
+  t.equal(inPlace(queue, 2, 8), false, 'over the outbound bound: refused')
+  t.equal(queue.stats().queuedTransfers, 0, 'nothing queued')
+  t.equal(inPlace(queue, 3, 5), true, 'within it')
   sink.writableLength = 0
+  const big = new TransferQueue(new FakeSink())
+  big.beginRead()
+  t.equal(inPlace(big, 4, MAX_IN_PLACE_FRAME_BYTES + 1), true)
+  t.match(big.stats(), { queuedTransfers: 1, queuedBytes: MAX_IN_PLACE_FRAME_BYTES + 1 }, 'a large room: one frame of its own')
   queue.close(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed'))
-  t.equal(queue.reserve(8), null, 'closed')
-  t.throws(() => queue.commit(8), /commit without reserve/)
+  t.equal(queue.inPlaceChunk, null, 'closed')
 })
 
 t.test('in-place frames dropped by close are counted; frames over a slab\'s end start a new slab and stay intact', async t => {
@@ -848,13 +855,6 @@ t.test('queues share the slab: interleaved in-place frames reach each socket int
   }
   await nextTick()
   for (let q = 0; q < 3; q++) t.ok(sinks[q]!.bytes().equals(Buffer.concat(expected[q]!)), `queue ${q}: its own frames, in order, unchanged`)
-
-  // A reservation another queue has since superseded cannot be committed.
-  const [a, b] = queues
-  t.not(a!.reserve(8), null)
-  t.not(b!.reserve(8), null)
-  t.throws(() => a!.commit(8), /commit without reserve/)
-  b!.commit(8)
 })
 
 t.test('while waiting for drain, small frames are encoded in place in a chunk of the queue\'s own: one entry for many frames, bytes intact', async t => {
@@ -872,10 +872,8 @@ t.test('while waiting for drain, small frames are encoded in place in a chunk of
     t.equal(inPlace(queue, value, 7), true)
     expected.push(Buffer.alloc(7, value))
     if (i % 100 === 0) {
-      const shared = other.reserve(8)
-      t.not(shared, null)
-      t.not(shared, queue.reserve(8), 'not the shared slab')
-      other.commit(8)
+      t.not(other.inPlaceChunk, queue.inPlaceChunk, 'not the shared slab')
+      t.equal(inPlace(other, value, 8), true)
     }
   }
   const stats = queue.stats()
