@@ -212,8 +212,9 @@ export class Connection {
         this.#setup = null
         this.#queue.release()
         this.#reportHeld()
+        // Read already: decoded now, whatever reading does next (as the rest of a read is).
         for (const chunk of rest) {
-          if (this.#closed || this.#ending || this.#gate.stopped) return
+          if (this.#closed || this.#ending) return
           this.#decode(chunk)
         }
       },
