@@ -1,7 +1,7 @@
 import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
 import { globMatch } from './glob.js'
-import { error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
+import { Raw, error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
 import { Subscriptions } from './subscriptions.js'
 
 /**
@@ -195,12 +195,26 @@ export function subscribedModeRefusal<C> (command: Command, request: RespRequest
   return refusal(`${command.name}|${sub}`)
 }
 
-/** PING in subscribed mode: `pong` and the argument (empty without one) as an array, as Redis answers it in RESP2. */
-export function subscribedPing (request: RespRequest): Reply {
-  return ['pong', request.argc === 0 ? EMPTY : request.bytes(0)]
+/**
+ * PING in subscribed mode: `pong` and the argument (empty without one) as
+ * an array, as Redis answers it in RESP2. It goes out as a push, so it
+ * counts against the connection's push output limit as the messages do:
+ * Redis counts all of a subscriber's output against its pubsub limit, so
+ * a subscriber that pipelines PING and never reads is closed there, not
+ * merely stopped being read. The answer itself is then empty (no bytes).
+ * Every command a subscribed connection may run is synchronous, so the
+ * answers before it are queued already and the push keeps their order.
+ */
+export function subscribedPing (request: RespRequest, ctx: PubSubCallContext): Reply {
+  const reply: Reply = ['pong', request.argc === 0 ? EMPTY : request.bytes(0)]
+  if (ctx.connection === undefined) return reply
+  ctx.connection.send(reply)
+  return NO_ANSWER
 }
 
 const EMPTY = Buffer.alloc(0)
+/** An answer of no bytes (`encodedLength` 0): what was to be said went out as a push. */
+const NO_ANSWER = new Raw(EMPTY)
 const RESET = simple('RESET')
 const NO_CONNECTION = error('ERR Pub/Sub needs a connection')
 
