@@ -415,7 +415,7 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
     encodeInto: (_call, reply, out, at) => { writeReply(reply, out, at) },
     encodeSlices: (_call, reply) => replySlices(reply),
     // Pushes (Pub/Sub messages) and the parts of a streamed answer (SUBSCRIBE's confirmations but the last) are replies too.
-    encodePush: (message: unknown) => replyBytes(message as Reply),
+    encodePush: (message: unknown) => message instanceof EncodedPush ? message.slices : replyBytes(message as Reply),
     encodePart: (_call, part: unknown) => replyBytes(part as Reply),
 
     // Redis's words for a protocol error; anything else (a frame over the limit) closes without a reply.
@@ -616,6 +616,18 @@ function splitQuoted (buf: Buffer, start: number, end: number): { buf: Buffer, r
  *   made once and shared.
  */
 export type Reply = number | bigint | Buffer | string | null | Raw | readonly Reply[]
+
+/**
+ * A push already encoded, as the slices to send (Pub/Sub messages: encoded
+ * once per PUBLISH and pattern, the same slices queued on every
+ * subscriber). The slices are never written over.
+ */
+export class EncodedPush {
+  readonly slices: Uint8Array[]
+  constructor (slices: Uint8Array[]) {
+    this.slices = slices
+  }
+}
 
 /** Pre-encoded reply bytes. */
 export class Raw {
