@@ -43,20 +43,31 @@ export function compiledGlob (pattern: string, nocase = false): GlobPattern {
   return glob
 }
 
-/**
- * The pattern between two `*` groups (or before the first, or after the
- * last): tokens that take exactly one byte each. `literal` is their text
- * when every token is a plain or escaped byte compared as is (found with
- * `indexOf`); otherwise `tokens` holds where each token starts in the
- * pattern, matched one by one.
+/*
+ * A compiled pattern is segments: the tokens between two `*` groups (or
+ * before the first, or after the last), each taking exactly one byte. A
+ * segment of plain (or escaped) bytes compared as they are is kept as its
+ * text, found with `indexOf`. Any other is kept as a code string, one
+ * string so that matching a pattern touches few objects (a PUBLISH walks
+ * every pattern): SEGMENT_CODE, its length in tokens (two chars, low then
+ * high 16 bits), then per token a byte to compare (lowered under nocase),
+ * OP_ANY (`?`), OP_SET and the set's place in the pattern (two chars), or
+ * OP_BYTE and a byte at or above OP_FIRST (which would read as an op).
  */
-interface Segment {
-  readonly length: number
-  readonly literal: string | null
-  readonly tokens: readonly number[] | null
-}
+const SEGMENT_CODE = 0xfffb
+const OP_BYTE = 0xfffc
+const OP_SET = 0xfffe
+const OP_ANY = 0xffff
+const OP_FIRST = 0xfffb
 
-const NO_SEGMENTS: readonly Segment[] = []
+// Flags of a compiled pattern.
+const STAR_FIRST = 1
+const STAR_LAST = 2
+/** Matches nothing (Redis's recursion limit). */
+const NEVER = 4
+/** The empty pattern: matches only the empty text. */
+const EMPTY = 8
+const NOCASE = 16
 
 /**
  * A compiled glob pattern, matched as Redis's stringmatchlen (see
@@ -66,112 +77,142 @@ const NO_SEGMENTS: readonly Segment[] = []
  * without overlap; taking each at its leftmost place is never worse (a
  * later place only leaves less text for the rest). Matching is thus one
  * pass: plain segments are found with `indexOf` (sublinear in practice),
- * segments with `?` or sets are tried place by place, at most
- * pattern × text steps, with no recursion and no backtracking.
- * Redis's backtracking costs seconds on `*` + 50 000 `a` + `b` against
- * 100 000 `a`s (a suffix compare here).
+ * the others are tried place by place, at most pattern × text steps, with
+ * no recursion and no backtracking. Redis's backtracking costs seconds on
+ * `*` + 50 000 `a` + `b` against 100 000 `a`s (a suffix compare here).
  */
 export class GlobPattern {
   /** The pattern's text. */
   readonly source: string
-  readonly #nocase: boolean
-  /** Segments between `*` groups, in order. */
-  readonly #segments: readonly Segment[]
-  /** Whether the pattern starts, ends with a `*` group (then its first, last segment is not anchored). */
-  readonly #starFirst: boolean
-  readonly #starLast: boolean
-  /** Matches no text (Redis's recursion limit), or only the empty text (the empty pattern). */
-  readonly #never: boolean
-  readonly #empty: boolean
+  readonly #flags: number
+  /** The one segment, or the segments in order (see above); none for a pattern of `*`s only. */
+  readonly #segments: string | readonly string[]
 
   constructor (pattern: string, nocase = false) {
     this.source = pattern
-    this.#nocase = nocase
     const m = pattern.length
-    this.#empty = m === 0
-    this.#never = starGroupsBeforeLast(pattern) > MAX_STAR_NESTING
-    this.#starFirst = m > 0 && pattern.charCodeAt(0) === STAR
-    let starLast = false
-    const segments: Segment[] = []
-    let tokens: number[] = []
-    let literal: string | null = nocase ? null : ''
+    let flags = nocase ? NOCASE : 0
+    if (m === 0) flags |= EMPTY
+    if (starGroupsBeforeLast(pattern) > MAX_STAR_NESTING) flags |= NEVER
+    const segments: string[] = []
+    let ops: string[] = []
+    let plain = !nocase
+    let tokens = 0
+    const close = (): void => {
+      if (tokens === 0) return
+      segments.push(plain ? ops.join('') : String.fromCharCode(SEGMENT_CODE, tokens & 0xffff, tokens >>> 16) + ops.join(''))
+      ops = []
+      plain = !nocase
+      tokens = 0
+    }
     for (let pi = 0; pi < m;) {
-      if (pattern.charCodeAt(pi) === STAR) {
+      const t = pattern.charCodeAt(pi)
+      if (t === STAR) {
         while (pi < m && pattern.charCodeAt(pi) === STAR) pi++
-        if (tokens.length > 0 || segments.length === 0) segments.push(segmentOf(tokens, literal))
-        tokens = []
-        literal = nocase ? null : ''
-        starLast = true
+        if (pi === m) flags |= STAR_LAST
+        if (tokens === 0 && segments.length === 0) flags |= STAR_FIRST
+        close()
         continue
       }
-      starLast = false
       const end = tokenEnd(pattern, pi)
-      tokens.push(pi)
-      if (literal !== null) {
-        const t = pattern.charCodeAt(pi)
-        if (t === QUESTION || t === OPEN) literal = null
-        else literal += pattern[end - 1]
+      tokens++
+      if (t === QUESTION) {
+        plain = false
+        ops.push(String.fromCharCode(OP_ANY))
+      } else if (t === OPEN) {
+        plain = false
+        ops.push(String.fromCharCode(OP_SET, pi & 0xffff, pi >>> 16))
+      } else {
+        const c = pattern.charCodeAt(end - 1)
+        if (c >= OP_FIRST) {
+          plain = false
+          ops.push(String.fromCharCode(OP_BYTE, c))
+        } else {
+          ops.push(String.fromCharCode(nocase ? lower(c) : c))
+        }
       }
       pi = end
     }
-    if (!starLast) segments.push(segmentOf(tokens, literal))
-    this.#starLast = starLast
-    // A leading `*` group pushed an empty first segment: drop it.
-    if (this.#starFirst && segments.length > 0 && segments[0]!.length === 0) segments.shift()
-    this.#segments = segments.length === 0 ? NO_SEGMENTS : segments
+    close()
+    this.#flags = flags
+    this.#segments = segments.length === 1 ? segments[0]! : segments
   }
 
   /** Whether `text` matches, as Redis's stringmatchlen answers. */
   matches (text: string): boolean {
     const n = text.length
-    if (n === 0) return this.#empty
-    if (this.#never || this.#empty) return false
-    const segments = this.#segments
+    const flags = this.#flags
+    if (n === 0) return (flags & EMPTY) !== 0
+    if ((flags & (NEVER | EMPTY)) !== 0) return false
+    const one = this.#segments
+    if (typeof one === 'string') {
+      // One segment: anchored at both ends, at the start, at the end, or found anywhere.
+      const length = segmentLength(one)
+      switch (flags & (STAR_FIRST | STAR_LAST)) {
+        case 0: return length === n && this.#at(one, text, 0)
+        case STAR_LAST: return length <= n && this.#at(one, text, 0)
+        case STAR_FIRST: return length <= n && this.#at(one, text, n - length)
+        default: return this.#find(one, length, text, 0, n) >= 0
+      }
+    }
+    const segments = one
     const count = segments.length
     if (count === 0) return true // only `*`s
     let from = 0
     let end = n
     let first = 0
     let last = count
-    if (!this.#starFirst) {
+    if ((flags & STAR_FIRST) === 0) {
       const head = segments[0]!
-      if (!this.#starLast && count === 1) return head.length === n && this.#at(head, text, 0)
-      if (head.length > n || !this.#at(head, text, 0)) return false
-      from = head.length
+      const length = segmentLength(head)
+      if (length > n || !this.#at(head, text, 0)) return false
+      from = length
       first = 1
     }
-    if (!this.#starLast) {
+    if ((flags & STAR_LAST) === 0) {
       const tail = segments[count - 1]!
-      end = n - tail.length
+      end = n - segmentLength(tail)
       if (end < from || !this.#at(tail, text, end)) return false
       last = count - 1
     }
     for (let i = first; i < last; i++) {
-      const at = this.#find(segments[i]!, text, from, end)
+      const segment = segments[i]!
+      const length = segmentLength(segment)
+      const at = this.#find(segment, length, text, from, end)
       if (at < 0) return false
-      from = at + segments[i]!.length
+      from = at + length
     }
     return true
   }
 
   // Whether `segment` matches text at `at` (the caller checked it fits).
-  #at (segment: Segment, text: string, at: number): boolean {
-    const literal = segment.literal
-    if (literal !== null) return text.startsWith(literal, at)
-    const tokens = segment.tokens!
-    const pattern = this.source
-    const nocase = this.#nocase
-    for (let k = 0; k < tokens.length; k++) {
-      if (matchToken(pattern, tokens[k]!, text.charCodeAt(at + k), nocase) < 0) return false
+  #at (segment: string, text: string, at: number): boolean {
+    if (segment.charCodeAt(0) !== SEGMENT_CODE) return text.startsWith(segment, at)
+    const nocase = (this.#flags & NOCASE) !== 0
+    const m = segment.length
+    for (let i = 3, k = at; i < m; k++) {
+      const op = segment.charCodeAt(i)
+      const c = text.charCodeAt(k)
+      if (op < OP_FIRST) {
+        if ((nocase ? lower(c) : c) !== op) return false
+        i++
+      } else if (op === OP_ANY) {
+        i++
+      } else if (op === OP_SET) {
+        if (matchToken(this.source, segment.charCodeAt(i + 1) | (segment.charCodeAt(i + 2) << 16), c, nocase) < 0) return false
+        i += 3
+      } else {
+        if (c !== segment.charCodeAt(i + 1)) return false
+        i += 2
+      }
     }
     return true
   }
 
-  // The leftmost place >= from where `segment` matches and ends by `end`; -1 when none.
-  #find (segment: Segment, text: string, from: number, end: number): number {
-    const length = segment.length
-    if (segment.literal !== null) {
-      const at = text.indexOf(segment.literal, from)
+  // The leftmost place >= from where `segment` (`length` tokens) matches and ends by `end`; -1 when none.
+  #find (segment: string, length: number, text: string, from: number, end: number): number {
+    if (segment.charCodeAt(0) !== SEGMENT_CODE) {
+      const at = text.indexOf(segment, from)
       return at >= 0 && at + length <= end ? at : -1
     }
     for (let at = from; at + length <= end; at++) if (this.#at(segment, text, at)) return at
@@ -179,8 +220,9 @@ export class GlobPattern {
   }
 }
 
-function segmentOf (tokens: number[], literal: string | null): Segment {
-  return literal !== null ? { length: literal.length, literal, tokens: null } : { length: tokens.length, literal: null, tokens }
+/** A segment's length in tokens (text bytes). */
+function segmentLength (segment: string): number {
+  return segment.charCodeAt(0) === SEGMENT_CODE ? segment.charCodeAt(1) | (segment.charCodeAt(2) << 16) : segment.length
 }
 
 const STAR = 0x2a

@@ -33,11 +33,14 @@ import { Subscriptions } from './subscriptions.js'
  */
 type Members = ConnectionHandle | Set<ConnectionHandle>
 
-/** A pattern's subscribers, its compiled matcher, and its `pmessage` head once a message matched it. */
-interface PatternEntry {
-  readonly glob: GlobPattern
+/** A pattern, compiled, with its subscribers and its `pmessage` head once a message matched it (one object: a PUBLISH walks them all). */
+class PatternEntry extends GlobPattern {
   members: Members
-  head: Buffer | null
+  head: Buffer | null = null
+  constructor (pattern: string, members: Members) {
+    super(pattern)
+    this.members = members
+  }
 }
 
 const MESSAGE_HEAD = Buffer.from('*3\r\n$7\r\nmessage\r\n', 'latin1')
@@ -78,7 +81,7 @@ export class PubSub {
     if (connection.isClosed) return false
     if (subscriptions.patterns.has(pattern)) return true
     const entry = this.#patterns.get(pattern)
-    if (entry === undefined) this.#patterns.set(pattern, { glob: new GlobPattern(pattern), members: connection, head: null })
+    if (entry === undefined) this.#patterns.set(pattern, new PatternEntry(pattern, connection))
     else entry.members = joined(entry.members, connection)
     subscriptions.patterns.add(pattern)
     return true
@@ -127,14 +130,14 @@ export class PubSub {
     let receivers = 0
     if (members !== undefined) {
       tail = encodeTail(channel, message)
-      receivers += sendTo(members, new EncodedPush([MESSAGE_HEAD, ...tail]))
+      receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
     }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
     for (const entry of this.#patterns.values()) {
-      if (!entry.glob.matches(channel)) continue
+      if (!entry.matches(channel)) continue
       tail ??= encodeTail(channel, message)
-      entry.head ??= pmessageHead(entry.glob.source)
-      receivers += sendTo(entry.members, new EncodedPush([entry.head, ...tail]))
+      entry.head ??= pmessageHead(entry.source)
+      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [entry.head, tail[0]!] : [entry.head, ...tail]))
     }
     return receivers
   }
