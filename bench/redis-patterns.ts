@@ -4,11 +4,12 @@
  * every round (the machine's speed drifts; only runs close in time
  * compare):
  *
- *   npx tsc -p tsconfig.json && node dist/bench/redis-patterns.js [--rounds 3] [--patterns 100000] [--channels 100000] [--hostile-rounds 1] [--example dist/examples/redis/main.js]
+ *   npx tsc -p tsconfig.json && node dist/bench/redis-patterns.js [--rounds 3] [--patterns 100000] [--channels 100000] [--hostile-rounds 1] [--hostile-length 100000] [--example dist/examples/redis/main.js]
  *
  * Scenarios, each timed from the bench's side of a raw socket:
  * - hostile: one connection PSUBSCRIBEs `*` + 50 000 `a` + `b`, another
- *   PUBLISHes to a channel of 100 000 `a`s: the time to PUBLISH's reply
+ *   PUBLISHes to a channel of 100 000 `a`s (`--hostile-length`; the
+ *   pattern has half as many): the time to PUBLISH's reply
  *   (stringmatchlen backtracks there; the server does nothing else meanwhile);
  * - fan-out: one connection PSUBSCRIBEs `--patterns` distinct patterns that
  *   all match the channel (each of its first 9 bytes written as itself,
@@ -17,8 +18,8 @@
  * - the memory of a subscription: what `--patterns` PSUBSCRIBEs and
  *   `--channels` SUBSCRIBEs (distinct channels, one connection) add, per
  *   subscription: redis-server's `used_memory` (INFO), the example's V8
- *   heap and external memory after a full GC (also after the fan-out,
- *   which makes the example keep each pattern's `pmessage` head), and
+ *   heap and external memory after a full GC (also after the fan-out:
+ *   nothing a PUBLISH made should stay), and
  *   both RSS (RSS is coarse: freed memory stays with the process, so the
  *   channels are measured first).
  *
@@ -40,8 +41,6 @@ import { HOST, freePort, median, portProbe, startNode, startProcess, stopAll } f
 const SELF = fileURLToPath(import.meta.url)
 const DEFAULT_EXAMPLE = fileURLToPath(new URL('../examples/redis/main.js', import.meta.url))
 const CHANNEL = 'abcdefghijklmnop'
-const HOSTILE_PATTERN = '*' + 'a'.repeat(50_000) + 'b'
-const HOSTILE_CHANNEL = 'a'.repeat(100_000)
 const PUBLISHES = 5
 const BATCH = 1000
 
@@ -181,12 +180,12 @@ async function startExample (module: string): Promise<Server> {
 }
 
 /** The time PUBLISH takes to answer, with one connection subscribed to the hostile pattern. */
-async function hostile (server: Server): Promise<number> {
+async function hostile (server: Server, channelLength: number): Promise<number> {
   const sub = await Conn.open(server.port)
   const pub = await Conn.open(server.port)
-  await sub.call(['PSUBSCRIBE', HOSTILE_PATTERN])
+  await sub.call(['PSUBSCRIBE', '*' + 'a'.repeat(channelLength / 2) + 'b'])
   const start = performance.now()
-  const reply = await pub.call(['PUBLISH', HOSTILE_CHANNEL, 'm'])
+  const reply = await pub.call(['PUBLISH', 'a'.repeat(channelLength), 'm'])
   const ms = performance.now() - start
   if (reply.toString('latin1') !== ':0\r\n') throw new Error(`hostile PUBLISH answered ${reply.toString('latin1')}`)
   sub.close()
@@ -222,9 +221,9 @@ async function drained (server: Server, channel: string): Promise<void> {
   admin.close()
 }
 
-async function round (server: Server, patterns: string[], channels: string[], withHostile: boolean): Promise<RoundResult> {
+async function round (server: Server, patterns: string[], channels: string[], hostileLength: number): Promise<RoundResult> {
   const result: Partial<RoundResult> = {}
-  if (withHostile) result.hostileMs = await hostile(server)
+  if (hostileLength > 0) result.hostileMs = await hostile(server, hostileLength)
   // Channels, on a connection of their own.
   await drained(server, channels[0]!)
   const base = await settledMemory(server)
@@ -282,6 +281,7 @@ async function main (): Promise<void> {
       patterns: { type: 'string', default: '100000' },
       channels: { type: 'string', default: '100000' },
       'hostile-rounds': { type: 'string', default: '1' },
+      'hostile-length': { type: 'string', default: '100000' },
       example: { type: 'string', default: DEFAULT_EXAMPLE },
       'max-minutes': { type: 'string', default: '30' },
       serve: { type: 'string' }
@@ -293,9 +293,10 @@ async function main (): Promise<void> {
   const patternCount = Number(values.patterns)
   const channelCount = Number(values.channels)
   const hostileRounds = Number(values['hostile-rounds'])
+  const hostileLength = Number(values['hostile-length'])
   const maxMinutes = Number(values['max-minutes'])
-  if (![rounds, patternCount, channelCount, maxMinutes].every((n) => Number.isInteger(n) && n >= 1) || !Number.isInteger(hostileRounds) || hostileRounds < 0 || patternCount > 4 ** 9) {
-    throw new RangeError('--rounds, --patterns (at most 262144), --channels and --max-minutes take positive integers, --hostile-rounds a non-negative one')
+  if (![rounds, patternCount, channelCount, maxMinutes].every((n) => Number.isInteger(n) && n >= 1) || !Number.isInteger(hostileRounds) || hostileRounds < 0 || !Number.isInteger(hostileLength) || hostileLength < 2 || hostileLength % 2 !== 0 || patternCount > 4 ** 9) {
+    throw new RangeError('--rounds, --patterns (at most 262144), --channels and --max-minutes take positive integers, --hostile-rounds a non-negative one, --hostile-length an even one')
   }
   const deadline = setTimeout(() => {
     console.error(`--max-minutes ${maxMinutes} passed: stopping`)
@@ -306,7 +307,7 @@ async function main (): Promise<void> {
     const example = await startExample(values.example)
     const patterns = Array.from({ length: patternCount }, (_, i) => patternOf(i))
     const channels = Array.from({ length: channelCount }, (_, i) => `channel:${i}`)
-    console.log(`example ${values.example}; ${patternCount} patterns, ${channelCount} channels, ${rounds} rounds (${hostileRounds} with the hostile pattern); ratio = example / redis`)
+    console.log(`example ${values.example}; ${patternCount} patterns, ${channelCount} channels, ${rounds} rounds (${hostileRounds} with the hostile pattern, channel of ${hostileLength} a); ratio = example / redis`)
     const ratios = new Map<string, number[]>()
     const add = (key: string, r: number, e: number): string => {
       ratios.set(key, [...(ratios.get(key) ?? []), e / r])
@@ -315,7 +316,7 @@ async function main (): Promise<void> {
     for (let i = 0; i < rounds; i++) {
       const order = i % 2 === 0 ? [redis, example] : [example, redis]
       const results: Partial<Record<'redis' | 'example', RoundResult>> = {}
-      for (const server of order) results[server.name] = await round(server, patterns, channels, i < hostileRounds)
+      for (const server of order) results[server.name] = await round(server, patterns, channels, i < hostileRounds ? hostileLength : 0)
       const r = results.redis!
       const e = results.example!
       const lines = [

@@ -12,8 +12,9 @@ import { Subscriptions } from './subscriptions.js'
  * One `PubSub` per server (per reactor process, as the keyspace) holds the
  * channels and patterns, each with the connections subscribed to it. A
  * PUBLISH encodes the channel and message once, the `message` or
- * `pmessage` head once per channel or matching pattern (a pattern's head
- * is kept once made), and queues the same slices on every subscriber. What
+ * `pmessage` head once per channel or matching pattern (the patterns'
+ * heads side by side in slabs of that PUBLISH), and queues the same
+ * slices on every subscriber. What
  * one connection is subscribed to is kept in its `ConnectionState`
  * (`Subscriptions`); while it has any, the connection is in subscribed
  * mode: only the commands in `SUBSCRIBED_MODE_COMMANDS` run, the others
@@ -33,10 +34,9 @@ import { Subscriptions } from './subscriptions.js'
  */
 type Members = ConnectionHandle | Set<ConnectionHandle>
 
-/** A pattern, compiled, with its subscribers and its `pmessage` head once a message matched it (one object: a PUBLISH walks them all). */
+/** A pattern, compiled, with its subscribers (one object: a PUBLISH walks them all). */
 class PatternEntry extends GlobPattern {
   members: Members
-  head: Buffer | null = null
   constructor (pattern: string, members: Members) {
     super(pattern)
     this.members = members
@@ -44,6 +44,7 @@ class PatternEntry extends GlobPattern {
 }
 
 const MESSAGE_HEAD = Buffer.from('*3\r\n$7\r\nmessage\r\n', 'latin1')
+const EMPTY = Buffer.alloc(0)
 const CRLF = Buffer.from('\r\n', 'latin1')
 
 /** The registry of one server: channel → subscribers, pattern → subscribers. */
@@ -133,11 +134,22 @@ export class PubSub {
       receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
     }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
+    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept).
+    let slab = EMPTY
+    let used = 0
     for (const entry of this.#patterns.values()) {
       if (!entry.matches(channel)) continue
       tail ??= encodeTail(channel, message)
-      entry.head ??= pmessageHead(entry.source)
-      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [entry.head, tail[0]!] : [entry.head, ...tail]))
+      const pattern = entry.source
+      const length = pmessageHeadLength(pattern)
+      if (used + length > slab.length) {
+        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+        used = 0
+      }
+      writePmessageHead(slab, used, pattern)
+      const head = slab.subarray(used, used + length)
+      used += length
+      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
     }
     return receivers
   }
@@ -224,9 +236,25 @@ function encodeTail (channel: string, message: Buffer): Uint8Array[] {
   return [out]
 }
 
-/** A `pmessage`'s head for `pattern` (latin1): the array's size, the kind, the pattern. */
-function pmessageHead (pattern: string): Buffer {
-  return Buffer.from(`*4\r\n$8\r\npmessage\r\n$${pattern.length}\r\n${pattern}\r\n`, 'latin1')
+const PMESSAGE_PREFIX = Buffer.from('*4\r\n$8\r\npmessage\r\n$', 'latin1')
+/** The size of the slabs a PUBLISH writes its matching patterns' heads into. */
+const HEAD_SLAB_BYTES = 64 * 1024
+
+/** The size of a `pmessage`'s head for `pattern` (latin1): the array's size, the kind, the pattern. */
+function pmessageHeadLength (pattern: string): number {
+  return PMESSAGE_PREFIX.length + String(pattern.length).length + pattern.length + 4
+}
+
+/** Writes a `pmessage`'s head for `pattern` at `out[at]` (pmessageHeadLength bytes). */
+function writePmessageHead (out: Buffer, at: number, pattern: string): void {
+  PMESSAGE_PREFIX.copy(out, at)
+  at += PMESSAGE_PREFIX.length
+  at += out.write(String(pattern.length), at, 'latin1')
+  out[at++] = 0x0d
+  out[at++] = 0x0a
+  at += out.write(pattern, at, 'latin1')
+  out[at++] = 0x0d
+  out[at] = 0x0a
 }
 
 /** What the Pub/Sub handlers need of their call: its connection, streamed parts, and the connection's state. */
@@ -298,7 +326,6 @@ export function subscribedPing (request: RespRequest, ctx: PubSubCallContext): R
   return NO_ANSWER
 }
 
-const EMPTY = Buffer.alloc(0)
 /** An answer of no bytes (`encodedLength` 0): what was to be said went out as a push. */
 const NO_ANSWER = new Raw(EMPTY)
 const RESET = simple('RESET')

@@ -149,3 +149,22 @@ t.test('the compiled matcher takes the hostile patterns in one pass', async (t) 
   t.equal(new GlobPattern('HeLLo*', true).matches('hello world'), true, 'nocase')
   t.equal(new GlobPattern('[^H]ello', true).matches('hello'), false)
 })
+
+t.test('PUBLISH of a small and a large message (sent as slices, not copied) reaches channel and pattern subscribers whole', async (t) => {
+  const server = redisServer({ sweepIntervalMs: 0 })
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => server.close({ graceMs: 100 }))
+  const subscriber = await Raw.open(t, port)
+  const publisher = await Raw.open(t, port)
+  subscriber.socket.write(encodeCommand(['SUBSCRIBE', 'news.1']))
+  subscriber.socket.write(encodeCommand(['PSUBSCRIBE', 'news.*', 'n?ws.[0-9]', 'other*']))
+  await subscriber.until(4)
+  const large = 'x'.repeat(200_000)
+  publisher.socket.write(Buffer.concat([encodeCommand(['PUBLISH', 'news.1', 'small']), encodeCommand(['PUBLISH', 'news.1', large])]))
+  t.same(await publisher.until(2), [3, 3], 'the channel and two patterns, each time')
+  const messages = (await subscriber.until(10)).slice(4)
+  t.same(messages, [
+    ['message', 'news.1', 'small'], ['pmessage', 'news.*', 'news.1', 'small'], ['pmessage', 'n?ws.[0-9]', 'news.1', 'small'],
+    ['message', 'news.1', large], ['pmessage', 'news.*', 'news.1', large], ['pmessage', 'n?ws.[0-9]', 'news.1', large]
+  ])
+})
