@@ -298,6 +298,7 @@ async function main (): Promise<void> {
   if (![rounds, patternCount, channelCount, maxMinutes].every((n) => Number.isInteger(n) && n >= 1) || !Number.isInteger(hostileRounds) || hostileRounds < 0 || !Number.isInteger(hostileLength) || hostileLength < 2 || hostileLength % 2 !== 0 || patternCount > 4 ** 9) {
     throw new RangeError('--rounds, --patterns (at most 262144), --channels and --max-minutes take positive integers, --hostile-rounds a non-negative one, --hostile-length an even one')
   }
+  process.once('SIGTERM', () => { void stopAll().then(() => process.exit(143)) })
   const deadline = setTimeout(() => {
     console.error(`--max-minutes ${maxMinutes} passed: stopping`)
     void stopAll().then(() => process.exit(2))
