@@ -1,45 +1,63 @@
-import type { Filter } from '../../reactor/index.js'
+import type { ConnectionHandle, Filter } from '../../reactor/index.js'
+
+/** Which budget refused a call: the connection's own, or the one all connections from its address share. */
+export type RateLimitedBy = 'connection' | 'address'
 
 export interface RateLimitOptions {
-  /** Calls each user may make per window; default 10. */
-  calls?: number
+  /** Calls each connection may make per window; default 10. */
+  callsPerConnection?: number
+  /** Calls all connections from one peer address may make per window together; default 100. */
+  callsPerAddress?: number
   /** The window, in ms; default 1000. */
   windowMs?: number
-  /** Who a call is from; default `ctx.user`, or the peer's address when the connection named no user. */
-  userOf?: (ctx: Parameters<Filter>[1]) => string
-  /** The answer to a call over the limit. */
-  refuse: (user: string) => unknown
+  /** The answer to a call over either limit. */
+  refuse: (by: RateLimitedBy) => unknown
   /** The clock, in ms (tests); default Date.now. */
   now?: () => number
-  /** Users remembered at most; past it the oldest window is forgotten. Default 100 000. */
-  maxUsers?: number
+  /** Addresses remembered at most; past it the oldest window is forgotten. Default 100 000. */
+  maxAddresses?: number
 }
 
+/** One fixed window's count. */
+interface Window { start: number, used: number }
+
 /**
- * A filter that lets each user make at most `calls` calls per fixed
- * window and answers the rest with `refuse(user)`, without running their
- * handler. It is synchronous: a synchronous handler behind it stays so.
- * Its memory is bounded by `maxUsers`.
+ * A filter that lets each connection make at most `callsPerConnection`
+ * calls per fixed window, and all the connections from one peer address
+ * (its port left out) at most `callsPerAddress` together, and answers the
+ * rest with `refuse(by)` without running their handler. It keys on what a
+ * peer cannot choose: a name the protocol lets the peer pick (a chat nick)
+ * would let it rotate names for a fresh budget each time, or spend another
+ * user's. A refused call spends neither budget. It is synchronous: a
+ * synchronous handler behind it stays so. Its memory is bounded: the
+ * connections' windows go with their connections, the addresses' by
+ * `maxAddresses`.
  */
 export function rateLimit (options: RateLimitOptions): Filter {
-  const calls = options.calls ?? 10
+  const perConnection = options.callsPerConnection ?? 10
+  const perAddress = options.callsPerAddress ?? 100
   const windowMs = options.windowMs ?? 1000
-  const maxUsers = options.maxUsers ?? 100_000
+  const maxAddresses = options.maxAddresses ?? 100_000
   const now = options.now ?? Date.now
-  const userOf = options.userOf ?? ((ctx) => ctx.user !== '' ? ctx.user : ctx.remoteAddress.replace(/:\d+$/, ''))
-  const windows = new Map<string, { start: number, used: number }>()
+  const connections = new WeakMap<ConnectionHandle, Window>()
+  const addresses = new Map<string, Window>()
   return (request, ctx, next) => {
-    const user = userOf(ctx)
     const at = now()
-    let window = windows.get(user)
-    if (window === undefined || at - window.start >= windowMs) {
-      if (window === undefined && windows.size >= maxUsers) windows.delete(windows.keys().next().value!)
-      window = { start: at, used: 0 }
-      windows.delete(user)
-      windows.set(user, window)
+    let mine = connections.get(ctx.connection)
+    if (mine === undefined) connections.set(ctx.connection, mine = { start: at, used: 0 })
+    else if (at - mine.start >= windowMs) { mine.start = at; mine.used = 0 }
+    if (mine.used >= perConnection) return options.refuse('connection')
+    const address = ctx.remoteAddress.replace(/:\d+$/, '')
+    let shared = addresses.get(address)
+    if (shared === undefined || at - shared.start >= windowMs) {
+      if (shared === undefined && addresses.size >= maxAddresses) addresses.delete(addresses.keys().next().value!)
+      // Re-inserted: the map stays in order of windows started, the oldest first to go.
+      addresses.delete(address)
+      addresses.set(address, shared = { start: at, used: 0 })
     }
-    if (window.used >= calls) return options.refuse(user)
-    window.used++
+    if (shared.used >= perAddress) return options.refuse('address')
+    mine.used++
+    shared.used++
     return next(request, ctx)
   }
 }

@@ -4,7 +4,7 @@
  */
 import type { HandlerTable, RedisHandler } from './handler.js'
 import { asNumber } from './arguments.js'
-import { globMatch } from './glob.js'
+import { compiledGlob } from './glob.js'
 import { Errors } from './replies.js'
 import { OK, error, simple, type Reply, type RespRequest } from './resp.js'
 import { TYPE_NAMES, type RedisStore } from './store.js'
@@ -88,7 +88,9 @@ export function keyHandlers (store: RedisStore): HandlerTable<KeyCommandName> {
     const pattern = request.str(0)
     const all = store.keys()
     // As in Redis, a lone `*` takes every key without matching (so also the empty key, which no pattern but '' matches).
-    return pattern === '*' ? all : all.filter(key => globMatch(pattern, key))
+    if (pattern === '*') return all
+    const glob = compiledGlob(pattern)
+    return all.filter(key => glob.matches(key))
   }
 
   const flush: RedisHandler = request => {

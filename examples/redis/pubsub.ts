@@ -1,7 +1,7 @@
-import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
+import type { ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
-import { globMatch } from './glob.js'
-import { error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
+import { GlobPattern, compiledGlob } from './glob.js'
+import { EncodedPush, Raw, SLICE_BULK_BYTES, error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
 import { Subscriptions } from './subscriptions.js'
 
 /**
@@ -10,26 +10,47 @@ import { Subscriptions } from './subscriptions.js'
  * replies word for word.
  *
  * One `PubSub` per server (per reactor process, as the keyspace) holds the
- * channels and patterns. Each is a `ConnectionGroup` of the connections
- * subscribed to it, so PUBLISH encodes a message once per channel (and
- * once per matching pattern, whose `pmessage` names the pattern) and
- * queues the same bytes on every subscriber. What one connection is
- * subscribed to is kept in its `ConnectionState` (`Subscriptions`); while
- * it has any, the connection is in subscribed mode: only the commands in
- * `SUBSCRIBED_MODE_COMMANDS` run, the others are refused in Redis's words
- * (`subscribedModeRefusal`). When the connection closes, its
- * subscriptions go with it.
+ * channels and patterns, each with the connections subscribed to it. A
+ * PUBLISH encodes the channel and message once, the `message` or
+ * `pmessage` head once per channel or matching pattern (the patterns'
+ * heads side by side in slabs of that PUBLISH), and queues the same
+ * slices on every subscriber. What
+ * one connection is subscribed to is kept in its `ConnectionState`
+ * (`Subscriptions`); while it has any, the connection is in subscribed
+ * mode: only the commands in `SUBSCRIBED_MODE_COMMANDS` run, the others
+ * are refused in Redis's words (`subscribedModeRefusal`). When the
+ * connection closes, its subscriptions go with it.
  *
  * A subscriber that does not read is the server's business: its pushes
- * count against the server's `pushOutputLimit` (Redis's
- * `client-output-buffer-limit pubsub`), past which the connection closes
- * and the others go on receiving.
+ * (and its PING answers) count against the server's `pushOutputLimit`
+ * (Redis's `client-output-buffer-limit pubsub`), past which the
+ * connection closes and the others go on receiving.
  */
+
+/**
+ * The subscribers of one channel or pattern: the connection itself while
+ * it is the only one (most channels have one subscriber, and a set costs
+ * more than the subscription), a set from the second on.
+ */
+type Members = ConnectionHandle | Set<ConnectionHandle>
+
+/** A pattern, compiled, with its subscribers (one object: a PUBLISH walks them all). */
+class PatternEntry extends GlobPattern {
+  members: Members
+  constructor (pattern: string, members: Members) {
+    super(pattern)
+    this.members = members
+  }
+}
+
+const MESSAGE_HEAD = Buffer.from('*3\r\n$7\r\nmessage\r\n', 'latin1')
+const EMPTY = Buffer.alloc(0)
+const CRLF = Buffer.from('\r\n', 'latin1')
 
 /** The registry of one server: channel → subscribers, pattern → subscribers. */
 export class PubSub {
-  readonly #channels = new Map<string, ConnectionGroup>()
-  readonly #patterns = new Map<string, ConnectionGroup>()
+  readonly #channels = new Map<string, Members>()
+  readonly #patterns = new Map<string, PatternEntry>()
 
   /**
    * The connection's subscriptions, made on its first subscription; null
@@ -46,25 +67,39 @@ export class PubSub {
 
   /** Subscribes to `channel` (again: no change); false when the connection has closed. */
   subscribe (subscriptions: Subscriptions, channel: string): boolean {
-    return this.#add(this.#channels, subscriptions, subscriptions.channels, channel)
+    const connection = subscriptions.connection
+    if (connection.isClosed) return false
+    if (subscriptions.channels.has(channel)) return true
+    const members = this.#channels.get(channel)
+    if (members === undefined) this.#channels.set(channel, connection)
+    else this.#channels.set(channel, joined(members, connection))
+    subscriptions.channels.add(channel)
+    return true
   }
 
   psubscribe (subscriptions: Subscriptions, pattern: string): boolean {
-    return this.#add(this.#patterns, subscriptions, subscriptions.patterns, pattern)
+    const connection = subscriptions.connection
+    if (connection.isClosed) return false
+    if (subscriptions.patterns.has(pattern)) return true
+    const entry = this.#patterns.get(pattern)
+    if (entry === undefined) this.#patterns.set(pattern, new PatternEntry(pattern, connection))
+    else entry.members = joined(entry.members, connection)
+    subscriptions.patterns.add(pattern)
+    return true
   }
 
   /** Unsubscribes from `channel` if subscribed; leaves subscribed mode when that was the last subscription. */
   unsubscribe (state: ConnectionState, channel: string): void {
     const subscriptions = state.subscriptions
     if (subscriptions === null || !subscriptions.channels.delete(channel)) return
-    this.#leave(this.#channels, subscriptions.connection, channel)
+    this.#leaveChannel(subscriptions.connection, channel)
     this.#release(state, subscriptions)
   }
 
   punsubscribe (state: ConnectionState, pattern: string): void {
     const subscriptions = state.subscriptions
     if (subscriptions === null || !subscriptions.patterns.delete(pattern)) return
-    this.#leave(this.#patterns, subscriptions.connection, pattern)
+    this.#leavePattern(subscriptions.connection, pattern)
     this.#release(state, subscriptions)
   }
 
@@ -72,8 +107,8 @@ export class PubSub {
   unsubscribeAll (state: ConnectionState): void {
     const subscriptions = state.subscriptions
     if (subscriptions === null) return
-    for (const channel of subscriptions.channels) this.#leave(this.#channels, subscriptions.connection, channel)
-    for (const pattern of subscriptions.patterns) this.#leave(this.#patterns, subscriptions.connection, pattern)
+    for (const channel of subscriptions.channels) this.#leaveChannel(subscriptions.connection, channel)
+    for (const pattern of subscriptions.patterns) this.#leavePattern(subscriptions.connection, pattern)
     subscriptions.channels.clear()
     subscriptions.patterns.clear()
     this.#release(state, subscriptions)
@@ -84,15 +119,37 @@ export class PubSub {
    * subscribers of every pattern that matches it (`pmessage`, one per
    * pattern: a connection subscribed to the channel and to two matching
    * patterns gets it three times). Returns how many were sent, as Redis's
-   * PUBLISH counts them.
+   * PUBLISH counts them. `channel` is latin1 (one char per byte).
+   * `message` is read during the call only, unless it is larger than
+   * `SLICE_BULK_BYTES`: then it is queued as it is, and must not be
+   * written over.
    */
   publish (channel: string, message: Buffer): number {
+    const members = this.#channels.get(channel)
+    if (members === undefined && this.#patterns.size === 0) return 0
+    let tail: Uint8Array[] | null = null
     let receivers = 0
-    const group = this.#channels.get(channel)
-    if (group !== undefined) receivers += group.send(['message', channel, message])
+    if (members !== undefined) {
+      tail = encodeTail(channel, message)
+      receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
+    }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
-    for (const [pattern, members] of this.#patterns) {
-      if (globMatch(pattern, channel)) receivers += members.send(['pmessage', pattern, channel, message])
+    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept).
+    let slab = EMPTY
+    let used = 0
+    for (const entry of this.#patterns.values()) {
+      if (!entry.matches(channel)) continue
+      tail ??= encodeTail(channel, message)
+      const pattern = entry.source
+      const length = pmessageHeadLength(pattern)
+      if (used + length > slab.length) {
+        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+        used = 0
+      }
+      writePmessageHead(slab, used, pattern)
+      const head = slab.subarray(used, used + length)
+      used += length
+      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
     }
     return receivers
   }
@@ -100,13 +157,15 @@ export class PubSub {
   /** The channels with at least one subscriber, all or those `pattern` matches (PUBSUB CHANNELS). */
   channels (pattern?: string): string[] {
     const out: string[] = []
-    for (const channel of this.#channels.keys()) if (pattern === undefined || globMatch(pattern, channel)) out.push(channel)
+    const glob = pattern === undefined ? null : compiledGlob(pattern)
+    for (const channel of this.#channels.keys()) if (glob === null || glob.matches(channel)) out.push(channel)
     return out
   }
 
   /** The channel's subscribers, patterns not counted (PUBSUB NUMSUB). */
   subscribers (channel: string): number {
-    return this.#channels.get(channel)?.size ?? 0
+    const members = this.#channels.get(channel)
+    return members === undefined ? 0 : members instanceof Set ? members.size : 1
   }
 
   /** Patterns with at least one subscriber (PUBSUB NUMPAT: Redis 7 counts each pattern once). */
@@ -114,25 +173,20 @@ export class PubSub {
     return this.#patterns.size
   }
 
-  #add (registry: Map<string, ConnectionGroup>, subscriptions: Subscriptions, mine: Set<string>, name: string): boolean {
-    const connection = subscriptions.connection
-    if (connection.isClosed) return false
-    if (mine.has(name)) return true
-    let group = registry.get(name)
-    if (group === undefined) {
-      group = new ConnectionGroup()
-      registry.set(name, group)
-    }
-    group.add(connection)
-    mine.add(name)
-    return true
+  #leaveChannel (connection: ConnectionHandle, channel: string): void {
+    const members = this.#channels.get(channel)
+    if (members === undefined) return
+    const left = without(members, connection)
+    if (left === null) this.#channels.delete(channel)
+    else if (left !== members) this.#channels.set(channel, left)
   }
 
-  #leave (registry: Map<string, ConnectionGroup>, connection: ConnectionHandle, name: string): void {
-    const group = registry.get(name)
-    if (group === undefined) return
-    group.delete(connection)
-    if (group.size === 0) registry.delete(name)
+  #leavePattern (connection: ConnectionHandle, pattern: string): void {
+    const entry = this.#patterns.get(pattern)
+    if (entry === undefined) return
+    const left = without(entry.members, connection)
+    if (left === null) this.#patterns.delete(pattern)
+    else entry.members = left
   }
 
   // No subscription left: the connection leaves subscribed mode.
@@ -141,6 +195,66 @@ export class PubSub {
     subscriptions.connection.off('close', subscriptions.onClose)
     state.subscriptions = null
   }
+}
+
+/** `members` with `connection` added (it is not one of them). */
+function joined (members: Members, connection: ConnectionHandle): Members {
+  if (members instanceof Set) return members.add(connection)
+  return new Set([members, connection])
+}
+
+/**
+ * `members` without `connection`: null when none is left, the lone member
+ * when one is. A set being walked by a PUBLISH stays valid: the walk goes
+ * on over it (a Set allows deletes while iterated).
+ */
+function without (members: Members, connection: ConnectionHandle): Members | null {
+  if (!(members instanceof Set)) return members === connection ? null : members
+  members.delete(connection)
+  if (members.size > 1) return members
+  const [last] = members
+  return last ?? null
+}
+
+/** Queues `push` on every member; how many took it (not closed, nor closed by it for their push limit). */
+function sendTo (members: Members, push: EncodedPush): number {
+  if (!(members instanceof Set)) return members.send(push) ? 1 : 0
+  let sent = 0
+  for (const member of members) if (member.send(push)) sent++
+  return sent
+}
+
+/** The channel and the message as the two bulk strings that end a `message` and a `pmessage`: one buffer, or three slices when the message is large (not copied). */
+function encodeTail (channel: string, message: Buffer): Uint8Array[] {
+  const head = `$${channel.length}\r\n${channel}\r\n$${message.length}\r\n`
+  if (message.length > SLICE_BULK_BYTES) return [Buffer.from(head, 'latin1'), message, CRLF]
+  const out = Buffer.allocUnsafe(head.length + message.length + 2)
+  out.write(head, 0, 'latin1')
+  message.copy(out, head.length)
+  out[out.length - 2] = 0x0d
+  out[out.length - 1] = 0x0a
+  return [out]
+}
+
+const PMESSAGE_PREFIX = Buffer.from('*4\r\n$8\r\npmessage\r\n$', 'latin1')
+/** The size of the slabs a PUBLISH writes its matching patterns' heads into. */
+const HEAD_SLAB_BYTES = 64 * 1024
+
+/** The size of a `pmessage`'s head for `pattern` (latin1): the array's size, the kind, the pattern. */
+function pmessageHeadLength (pattern: string): number {
+  return PMESSAGE_PREFIX.length + String(pattern.length).length + pattern.length + 4
+}
+
+/** Writes a `pmessage`'s head for `pattern` at `out[at]` (pmessageHeadLength bytes). */
+function writePmessageHead (out: Buffer, at: number, pattern: string): void {
+  PMESSAGE_PREFIX.copy(out, at)
+  at += PMESSAGE_PREFIX.length
+  at += out.write(String(pattern.length), at, 'latin1')
+  out[at++] = 0x0d
+  out[at++] = 0x0a
+  at += out.write(pattern, at, 'latin1')
+  out[at++] = 0x0d
+  out[at] = 0x0a
 }
 
 /** What the Pub/Sub handlers need of their call: its connection, streamed parts, and the connection's state. */
@@ -195,12 +309,25 @@ export function subscribedModeRefusal<C> (command: Command, request: RespRequest
   return refusal(`${command.name}|${sub}`)
 }
 
-/** PING in subscribed mode: `pong` and the argument (empty without one) as an array, as Redis answers it in RESP2. */
-export function subscribedPing (request: RespRequest): Reply {
-  return ['pong', request.argc === 0 ? EMPTY : request.bytes(0)]
+/**
+ * PING in subscribed mode: `pong` and the argument (empty without one) as
+ * an array, as Redis answers it in RESP2. It goes out as a push, so it
+ * counts against the connection's push output limit as the messages do:
+ * Redis counts all of a subscriber's output against its pubsub limit, so
+ * a subscriber that pipelines PING and never reads is closed there, not
+ * merely stopped being read. The answer itself is then empty (no bytes).
+ * Every command a subscribed connection may run is synchronous, so the
+ * answers before it are queued already and the push keeps their order.
+ */
+export function subscribedPing (request: RespRequest, ctx: PubSubCallContext): Reply {
+  const reply: Reply = ['pong', request.argc === 0 ? EMPTY : request.bytes(0)]
+  if (ctx.connection === undefined) return reply
+  ctx.connection.send(reply)
+  return NO_ANSWER
 }
 
-const EMPTY = Buffer.alloc(0)
+/** An answer of no bytes (`encodedLength` 0): what was to be said went out as a push. */
+const NO_ANSWER = new Raw(EMPTY)
 const RESET = simple('RESET')
 const NO_CONNECTION = error('ERR Pub/Sub needs a connection')
 
@@ -292,7 +419,8 @@ export function pubsubHandlers (pubsub: PubSub): Record<PubSubCommandName, (requ
     PSUBSCRIBE: subscribeTo('psubscribe'),
     UNSUBSCRIBE: unsubscribeFrom('unsubscribe'),
     PUNSUBSCRIBE: unsubscribeFrom('punsubscribe'),
-    PUBLISH: request => pubsub.publish(request.str(0), request.bytes(1)),
+    // A message small enough to be copied into the encoding is read in place (no copy of its own).
+    PUBLISH: request => pubsub.publish(request.str(0), request.length(1) > SLICE_BULK_BYTES ? request.bytes(1) : request.buf.subarray(request.ranges[2]!, request.ranges[3]!)),
     PUBSUB: pubsubCommand,
     // RESET: out of subscribed mode (no confirmations), and the name cleared, as a new connection's.
     RESET: (_request, ctx) => {

@@ -413,7 +413,10 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
 
     encode: (_call, reply, out) => { putReply(reply, out) },
     // Pushes (Pub/Sub messages) and the parts of a streamed answer (SUBSCRIBE's confirmations but the last) are replies too.
-    encodePush: (message: unknown, out) => { putReply(message as Reply, out) },
+    encodePush: (message: unknown, out) => {
+      if (message instanceof EncodedPush) for (const slice of message.slices) out.append(slice)
+      else putReply(message as Reply, out)
+    },
     encodePart: (_call, part: unknown, out) => { putReply(part as Reply, out) },
 
     // Redis's words for a protocol error; anything else (a frame over the limit) closes without a reply.
@@ -614,6 +617,18 @@ function splitQuoted (buf: Buffer, start: number, end: number): { buf: Buffer, r
  *   made once and shared.
  */
 export type Reply = number | bigint | Buffer | string | null | Raw | readonly Reply[]
+
+/**
+ * A push already encoded, as the slices to send (Pub/Sub messages: encoded
+ * once per PUBLISH and pattern, the same slices queued on every
+ * subscriber). The slices are never written over.
+ */
+export class EncodedPush {
+  readonly slices: Uint8Array[]
+  constructor (slices: Uint8Array[]) {
+    this.slices = slices
+  }
+}
 
 /** Pre-encoded reply bytes. */
 export class Raw {

@@ -177,7 +177,7 @@ export function serverHandlers (store: RedisStore, options: ServerCommandOptions
   return {
     PING: (request, ctx) => request.argc > 1
       ? arityError('ping')
-      : (ctx.connectionState as ConnectionState).subscriptions !== null ? subscribedPing(request) : request.argc === 0 ? PONG : request.bytes(0),
+      : (ctx.connectionState as ConnectionState).subscriptions !== null ? subscribedPing(request, ctx) : request.argc === 0 ? PONG : request.bytes(0),
     ECHO: request => request.bytes(0),
     INFO: info,
     COMMAND: command,
