@@ -135,6 +135,10 @@ export interface ProtocolClientStats extends ClientHealthStats {
  *
  * An `in-order` call cancelled or timed out after it was queued is still
  * written (its place in the answer order is taken) and its answer dropped.
+ * When the call whose answer comes next times out, every answer behind it
+ * would wait for that one, however slowly it arrives: its connection is
+ * retired (new calls open another) and closes once no call waits on it, so
+ * an answer still arriving past its deadline holds up nothing else.
  *
  * Beyond one answer per request:
  * - Pushes (`ClientProtocol.isPush`): frames the peer sends unasked go to

@@ -70,65 +70,177 @@ function malformed (message: string): RpcError {
   return new RpcError(ErrorCode.MALFORMED_FRAME, `malformed RESP reply: ${message}`)
 }
 
-// The end of the line that starts at p (the index after its LF), -1 if it has not arrived, or an error.
-function lineEnd (buf: Buffer, p: number, end: number): number | RpcError {
-  const lf = buf.indexOf(LF, p)
-  if (lf < 0 || lf >= end) return -1
-  if (lf === p || buf[lf - 1] !== CR) return malformed('a line not ended by CRLF')
-  return lf + 1
+/** At a value's first byte, its type. */
+const AT_TYPE = 0
+/** In a simple string, error or integer line: looking for its LF. */
+const IN_LINE = 1
+/** In the length of a `$` or `*` header, up to its CR. */
+const IN_LENGTH = 2
+/** At the LF after a length's CR. */
+const AT_LENGTH_LF = 3
+/** Skipping a bulk string's data and the CRLF after it. */
+const IN_BULK = 4
+/** A length of more digits than this can only be garbage (no frame is that long). */
+const MAX_LENGTH_DIGITS = 15
+
+const PLUS = 0x2b
+const MINUS = 0x2d
+const COLON = 0x3a
+const DOLLAR = 0x24
+const STAR = 0x2a
+const ZERO = 0x30
+const NINE = 0x39
+
+// The first LF in buf[from, end), or -1. Never looks past `end`: a frame
+// being assembled lies in a larger buffer whose tail is not its bytes, and
+// searching that tail on every read would cost as much as the frame so far.
+function indexOfLf (buf: Buffer, from: number, end: number): number {
+  if (end === buf.length) return buf.indexOf(LF, from)
+  const at = buf.subarray(from, end).indexOf(LF)
+  return at < 0 ? -1 : from + at
 }
 
-function lengthOf (buf: Buffer, p: number, stop: number): number | RpcError {
-  const text = buf.toString('latin1', p + 1, stop - 2)
-  if (!/^-?\d+$/.test(text)) return malformed(`bad length ${JSON.stringify(text.slice(0, 20))}`)
-  const n = Number(text)
-  if (n < -1) return malformed(`bad length ${n}`)
-  return n
-}
+/**
+ * Finds where one reply ends, resuming where it stopped when the reply
+ * comes back longer (a reply split over many reads is looked at once in
+ * all, not again from its first byte on each read). Its state: the phase
+ * within the current value, the position of the next byte (relative to
+ * the reply's start), the length being read, and how many elements each
+ * open array still awaits (innermost last).
+ */
+export class ReplyScanner implements FrameScanner {
+  #phase = AT_TYPE
+  /** The next byte to look at, relative to the reply's first byte. */
+  #pos = 0
+  /** The type byte of the header or line being read. */
+  #type = 0
+  /** The length being read: its value, digit count and sign. */
+  #num = 0
+  #digits = 0
+  #negative = false
+  /** Where the current bulk string's data and CRLF end, relative to the reply's first byte. */
+  #bulkEnd = 0
+  /** Elements still to come in each open array, the innermost last. */
+  readonly #left: number[] = []
+  /** Bytes looked at since made (tests count them: each byte once, however the reply is split). */
+  examined = 0
 
-// The end of the value that starts at p; -1 when it has not all arrived.
-function scanValue (buf: Buffer, p: number, end: number, depth: number): number | RpcError {
-  if (p >= end) return -1
-  const stop = lineEnd(buf, p, end)
-  if (typeof stop !== 'number' || stop < 0) return stop
-  switch (buf[p]) {
-    case 0x2b: // +
-    case 0x2d: // -
-    case 0x3a: // :
-      return stop
-    case 0x24: { // $
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (n === -1) return stop
-      if (stop + n + 2 > end) return -1
-      if (buf[stop + n] !== CR || buf[stop + n + 1] !== LF) return malformed('a bulk string not ended by CRLF')
-      return stop + n + 2
-    }
-    case 0x2a: { // *
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (depth >= MAX_DEPTH) return malformed('arrays nested too deep')
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        q = scanValue(buf, q, end, depth + 1) as number
-        if (typeof q !== 'number' || q < 0) return q
-      }
-      return q
-    }
-    default:
-      return malformed(`unknown type byte 0x${buf[p]!.toString(16)}`)
-  }
-}
+  /** Where this scan started, relative to the reply's first byte (for `examined`). */
+  #from = 0
 
-/** Finds where one reply ends. */
-class ReplyScanner implements FrameScanner {
   scan (buf: Buffer, start: number, end: number): number | RpcError {
-    const stop = scanValue(buf, start, end, 0)
-    if (typeof stop !== 'number') return stop
-    return stop < 0 ? 0 : stop - start
+    this.#from = this.#pos
+    let p = start + this.#pos
+    for (;;) {
+      switch (this.#phase) {
+        case AT_TYPE: {
+          if (p >= end) return this.#more(p, start, 0)
+          const type = buf[p]!
+          if (type === DOLLAR || type === STAR) {
+            this.#phase = IN_LENGTH
+            this.#num = 0
+            this.#digits = 0
+            this.#negative = false
+          } else if (type === PLUS || type === MINUS || type === COLON) {
+            this.#phase = IN_LINE
+          } else {
+            return malformed(`unknown type byte 0x${type.toString(16)}`)
+          }
+          this.#type = type
+          p++
+          break
+        }
+        case IN_LINE: {
+          const lf = indexOfLf(buf, p, end)
+          if (lf < 0) return this.#more(end, start, 0)
+          if (buf[lf - 1] !== CR) return malformed('a line not ended by CRLF')
+          p = lf + 1
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+        case IN_LENGTH: {
+          for (; p < end; p++) {
+            const c = buf[p]!
+            if (c === CR) break
+            if (c === MINUS && this.#digits === 0 && !this.#negative) {
+              this.#negative = true
+              continue
+            }
+            if (c < ZERO || c > NINE || this.#digits === MAX_LENGTH_DIGITS) return malformed(`bad length in a ${String.fromCharCode(this.#type)} header`)
+            this.#num = this.#num * 10 + (c - ZERO)
+            this.#digits++
+          }
+          if (p >= end) return this.#more(p, start, 0)
+          if (this.#digits === 0) return malformed(`bad length in a ${String.fromCharCode(this.#type)} header`)
+          this.#phase = AT_LENGTH_LF
+          p++
+          break
+        }
+        case AT_LENGTH_LF: {
+          if (p >= end) return this.#more(p, start, 0)
+          if (buf[p] !== LF) return malformed('a line not ended by CRLF')
+          p++
+          const n = this.#negative ? -this.#num : this.#num
+          if (n < -1) return malformed(`bad length ${n}`)
+          if (this.#type === DOLLAR && n >= 0) {
+            this.#bulkEnd = p - start + n + 2
+            this.#phase = IN_BULK
+            break
+          }
+          if (this.#type === STAR && n > 0) {
+            if (this.#left.length >= MAX_DEPTH) return malformed('arrays nested too deep')
+            this.#left.push(n)
+            this.#phase = AT_TYPE
+            break
+          }
+          // A nil bulk string, a nil or empty array: a whole value.
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+        default: { // IN_BULK
+          const stop = start + this.#bulkEnd
+          // Not there yet: the reply is at least this long (so a too-large one is refused before it arrives).
+          if (stop > end) return this.#more(p, start, this.#bulkEnd)
+          if (buf[stop - 2] !== CR || buf[stop - 1] !== LF) return malformed('a bulk string not ended by CRLF')
+          p = stop
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+      }
+    }
   }
 
-  reset (): void {}
+  // A value ended: counts it in its array, closing every array it completes.
+  // True when no array is left open (the reply is whole); else the next value starts.
+  #valueEnded (): boolean {
+    const left = this.#left
+    for (let i = left.length - 1; i >= 0; i--) {
+      if (--left[i]! > 0) {
+        this.#phase = AT_TYPE
+        return false
+      }
+      left.pop()
+    }
+    return true
+  }
+
+  #frameEnded (p: number, start: number): number {
+    this.examined += p - start - this.#from
+    this.reset()
+    return p - start
+  }
+
+  #more (p: number, start: number, atLeast: number): number {
+    this.#pos = p - start
+    this.examined += this.#pos - this.#from
+    return atLeast > 0 ? -atLeast : 0
+  }
+
+  reset (): void {
+    this.#phase = AT_TYPE
+    this.#pos = 0
+    this.#left.length = 0
+  }
 }
 
 /** The RpcError of an error reply: Redis's text, its first word as the name. */

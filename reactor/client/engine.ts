@@ -436,7 +436,14 @@ export class ClientEngine<Req, Res> {
     // In-order calls keep their place until their answer comes.
     if (!taken && !this.inOrder && cc.byId.get(call.id | 0) === call) cc.byId.delete(call.id | 0)
     cc.liveness?.waiting(cc.inFlight)
-    if (cc.retired && cc.inFlight === 0) cc.connection.destroy()
+    if (cc.retired && this.#drained(cc)) cc.connection.destroy()
+  }
+
+  // No call on `cc` waits for an answer (in order, settled calls keep their place in the queue until theirs comes).
+  #drained (cc: CallConnection<Req, Res>): boolean {
+    if (!this.inOrder) return cc.byId.size === 0
+    for (const call of cc.inOrder.toArray()) if (call.state !== FINISHED) return false
+    return true
   }
 
   #cancel (call: PendingCall<Req, Res>): void {
@@ -461,7 +468,13 @@ export class ClientEngine<Req, Res> {
       const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
       // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect;
       // a host being probed has the probe's own time, so that a host just back may answer its first call late).
-      if (cc !== null && cc.ready) cc.balancer.callTimedOut(cc.slot)
+      if (cc !== null && cc.ready) {
+        cc.balancer.callTimedOut(cc.slot)
+        // In order, every answer behind this one waits for it, however long it
+        // takes to come (a slow or hostile peer trickling a large one): new
+        // calls go to another connection, this one closes once no call waits on it.
+        if (this.inOrder && cc.inOrder.peekFront() === call) this.retire(cc, 'a call timed out waiting for its in-order answer')
+      }
       // Mid-write, the caller's buffers are still being read: settle once the frame is out.
       if (call.state === SENDING) call.pendingError = error
       else this.fail(call, error)
@@ -564,15 +577,15 @@ export class ClientEngine<Req, Res> {
     cc.balancer.succeeded(cc.slot)
   }
 
-  /** `cc` answered with a fatal remote error: new calls open another; it closes once its last call settles. */
-  retire (cc: CallConnection<Req, Res>): void {
+  /** `cc` must take no new calls (a fatal remote error, an in-order answer overdue): new calls open another; it closes once its last call settles. */
+  retire (cc: CallConnection<Req, Res>, reason = 'a FATAL answer'): void {
     if (cc.retired || cc.closed) return
     if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
     cc.retired = true
     if (this.#last === cc) this.#last = null
     this.#retired.add(cc)
     if (!this.closed) {
-      this.log.info(`connection to ${cc.endpoint} retired after a FATAL answer; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
+      this.log.info(`connection to ${cc.endpoint} retired after ${reason}; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
     }
   }
 
