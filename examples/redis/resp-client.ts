@@ -100,6 +100,25 @@ function indexOfLf (buf: Buffer, from: number, end: number): number {
   return at < 0 ? -1 : from + at
 }
 
+// Where the bulk string at p (its `$`) ends when its header, data and CRLF
+// are all in buf[p, end) with a plain length; 0 when not (the scanner's
+// general path then reads it, whatever its state); -1 when its data is not
+// followed by CRLF.
+function wholeBulk (buf: Buffer, p: number, end: number): number {
+  let q = p + 1
+  let n = 0
+  const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
+  for (; q < digitsEnd; q++) {
+    const c = buf[q]!
+    if (c < ZERO || c > NINE) break
+    n = n * 10 + (c - ZERO)
+  }
+  if (q === p + 1 || q + 1 >= end || buf[q] !== CR || buf[q + 1] !== LF) return 0
+  const stop = q + 2 + n + 2
+  if (stop > end) return 0
+  return buf[stop - 2] === CR && buf[stop - 1] === LF ? stop : -1
+}
+
 /**
  * Finds where one reply ends, resuming where it stopped when the reply
  * comes back longer (a reply split over many reads is looked at once in
@@ -136,6 +155,16 @@ export class ReplyScanner implements FrameScanner {
         case AT_TYPE: {
           if (p >= end) return this.#more(p, start, 0)
           const type = buf[p]!
+          if (type === DOLLAR) {
+            // The common case first: a bulk string whose header and data are all here.
+            const stop = wholeBulk(buf, p, end)
+            if (stop > 0) {
+              p = stop
+              if (this.#valueEnded()) return this.#frameEnded(p, start)
+              break
+            }
+            if (stop < 0) return malformed('a bulk string not ended by CRLF')
+          }
           if (type === DOLLAR || type === STAR) {
             this.#phase = IN_LENGTH
             this.#num = 0
@@ -180,8 +209,9 @@ export class ReplyScanner implements FrameScanner {
           if (p >= end) return this.#more(p, start, 0)
           if (buf[p] !== LF) return malformed('a line not ended by CRLF')
           p++
-          const n = this.#negative ? -this.#num : this.#num
-          if (n < -1) return malformed(`bad length ${n}`)
+          // The one negative length is -1 (nil).
+          if (this.#negative && this.#num !== 1) return malformed(`bad length -${this.#num}`)
+          const n = this.#negative ? -1 : this.#num
           if (this.#type === DOLLAR && n >= 0) {
             this.#bulkEnd = p - start + n + 2
             this.#phase = IN_BULK
@@ -250,37 +280,51 @@ export function redisError (text: string): RpcError {
   return new RpcError(ErrorCode.REMOTE, text, { remote: { protocol: 'redis', code: 0, name, fatal: false } })
 }
 
-// Decodes the (complete, scanned) value at p; returns it and where it ends.
-export function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
-  const stop = buf.indexOf(LF, p) + 1
-  const line = (): string => buf.toString('utf8', p + 1, stop - 2)
-  switch (buf[p]) {
-    case 0x2b: return [line(), stop]
-    case 0x2d: return [redisError(line()), stop]
-    case 0x3a: {
-      const text = line()
-      const n = Number(text)
-      return [Number.isSafeInteger(n) ? n : BigInt(text), stop]
+/** Where the value `decodeAt` decoded last ends (no tuple made per value). */
+let decodedEnd = 0
+
+// The (complete, scanned) value at p; where it ends goes to `decodedEnd`.
+// Lengths are read from the bytes as the scanner checked them: digits, or -1.
+function decodeAt (buf: Buffer, p: number): RedisReply {
+  const type = buf[p]!
+  if (type === DOLLAR || type === STAR) {
+    let q = p + 1
+    if (buf[q] === MINUS) {
+      decodedEnd = buf.indexOf(LF, q) + 1
+      return null
     }
-    case 0x24: {
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      // A copy: a view would pin the whole read chunk.
-      return [Buffer.from(buf.subarray(stop, stop + n)), stop + n + 2]
+    let n = 0
+    for (let c = buf[q]!; c !== CR; c = buf[++q]!) n = n * 10 + (c - ZERO)
+    const stop = q + 2
+    if (type === DOLLAR) {
+      // A copy: a view would pin the whole read chunk (or reply).
+      const bytes = Buffer.allocUnsafe(n)
+      buf.copy(bytes, 0, stop, stop + n)
+      decodedEnd = stop + n + 2
+      return bytes
     }
-    default: { // '*', as scanned
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      const items: RedisReply[] = []
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        const [item, next] = decodeValue(buf, q)
-        items.push(item)
-        q = next
-      }
-      return [items, q]
+    const items: RedisReply[] = new Array(n)
+    let at = stop
+    for (let i = 0; i < n; i++) {
+      items[i] = decodeAt(buf, at)
+      at = decodedEnd
     }
+    decodedEnd = at
+    return items
   }
+  const stop = buf.indexOf(LF, p) + 1
+  decodedEnd = stop
+  const line = buf.toString('utf8', p + 1, stop - 2)
+  if (type === PLUS) return line
+  if (type === MINUS) return redisError(line)
+  const n = Number(line)
+  return Number.isSafeInteger(n) ? n : BigInt(line)
+}
+
+/** Decodes the (complete, scanned) value at p; returns it and where it ends. */
+export function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
+  const value = decodeAt(buf, p)
+  return [value, decodedEnd]
 }
 
 // Errors after which the command did not run: worth trying again.
@@ -308,10 +352,7 @@ export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply>
       slices.push(Buffer.from(head, 'latin1'))
       return slices
     },
-    decodeAnswer (_command, buf, start): RedisReply | RpcError {
-      const [reply] = decodeValue(buf, start)
-      return reply
-    },
+    decodeAnswer: (_command, buf, start) => decodeAt(buf, start),
     retryable: (error, command) => error.remote !== undefined
       ? RETRYABLE_ERRORS.has(error.remote.name)
       : READ_ONLY.has(command.args[0]!.toString('latin1').toUpperCase())
