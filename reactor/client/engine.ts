@@ -1,3 +1,4 @@
+import { randomInt } from 'node:crypto'
 import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
@@ -15,7 +16,7 @@ import { onAnswer } from './answers.js'
 import { FINISHED, QUEUED, SENDING, SENT, deliver, failEarly, invalid, newPendingCall, type CallConnection, type Callback, type PendingCall, type Reject } from './pending-call.js'
 import { PeerConnection, type PeerSettings } from './peer-connection.js'
 import { PushHub } from './pushes.js'
-import { Targets, type Target } from './targets.js'
+import { DEFAULT_MAX_RESOLVED_ADDRESSES, Targets, dnsLookup, type Target } from './targets.js'
 
 /** What every client made on the engine takes (`ProtocolClientOptions` and KRPC's `ClientOptions` name them). */
 export interface ClientEngineOptions {
@@ -25,6 +26,19 @@ export interface ClientEngineOptions {
   balance?: BalancePolicy
   /** Resolve each endpoint's host name to all its addresses (DNS) and balance over them; re-resolved every 30 s. */
   resolveAll?: boolean
+  /**
+   * With `resolveAll`: the most addresses an endpoint's names are balanced
+   * over (each gets `connectionsPerEndpoint` connections); default 32. A
+   * name resolving to more gives each client a subset of this many, drawn
+   * by rendezvous hashing on a seed of the client's own (as gRPC's and
+   * Envoy's subsetting): different clients use different subsets, one
+   * client the same subset for the same addresses, and when a resolution
+   * changes the subset is drawn again, keeping the addresses still present
+   * unless new ones outrank them.
+   */
+  maxResolvedAddresses?: number
+  /** With `resolveAll`: how host names are resolved; default node:dns's `lookup(host, { all: true })` (tests pass a stub). */
+  lookup?: (hostname: string) => Promise<ReadonlyArray<{ readonly address: string }>>
   /** Timeout of calls that name none, covering connect, set-up and retries; default 30000 ms; 0: no deadline. */
   defaultTimeoutMs?: number
   /** Deadline of a connection's connect and handshake; default 3000 ms. A short call timeout does not shorten it. */
@@ -164,6 +178,8 @@ export class ClientEngine<Req, Res> {
     const tls = options.tls
     const keepAliveMs = options.keepAliveMs ?? DEFAULT_KEEPALIVE_MS
     if (!(keepAliveMs >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `keepAliveMs must be at least 0, got ${options.keepAliveMs}`)
+    const maxResolvedAddresses = options.maxResolvedAddresses ?? DEFAULT_MAX_RESOLVED_ADDRESSES
+    if (!(Number.isInteger(maxResolvedAddresses) && maxResolvedAddresses >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxResolvedAddresses must be an integer >= 1, got ${options.maxResolvedAddresses}`)
     this.#liveness = options.liveness === false || protocol.ping === undefined ? null : (options.liveness ?? {})
     this.#settings = {
       framing: protocol.framing,
@@ -178,6 +194,10 @@ export class ClientEngine<Req, Res> {
       connectionsPerEndpoint: options.connectionsPerEndpoint ?? 1,
       policy: options.balance ?? 'p2c',
       resolveAll: options.resolveAll === true,
+      maxResolvedAddresses,
+      // Random per client: clients of the same name spread over all its addresses.
+      subsetSeed: randomInt(0x100000000),
+      lookup: options.lookup ?? dnsLookup,
       clock: this.clock,
       outstanding: (slot) => this.connections.get(slot.key)?.inFlight ?? 0,
       ejection: options.ejection === false ? null : (options.ejection ?? {})
