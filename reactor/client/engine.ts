@@ -38,7 +38,10 @@ export interface ClientEngineOptions {
    */
   maxResolvedAddresses?: number
   /** With `resolveAll`: how host names are resolved; default node:dns's `lookup(host, { all: true })` (tests pass a stub). */
-  lookup?: (hostname: string) => Promise<ReadonlyArray<{ readonly address: string }>>
+  lookup?: (hostname: string) => Promise<ReadonlyArray<{
+    /** One of the name's IP addresses. */
+    readonly address: string
+  }>>
   /** Timeout of calls that name none, covering connect, set-up and retries; default 30000 ms; 0: no deadline. */
   defaultTimeoutMs?: number
   /** Deadline of a connection's connect and handshake; default 3000 ms. A short call timeout does not shorten it. */
