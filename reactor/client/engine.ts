@@ -462,10 +462,14 @@ export class ClientEngine<Req, Res> {
     if (cc.retired && this.#drained(cc)) cc.connection.destroy()
   }
 
-  // No call on `cc` waits for an answer (in order, settled calls keep their place in the queue until theirs comes).
+  // No call on `cc` waits for an answer (in order, settled calls keep their
+  // place in the queue until theirs comes). Looked for from the newest: calls
+  // settle mostly oldest first (answers come in order, equal deadlines pass in
+  // order), so a call still waiting is found at once while there is one.
   #drained (cc: CallConnection<Req, Res>): boolean {
     if (!this.inOrder) return cc.byId.size === 0
-    for (const call of cc.inOrder.toArray()) if (call.state !== FINISHED) return false
+    const queue = cc.inOrder
+    for (let i = queue.length - 1; i >= 0; i--) if (queue.peekAt(i)!.state !== FINISHED) return false
     return true
   }
 
