@@ -19,17 +19,21 @@
  * when any scenario fails.
  *
  * Scenarios: stalled-partial, big-partials, connection-flood, slow-readers,
- * shutdown-nonreader, stuck-sleeps, long-username, tiny-answers; and against
- * the examples (bench/hostile-examples.ts): stat-nonreaders,
+ * shutdown-nonreader, stuck-sleeps, long-username, tiny-answers, large-reply
+ * (this one against a real redis-server on a free loopback port, not nyala);
+ * and against the examples (bench/hostile-examples.ts): stat-nonreaders,
  * subscribe-nonreaders, idle-subscribers-at-cap, tiny-pushes.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
 import { get } from 'node:http'
-import { connect, type Socket } from 'node:net'
+import { once } from 'node:events'
+import { connect, createServer, type Socket } from 'node:net'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { KrpcCode, krpcCodeName } from '../codec/krpc/codes.js'
 import { FrameDecoder, DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
@@ -41,6 +45,8 @@ import { ClientNegotiation, clientHandshakeBytes } from '../codec/krpc/negotiati
 import { Client } from '../reactor/krpc/client.js'
 import { CalculatorService } from '../examples/calculator/index.js'
 import { EXAMPLE_SCENARIOS } from './hostile-examples.js'
+import { RedisClient, RedisCommand, redisClientProtocol } from '../examples/redis/client.js'
+import { ProtocolClient } from '../reactor/index.js'
 
 const ROOT = fileURLToPath(new URL(import.meta.url.endsWith('.ts') ? '../' : '../../', import.meta.url))
 const NYALA = join(ROOT, 'bin', 'nyala')
@@ -1003,6 +1009,114 @@ async function tinyAnswers (run: Run): Promise<void> {
   run.check('server peak RSS', `< ${mib(bound)} MiB (before + 2 x the answers' wire bytes + 150)`, `${mib(peak)} MiB`, peak < bound)
 }
 
+// 9. A 4 M-element reply: RedisClient against a real redis-server, its
+// client CPU beside a raw node:net socket's receiving the same bytes (the
+// reply scanner must look at each byte once, not rescan the reply per read).
+async function largeReply (run: Run): Promise<void> {
+  const REDIS = '/usr/bin/redis-server'
+  const elements = 4_000_000
+  const port = await freePort()
+  const child = spawn(REDIS, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' })
+  const redis = new RedisClient({ endpoint: `127.0.0.1:${port}`, maxMessageBytes: 64 * MiB, defaultTimeoutMs: 60_000, logger: null })
+  const framed = new ProtocolClient<RedisCommand, unknown>({ ...redisClientProtocol(), decodeAnswer: () => null },
+    { endpoint: `127.0.0.1:${port}`, maxMessageBytes: 64 * MiB, defaultTimeoutMs: 60_000, logger: null })
+  try {
+    run.command = `${REDIS} --port ${port} --bind 127.0.0.1 --save '' --appendonly no (pid ${child.pid})`
+    run.figure('redis-server', run.command)
+    for (let i = 0; ; i++) {
+      try {
+        await redis.commandWith(['PING'], { timeoutMs: 500 })
+        break
+      } catch (err) {
+        if (i >= 50) throw err
+        await sleep(100)
+      }
+    }
+    await redis.command('DEL', 'big')
+    // Values of 6 bytes: each element is 12 bytes on the wire (`$6\r\n` + value + CRLF).
+    const value = (i: number): string => i.toString(36).padStart(6, '0')
+    const batch = 10_000
+    const pushes: Array<Promise<unknown>> = []
+    for (let at = 0; at < elements; at += batch) {
+      pushes.push(redis.command('RPUSH', 'big', ...Array.from({ length: batch }, (_, j) => value(at + j))))
+      if (pushes.length >= 20) await Promise.all(pushes.splice(0))
+    }
+    await Promise.all(pushes)
+    const replyBytes = `*${elements}\r\n`.length + elements * 12
+    run.figure('list', `${elements} elements of 6 bytes; LRANGE 0 -1 replies ${mib(replyBytes)} MiB`)
+    const command = Buffer.from('*4\r\n$6\r\nLRANGE\r\n$3\r\nbig\r\n$1\r\n0\r\n$2\r\n-1\r\n', 'latin1')
+    const rawCpu: number[] = []
+    const framedCpu: number[] = []
+    const clientCpu: number[] = []
+    const lrange = new RedisCommand(['LRANGE', 'big', 0, -1])
+    // A full collection before each measurement, so that none pays for the garbage of the one before.
+    setFlagsFromString('--expose-gc')
+    const gc = runInNewContext('gc') as () => void
+    for (let round = 0; round < 3; round++) {
+      gc()
+      rawCpu.push(await rawReceive(port, command, replyBytes))
+      // The same client machinery and reply scanner, the reply not decoded into 4 M Buffers.
+      gc()
+      let before = process.cpuUsage()
+      await framed.call(lrange)
+      let used = process.cpuUsage(before)
+      framedCpu.push((used.user + used.system) / 1000)
+      gc()
+      before = process.cpuUsage()
+      const reply = await redis.command('LRANGE', 'big', 0, -1) as Buffer[]
+      used = process.cpuUsage(before)
+      if (reply.length !== elements || reply[elements - 1]!.toString() !== value(elements - 1)) throw new Error(`LRANGE gave ${reply.length} elements`)
+      clientCpu.push((used.user + used.system) / 1000)
+    }
+    const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[1]!
+    run.figure('raw socket receive CPU (3 rounds)', rawCpu.map(ms).join(', '))
+    run.figure('ProtocolClient + reply scanner, reply framed but not decoded (3 rounds)', framedCpu.map(ms).join(', '))
+    run.figure('RedisClient LRANGE CPU, received and decoded into 4 M Buffers (3 rounds)', clientCpu.map(ms).join(', '))
+    run.figure('note', 'CPU of this process only (redis-server is another); the machine is shared with other work, so figures vary')
+    const framedRatio = median(framedCpu) / median(rawCpu)
+    run.check('client CPU to receive and frame a 4 M-element reply', '<= 3 x a raw socket receiving it (medians)', `${ms(median(framedCpu))} vs ${ms(median(rawCpu))}: ${framedRatio.toFixed(2)} x`, framedRatio <= 3)
+    const ratio = median(clientCpu) / median(rawCpu)
+    run.check('client CPU for a 4 M-element reply, decoded', '<= 3 x a raw socket receiving it (medians)', `${ms(median(clientCpu))} vs ${ms(median(rawCpu))}: ${ratio.toFixed(2)} x`, ratio <= 3)
+  } finally {
+    await framed.close()
+    await redis.close()
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL')
+      await Promise.race([once(child, 'exit'), within(5000)])
+    }
+  }
+}
+
+/** A TCP port free on 127.0.0.1 now (redis-server takes no port 0). */
+async function freePort (): Promise<number> {
+  const server = createServer()
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  const port = (server.address() as { port: number }).port
+  await new Promise((resolve) => server.close(resolve))
+  return port
+}
+
+/** The CPU (ms) this process spends sending `command` on a fresh socket and receiving `bytes` bytes back, touching nothing. */
+async function rawReceive (port: number, command: Buffer, bytes: number): Promise<number> {
+  const socket = connect(port, '127.0.0.1')
+  await once(socket, 'connect')
+  const before = process.cpuUsage()
+  let received = 0
+  await new Promise<void>((resolve, reject) => {
+    socket.on('data', (chunk: Buffer) => {
+      received += chunk.length
+      if (received >= bytes) resolve()
+    })
+    socket.once('error', reject)
+    socket.once('close', () => { if (received < bytes) reject(new Error(`raw socket closed after ${received} of ${bytes} bytes`)) })
+    socket.write(command)
+  })
+  const used = process.cpuUsage(before)
+  socket.destroy()
+  return (used.user + used.system) / 1000
+}
+
 const SCENARIOS: readonly Scenario[] = [
   { name: 'stalled-partial', summary: '200 connections stopped inside a frame, --idle-timeout-ms 4000', timeoutMs: 60_000, run: stalledPartial },
   { name: 'big-partials', summary: '30 connections each sending 40 MiB of a 50 MiB frame', timeoutMs: 120_000, run: bigPartials },
@@ -1012,6 +1126,7 @@ const SCENARIOS: readonly Scenario[] = [
   { name: 'stuck-sleeps', summary: '10 Sleep(20 s) with 100 ms timeouts on a connection closed at 0.3 s, then a good Add', timeoutMs: 30_000, run: stuckSleeps },
   { name: 'long-username', summary: 'SASL PLAIN with a 40 MiB user name; a Client with a 300-byte user', timeoutMs: 60_000, run: longUsername },
   { name: 'tiny-answers', summary: '10 non-reading clients pipelining 500 k Add calls each', timeoutMs: 120_000, run: tinyAnswers },
+  { name: 'large-reply', summary: 'a 4 M-element reply: RedisClient LRANGE against redis-server, its CPU beside a raw socket', timeoutMs: 300_000, run: largeReply },
   ...EXAMPLE_SCENARIOS
 ]
 

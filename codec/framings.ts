@@ -269,9 +269,13 @@ class LineScanner implements FrameScanner {
   scan (buf: Buffer, start: number, end: number): number | RpcError {
     const limit = Math.min(end, start + this.#max)
     const from = start + this.#scanned
-    const at = this.#single >= 0 ? buf.indexOf(this.#single, from) : buf.indexOf(this.#delimiter, from)
+    // The search stops at `limit`: past `end` lies the rest of a line still
+    // being assembled (not its bytes), and searching it on every read would
+    // make a line trickled in many reads cost the square of its length.
+    const within = limit === buf.length ? buf : buf.subarray(0, limit)
+    const at = this.#single >= 0 ? within.indexOf(this.#single, from) : within.indexOf(this.#delimiter, from)
     const width = this.#delimiter.length
-    if (at >= 0 && at + width <= limit) return at + width - start
+    if (at >= 0) return at + width - start
     if (end - start >= this.#max) return new RpcError(ErrorCode.FRAME_TOO_LARGE, `no line end within ${this.#max} bytes`)
     // A delimiter of several bytes may be split across reads: look at its first bytes again next time.
     this.#scanned = Math.max(0, end - start - (width - 1))

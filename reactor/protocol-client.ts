@@ -94,7 +94,7 @@ export interface ProtocolClientStats extends ClientHealthStats {
   budget: RetryBudgetStats | null
   /** Pushes received (`ClientProtocol.isPush`), decoded ones only. */
   pushesReceived: number
-  /** Pushes dropped because an iterator (`pushes()`) held `maxBuffered` already. */
+  /** Pushes dropped because an iterator (`pushes()`) held `maxBuffered` or `maxBufferedBytes` already. */
   pushesDropped: number
   /** Attempts of idempotent calls abandoned at their attempt timeout (`retry.attemptTimeoutMs`). */
   attemptTimeouts: number
@@ -135,6 +135,10 @@ export interface ProtocolClientStats extends ClientHealthStats {
  *
  * An `in-order` call cancelled or timed out after it was queued is still
  * written (its place in the answer order is taken) and its answer dropped.
+ * When the call whose answer comes next times out, every answer behind it
+ * would wait for that one, however slowly it arrives: its connection is
+ * retired (new calls open another) and closes once no call waits on it, so
+ * an answer still arriving past its deadline holds up nothing else.
  *
  * Beyond one answer per request:
  * - Pushes (`ClientProtocol.isPush`): frames the peer sends unasked go to
@@ -237,8 +241,10 @@ export class ProtocolClient<Req, Res> {
 
   /**
    * The pushes from now on, as an async iterator (`for await`). It holds
-   * at most `maxBuffered` (default 1024) pushes not yet read: past that
-   * the oldest is dropped and `stats().pushesDropped` rises. It ends (done)
+   * at most `maxBuffered` (default 1024) pushes not yet read, of at most
+   * `maxBufferedBytes` (default 32 MiB, each counted as its frame's size):
+   * past either the oldest are dropped until the newest fits, and
+   * `stats().pushesDropped` counts them. It ends (done)
    * with its `return()` (a `break` out of `for await`), which drops what it
    * holds, or with `close()`, after the pushes it holds.
    */

@@ -71,65 +71,207 @@ function malformed (message: string): RpcError {
   return new RpcError(ErrorCode.MALFORMED_FRAME, `malformed RESP reply: ${message}`)
 }
 
-// The end of the line that starts at p (the index after its LF), -1 if it has not arrived, or an error.
-function lineEnd (buf: Buffer, p: number, end: number): number | RpcError {
-  const lf = buf.indexOf(LF, p)
-  if (lf < 0 || lf >= end) return -1
-  if (lf === p || buf[lf - 1] !== CR) return malformed('a line not ended by CRLF')
-  return lf + 1
+/** At a value's first byte, its type. */
+const AT_TYPE = 0
+/** In a simple string, error or integer line: looking for its LF. */
+const IN_LINE = 1
+/** In the length of a `$` or `*` header, up to its CR. */
+const IN_LENGTH = 2
+/** At the LF after a length's CR. */
+const AT_LENGTH_LF = 3
+/** Skipping a bulk string's data and the CRLF after it. */
+const IN_BULK = 4
+/** A length of more digits than this can only be garbage (no frame is that long). */
+const MAX_LENGTH_DIGITS = 15
+
+const PLUS = 0x2b
+const MINUS = 0x2d
+const COLON = 0x3a
+const DOLLAR = 0x24
+const STAR = 0x2a
+const ZERO = 0x30
+const NINE = 0x39
+
+// The first LF in buf[from, end), or -1. Never looks past `end`: a frame
+// being assembled lies in a larger buffer whose tail is not its bytes, and
+// searching that tail on every read would cost as much as the frame so far.
+function indexOfLf (buf: Buffer, from: number, end: number): number {
+  if (end === buf.length) return buf.indexOf(LF, from)
+  const at = buf.subarray(from, end).indexOf(LF)
+  return at < 0 ? -1 : from + at
 }
 
-function lengthOf (buf: Buffer, p: number, stop: number): number | RpcError {
-  const text = buf.toString('latin1', p + 1, stop - 2)
-  if (!/^-?\d+$/.test(text)) return malformed(`bad length ${JSON.stringify(text.slice(0, 20))}`)
-  const n = Number(text)
-  if (n < -1) return malformed(`bad length ${n}`)
-  return n
-}
-
-// The end of the value that starts at p; -1 when it has not all arrived.
-function scanValue (buf: Buffer, p: number, end: number, depth: number): number | RpcError {
-  if (p >= end) return -1
-  const stop = lineEnd(buf, p, end)
-  if (typeof stop !== 'number' || stop < 0) return stop
-  switch (buf[p]) {
-    case 0x2b: // +
-    case 0x2d: // -
-    case 0x3a: // :
-      return stop
-    case 0x24: { // $
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (n === -1) return stop
-      if (stop + n + 2 > end) return -1
-      if (buf[stop + n] !== CR || buf[stop + n + 1] !== LF) return malformed('a bulk string not ended by CRLF')
-      return stop + n + 2
-    }
-    case 0x2a: { // *
-      const n = lengthOf(buf, p, stop)
-      if (typeof n !== 'number') return n
-      if (depth >= MAX_DEPTH) return malformed('arrays nested too deep')
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        q = scanValue(buf, q, end, depth + 1) as number
-        if (typeof q !== 'number' || q < 0) return q
-      }
-      return q
-    }
-    default:
-      return malformed(`unknown type byte 0x${buf[p]!.toString(16)}`)
+// Where the bulk string at p (its `$`) ends when its header, data and CRLF
+// are all in buf[p, end) with a plain length; 0 when not (the scanner's
+// general path then reads it, whatever its state); -1 when its data is not
+// followed by CRLF.
+function wholeBulk (buf: Buffer, p: number, end: number): number {
+  let q = p + 1
+  let n = 0
+  const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
+  for (; q < digitsEnd; q++) {
+    const c = buf[q]!
+    if (c < ZERO || c > NINE) break
+    n = n * 10 + (c - ZERO)
   }
+  if (q === p + 1 || q + 1 >= end || buf[q] !== CR || buf[q + 1] !== LF) return 0
+  const stop = q + 2 + n + 2
+  if (stop > end) return 0
+  return buf[stop - 2] === CR && buf[stop - 1] === LF ? stop : -1
 }
 
-/** Finds where one reply ends. */
-class ReplyScanner implements FrameScanner {
+/**
+ * Finds where one reply ends, resuming where it stopped when the reply
+ * comes back longer (a reply split over many reads is looked at once in
+ * all, not again from its first byte on each read). Its state: the phase
+ * within the current value, the position of the next byte (relative to
+ * the reply's start), the length being read, and how many elements each
+ * open array still awaits (innermost last).
+ */
+export class ReplyScanner implements FrameScanner {
+  #phase = AT_TYPE
+  /** The next byte to look at, relative to the reply's first byte. */
+  #pos = 0
+  /** The type byte of the header or line being read. */
+  #type = 0
+  /** The length being read: its value, digit count and sign. */
+  #num = 0
+  #digits = 0
+  #negative = false
+  /** Where the current bulk string's data and CRLF end, relative to the reply's first byte. */
+  #bulkEnd = 0
+  /** Elements still to come in each open array, the innermost last. */
+  readonly #left: number[] = []
+  /** Bytes looked at since made (tests count them: each byte once, however the reply is split). */
+  examined = 0
+
+  /** Where this scan started, relative to the reply's first byte (for `examined`). */
+  #from = 0
+
   scan (buf: Buffer, start: number, end: number): number | RpcError {
-    const stop = scanValue(buf, start, end, 0)
-    if (typeof stop !== 'number') return stop
-    return stop < 0 ? 0 : stop - start
+    this.#from = this.#pos
+    let p = start + this.#pos
+    for (;;) {
+      switch (this.#phase) {
+        case AT_TYPE: {
+          if (p >= end) return this.#more(p, start, 0)
+          const type = buf[p]!
+          if (type === DOLLAR) {
+            // The common case first: a bulk string whose header and data are all here.
+            const stop = wholeBulk(buf, p, end)
+            if (stop > 0) {
+              p = stop
+              if (this.#valueEnded()) return this.#frameEnded(p, start)
+              break
+            }
+            if (stop < 0) return malformed('a bulk string not ended by CRLF')
+          }
+          if (type === DOLLAR || type === STAR) {
+            this.#phase = IN_LENGTH
+            this.#num = 0
+            this.#digits = 0
+            this.#negative = false
+          } else if (type === PLUS || type === MINUS || type === COLON) {
+            this.#phase = IN_LINE
+          } else {
+            return malformed(`unknown type byte 0x${type.toString(16)}`)
+          }
+          this.#type = type
+          p++
+          break
+        }
+        case IN_LINE: {
+          const lf = indexOfLf(buf, p, end)
+          if (lf < 0) return this.#more(end, start, 0)
+          if (buf[lf - 1] !== CR) return malformed('a line not ended by CRLF')
+          p = lf + 1
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+        case IN_LENGTH: {
+          for (; p < end; p++) {
+            const c = buf[p]!
+            if (c === CR) break
+            if (c === MINUS && this.#digits === 0 && !this.#negative) {
+              this.#negative = true
+              continue
+            }
+            if (c < ZERO || c > NINE || this.#digits === MAX_LENGTH_DIGITS) return malformed(`bad length in a ${String.fromCharCode(this.#type)} header`)
+            this.#num = this.#num * 10 + (c - ZERO)
+            this.#digits++
+          }
+          if (p >= end) return this.#more(p, start, 0)
+          if (this.#digits === 0) return malformed(`bad length in a ${String.fromCharCode(this.#type)} header`)
+          this.#phase = AT_LENGTH_LF
+          p++
+          break
+        }
+        case AT_LENGTH_LF: {
+          if (p >= end) return this.#more(p, start, 0)
+          if (buf[p] !== LF) return malformed('a line not ended by CRLF')
+          p++
+          // The one negative length is -1 (nil).
+          if (this.#negative && this.#num !== 1) return malformed(`bad length -${this.#num}`)
+          const n = this.#negative ? -1 : this.#num
+          if (this.#type === DOLLAR && n >= 0) {
+            this.#bulkEnd = p - start + n + 2
+            this.#phase = IN_BULK
+            break
+          }
+          if (this.#type === STAR && n > 0) {
+            if (this.#left.length >= MAX_DEPTH) return malformed('arrays nested too deep')
+            this.#left.push(n)
+            this.#phase = AT_TYPE
+            break
+          }
+          // A nil bulk string, a nil or empty array: a whole value.
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+        default: { // IN_BULK
+          const stop = start + this.#bulkEnd
+          // Not there yet: the reply is at least this long (so a too-large one is refused before it arrives).
+          if (stop > end) return this.#more(p, start, this.#bulkEnd)
+          if (buf[stop - 2] !== CR || buf[stop - 1] !== LF) return malformed('a bulk string not ended by CRLF')
+          p = stop
+          if (this.#valueEnded()) return this.#frameEnded(p, start)
+          break
+        }
+      }
+    }
   }
 
-  reset (): void {}
+  // A value ended: counts it in its array, closing every array it completes.
+  // True when no array is left open (the reply is whole); else the next value starts.
+  #valueEnded (): boolean {
+    const left = this.#left
+    for (let i = left.length - 1; i >= 0; i--) {
+      if (--left[i]! > 0) {
+        this.#phase = AT_TYPE
+        return false
+      }
+      left.pop()
+    }
+    return true
+  }
+
+  #frameEnded (p: number, start: number): number {
+    this.examined += p - start - this.#from
+    this.reset()
+    return p - start
+  }
+
+  #more (p: number, start: number, atLeast: number): number {
+    this.#pos = p - start
+    this.examined += this.#pos - this.#from
+    return atLeast > 0 ? -atLeast : 0
+  }
+
+  reset (): void {
+    this.#phase = AT_TYPE
+    this.#pos = 0
+    this.#left.length = 0
+  }
 }
 
 /** The RpcError of an error reply: Redis's text, its first word as the name. */
@@ -139,37 +281,51 @@ export function redisError (text: string): RpcError {
   return new RpcError(ErrorCode.REMOTE, text, { remote: { protocol: 'redis', code: 0, name, fatal: false } })
 }
 
-// Decodes the (complete, scanned) value at p; returns it and where it ends.
-export function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
-  const stop = buf.indexOf(LF, p) + 1
-  const line = (): string => buf.toString('utf8', p + 1, stop - 2)
-  switch (buf[p]) {
-    case 0x2b: return [line(), stop]
-    case 0x2d: return [redisError(line()), stop]
-    case 0x3a: {
-      const text = line()
-      const n = Number(text)
-      return [Number.isSafeInteger(n) ? n : BigInt(text), stop]
+/** Where the value `decodeAt` decoded last ends (no tuple made per value). */
+let decodedEnd = 0
+
+// The (complete, scanned) value at p; where it ends goes to `decodedEnd`.
+// Lengths are read from the bytes as the scanner checked them: digits, or -1.
+function decodeAt (buf: Buffer, p: number): RedisReply {
+  const type = buf[p]!
+  if (type === DOLLAR || type === STAR) {
+    let q = p + 1
+    if (buf[q] === MINUS) {
+      decodedEnd = buf.indexOf(LF, q) + 1
+      return null
     }
-    case 0x24: {
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      // A copy: a view would pin the whole read chunk.
-      return [Buffer.from(buf.subarray(stop, stop + n)), stop + n + 2]
+    let n = 0
+    for (let c = buf[q]!; c !== CR; c = buf[++q]!) n = n * 10 + (c - ZERO)
+    const stop = q + 2
+    if (type === DOLLAR) {
+      // A copy: a view would pin the whole read chunk (or reply).
+      const bytes = Buffer.allocUnsafe(n)
+      buf.copy(bytes, 0, stop, stop + n)
+      decodedEnd = stop + n + 2
+      return bytes
     }
-    default: { // '*', as scanned
-      const n = Number(buf.toString('latin1', p + 1, stop - 2))
-      if (n === -1) return [null, stop]
-      const items: RedisReply[] = []
-      let q = stop
-      for (let i = 0; i < n; i++) {
-        const [item, next] = decodeValue(buf, q)
-        items.push(item)
-        q = next
-      }
-      return [items, q]
+    const items: RedisReply[] = new Array(n)
+    let at = stop
+    for (let i = 0; i < n; i++) {
+      items[i] = decodeAt(buf, at)
+      at = decodedEnd
     }
+    decodedEnd = at
+    return items
   }
+  const stop = buf.indexOf(LF, p) + 1
+  decodedEnd = stop
+  const line = buf.toString('utf8', p + 1, stop - 2)
+  if (type === PLUS) return line
+  if (type === MINUS) return redisError(line)
+  const n = Number(line)
+  return Number.isSafeInteger(n) ? n : BigInt(line)
+}
+
+/** Decodes the (complete, scanned) value at p; returns it and where it ends. */
+export function decodeValue (buf: Buffer, p: number): [RedisReply, number] {
+  const value = decodeAt(buf, p)
+  return [value, decodedEnd]
 }
 
 function putLatin1 (out: FrameSink, text: string): void {
@@ -204,10 +360,7 @@ export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply>
       }
       putLatin1(out, head)
     },
-    decodeAnswer (_command, buf, start): RedisReply | RpcError {
-      const [reply] = decodeValue(buf, start)
-      return reply
-    },
+    decodeAnswer: (_command, buf, start) => decodeAt(buf, start),
     retryable: (error, command) => error.remote !== undefined
       ? RETRYABLE_ERRORS.has(error.remote.name)
       : READ_ONLY.has(command.args[0]!.toString('latin1').toUpperCase())

@@ -325,8 +325,9 @@ export class RespScanner implements FrameScanner {
         }
         case S_INLINE: {
           const limit = Math.min(end, start + INLINE_MAX_BYTES + 1)
-          const lf = p < limit ? buf.indexOf(LF, p) : -1
-          if (lf >= 0 && lf < limit) return lf + 1 - start
+          // Never past `limit`: beyond `end` lies the unfilled rest of the buffer the frame is assembled in.
+          const lf = p < limit ? (limit === buf.length ? buf : buf.subarray(0, limit)).indexOf(LF, p) : -1
+          if (lf >= 0) return lf + 1 - start
           if (limit - start > INLINE_MAX_BYTES) return new RespProtocolError(ProtocolErrors.inlineTooBig)
           return this.#more(end, start, 0)
         }

@@ -109,7 +109,7 @@ function onPush<Req, Res> (engine: AnswerOwner<Req, Res>, cc: CallConnection<Req
   const decodePush = engine.protocol.decodePush
   const push = decodePush === undefined ? Buffer.from(buf.subarray(start, end)) : decodePush(buf, start, end)
   if (push instanceof RpcError) return push.remote === undefined && push.fatal ? broken(cc, push) : true
-  engine.pushes.push(push, cc.pushInfo)
+  engine.pushes.push(push, cc.pushInfo, end - start)
   return !cc.closed
 }
 

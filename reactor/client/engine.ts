@@ -1,3 +1,4 @@
+import { randomInt } from 'node:crypto'
 import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
@@ -16,7 +17,7 @@ import { onAnswer } from './answers.js'
 import { FINISHED, QUEUED, SENDING, SENT, deliver, failEarly, invalid, newPendingCall, type CallConnection, type Callback, type PendingCall, type Reject } from './pending-call.js'
 import { PeerConnection, type PeerSettings } from './peer-connection.js'
 import { PushHub } from './pushes.js'
-import { Targets, type Target } from './targets.js'
+import { DEFAULT_MAX_RESOLVED_ADDRESSES, Targets, dnsLookup, type Target } from './targets.js'
 
 /** What every client made on the engine takes (`ProtocolClientOptions` and KRPC's `ClientOptions` name them). */
 export interface ClientEngineOptions {
@@ -26,6 +27,22 @@ export interface ClientEngineOptions {
   balance?: BalancePolicy
   /** Resolve each endpoint's host name to all its addresses (DNS) and balance over them; re-resolved every 30 s. */
   resolveAll?: boolean
+  /**
+   * With `resolveAll`: the most addresses an endpoint's names are balanced
+   * over (each gets `connectionsPerEndpoint` connections); default 32. A
+   * name resolving to more gives each client a subset of this many, drawn
+   * by rendezvous hashing on a seed of the client's own (as gRPC's and
+   * Envoy's subsetting): different clients use different subsets, one
+   * client the same subset for the same addresses, and when a resolution
+   * changes the subset is drawn again, keeping the addresses still present
+   * unless new ones outrank them.
+   */
+  maxResolvedAddresses?: number
+  /** With `resolveAll`: how host names are resolved; default node:dns's `lookup(host, { all: true })` (tests pass a stub). */
+  lookup?: (hostname: string) => Promise<ReadonlyArray<{
+    /** One of the name's IP addresses. */
+    readonly address: string
+  }>>
   /** Timeout of calls that name none, covering connect, set-up and retries; default 30000 ms; 0: no deadline. */
   defaultTimeoutMs?: number
   /** Deadline of a connection's connect and handshake; default 3000 ms. A short call timeout does not shorten it. */
@@ -175,6 +192,8 @@ export class ClientEngine<Req, Res> {
     const tls = options.tls
     const keepAliveMs = options.keepAliveMs ?? DEFAULT_KEEPALIVE_MS
     if (!(keepAliveMs >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `keepAliveMs must be at least 0, got ${options.keepAliveMs}`)
+    const maxResolvedAddresses = options.maxResolvedAddresses ?? DEFAULT_MAX_RESOLVED_ADDRESSES
+    if (!(Number.isInteger(maxResolvedAddresses) && maxResolvedAddresses >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxResolvedAddresses must be an integer >= 1, got ${options.maxResolvedAddresses}`)
     this.#liveness = options.liveness === false || protocol.ping === undefined ? null : (options.liveness ?? {})
     this.#settings = {
       framing: protocol.framing,
@@ -189,6 +208,10 @@ export class ClientEngine<Req, Res> {
       connectionsPerEndpoint: options.connectionsPerEndpoint ?? 1,
       policy: options.balance ?? 'p2c',
       resolveAll: options.resolveAll === true,
+      maxResolvedAddresses,
+      // Random per client: clients of the same name spread over all its addresses.
+      subsetSeed: randomInt(0x100000000),
+      lookup: options.lookup ?? dnsLookup,
       clock: this.clock,
       outstanding: (slot) => this.connections.get(slot.key)?.inFlight ?? 0,
       ejection: options.ejection === false ? null : (options.ejection ?? {})
@@ -436,7 +459,18 @@ export class ClientEngine<Req, Res> {
     // In-order calls keep their place until their answer comes.
     if (!taken && !this.inOrder && cc.byId.get(call.id | 0) === call) cc.byId.delete(call.id | 0)
     cc.liveness?.waiting(cc.inFlight)
-    if (cc.retired && cc.inFlight === 0) cc.connection.destroy()
+    if (cc.retired && this.#drained(cc)) cc.connection.destroy()
+  }
+
+  // No call on `cc` waits for an answer (in order, settled calls keep their
+  // place in the queue until theirs comes). Looked for from the newest: calls
+  // settle mostly oldest first (answers come in order, equal deadlines pass in
+  // order), so a call still waiting is found at once while there is one.
+  #drained (cc: CallConnection<Req, Res>): boolean {
+    if (!this.inOrder) return cc.byId.size === 0
+    const queue = cc.inOrder
+    for (let i = queue.length - 1; i >= 0; i--) if (queue.peekAt(i)!.state !== FINISHED) return false
+    return true
   }
 
   #cancel (call: PendingCall<Req, Res>): void {
@@ -461,7 +495,13 @@ export class ClientEngine<Req, Res> {
       const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
       // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect;
       // a host being probed has the probe's own time, so that a host just back may answer its first call late).
-      if (cc !== null && cc.ready) cc.balancer.callTimedOut(cc.slot)
+      if (cc !== null && cc.ready) {
+        cc.balancer.callTimedOut(cc.slot)
+        // In order, every answer behind this one waits for it, however long it
+        // takes to come (a slow or hostile peer trickling a large one): new
+        // calls go to another connection, this one closes once no call waits on it.
+        if (this.inOrder && cc.inOrder.peekFront() === call) this.retire(cc, 'a call timed out waiting for its in-order answer')
+      }
       // Mid-write, the caller's buffers are still being read: settle once the frame is out.
       if (call.state === SENDING) call.pendingError = error
       else this.fail(call, error)
@@ -564,15 +604,15 @@ export class ClientEngine<Req, Res> {
     cc.balancer.succeeded(cc.slot)
   }
 
-  /** `cc` answered with a fatal remote error: new calls open another; it closes once its last call settles. */
-  retire (cc: CallConnection<Req, Res>): void {
+  /** `cc` must take no new calls (a fatal remote error, an in-order answer overdue): new calls open another; it closes once its last call settles. */
+  retire (cc: CallConnection<Req, Res>, reason = 'a FATAL answer'): void {
     if (cc.retired || cc.closed) return
     if (this.connections.get(cc.key) === cc) this.connections.delete(cc.key)
     cc.retired = true
     if (this.#last === cc) this.#last = null
     this.#retired.add(cc)
     if (!this.closed) {
-      this.log.info(`connection to ${cc.endpoint} retired after a FATAL answer; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
+      this.log.info(`connection to ${cc.endpoint} retired after ${reason}; new calls open another`, { endpoint: cc.endpoint, pendingCalls: cc.inFlight, negotiated: cc.ready })
     }
   }
 

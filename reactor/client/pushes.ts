@@ -18,9 +18,18 @@ export interface ProtocolPushOptions {
    * the oldest held push is dropped and `stats().pushesDropped` rises.
    */
   maxBuffered?: number
+  /**
+   * The bytes of the pushes held for an iterator that is not reading, each
+   * counted as its frame's size on the wire; default 32 MiB (as
+   * `RedisClient.subscribe`'s). Past it the oldest held pushes are dropped,
+   * as past `maxBuffered`, until the newest fits (the newest is always
+   * kept, however large), and `stats().pushesDropped` counts them.
+   */
+  maxBufferedBytes?: number
 }
 
 const DEFAULT_MAX_BUFFERED_PUSHES = 1024
+const DEFAULT_MAX_BUFFERED_PUSH_BYTES = 32 * 1024 * 1024
 
 /**
  * Where a client's pushes and connection closes go: its handlers and push
@@ -31,7 +40,7 @@ export class PushHub {
   #pushHandlers: ReadonlyArray<(push: unknown, info: PushInfo) => void> = []
   #closeHandlers: ReadonlyArray<(info: ConnectionCloseInfo) => void> = []
   readonly #iterators = new Set<PushIterator>()
-  /** Pushes received and dropped (an iterator over `maxBuffered`). */
+  /** Pushes received and dropped (an iterator over `maxBuffered` or `maxBufferedBytes`). */
   readonly counts = { received: 0, dropped: 0 }
   readonly #log: RateLimitedLog
   readonly #warn: (message: string, fields?: Record<string, unknown>) => void
@@ -69,14 +78,16 @@ export class PushHub {
   iterator (options: ProtocolPushOptions): PushIterator {
     const maxBuffered = options.maxBuffered ?? DEFAULT_MAX_BUFFERED_PUSHES
     if (!Number.isInteger(maxBuffered) || maxBuffered < 1) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxBuffered must be a positive integer, got ${options.maxBuffered}`)
-    const iterator = new PushIterator(maxBuffered, this.counts, this.#iterators)
+    const maxBufferedBytes = options.maxBufferedBytes ?? DEFAULT_MAX_BUFFERED_PUSH_BYTES
+    if (!Number.isInteger(maxBufferedBytes) || maxBufferedBytes < 1) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxBufferedBytes must be a positive integer, got ${options.maxBufferedBytes}`)
+    const iterator = new PushIterator(maxBuffered, maxBufferedBytes, this.counts, this.#iterators)
     if (this.#ended) iterator.end(false)
     else this.#iterators.add(iterator)
     return iterator
   }
 
-  /** A push: to every handler, then to every iterator. */
-  push (push: unknown, info: PushInfo): void {
+  /** A push (its frame `bytes` long): to every handler, then to every iterator. */
+  push (push: unknown, info: PushInfo, bytes: number): void {
     this.counts.received++
     for (const handler of this.#pushHandlers) {
       try {
@@ -86,7 +97,7 @@ export class PushHub {
           () => ({ endpoint: info.endpoint }))
       }
     }
-    for (const iterator of this.#iterators) iterator.offer(push)
+    for (const iterator of this.#iterators) iterator.offer(push, bytes)
   }
 
   /** A connection that was set up closed. */

@@ -3,6 +3,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Clock } from '../../scheduling/clock.js'
 import { OutlierEjection, type OutlierEjectionOptions, type OutlierEjectionStats } from '../../scheduling/outlier-ejection.js'
 import { Balancer, type Address, type BalancePolicy, type Slot } from '../balancer.js'
+import { subsetAddresses } from './address-subset.js'
 
 /** `host:port`, or its parts. */
 export type ClientEndpoint = string | {
@@ -36,6 +37,15 @@ export function parseEndpoint (endpoint: ClientEndpoint, cache: Map<string, Addr
   return parsed
 }
 
+/** Resolves a host name to its addresses, as node:dns/promises's `lookup(host, { all: true })`. */
+export type HostLookup = (hostname: string) => Promise<ReadonlyArray<{ readonly address: string }>>
+
+/** node:dns's lookup of every address of a name. */
+export const dnsLookup: HostLookup = (hostname) => lookup(hostname, { all: true })
+
+/** The default of `maxResolvedAddresses`. */
+export const DEFAULT_MAX_RESOLVED_ADDRESSES = 32
+
 const RESOLVE_EVERY_MS = 30_000
 const MAX_REMEMBERED = 1024
 
@@ -45,6 +55,12 @@ export interface TargetSettings {
   readonly policy: BalancePolicy
   /** Resolve each host name to all its addresses (DNS) and balance over them, re-resolved every 30 s. */
   readonly resolveAll: boolean
+  /** With `resolveAll`: the most addresses a target uses (a subset, address-subset.ts). */
+  readonly maxResolvedAddresses: number
+  /** This client's seed for drawing that subset. */
+  readonly subsetSeed: number
+  /** How host names are resolved (node:dns's `lookup` with `all: true` by default). */
+  readonly lookup: HostLookup
   readonly clock: Clock
   /** Calls waiting on a slot's connection now. */
   readonly outstanding: (slot: Slot) => number
@@ -60,12 +76,14 @@ export class Target {
   resolving: Promise<void> | null = null
   readonly #names: Address[] | null
   readonly #clock: Clock
+  readonly #settings: TargetSettings
   #resolvedAt = 0
   #refreshing = false
 
   constructor (name: string, addresses: Address[], settings: TargetSettings) {
     this.name = name
     this.#clock = settings.clock
+    this.#settings = settings
     this.#names = settings.resolveAll ? addresses : null
     this.balancer = new Balancer(settings.resolveAll ? [] : addresses, {
       connectionsPerEndpoint: settings.connectionsPerEndpoint,
@@ -101,17 +119,27 @@ export class Target {
     this.#resolve().catch(() => {}).finally(() => { this.#refreshing = false })
   }
 
+  // Every address of every name, then at most `maxResolvedAddresses` of them
+  // (a name with thousands would otherwise open a connection to each, until
+  // descriptors run out): the subset is drawn again from each resolution.
   async #resolve (): Promise<void> {
     const addresses: Address[] = []
+    const seen = new Set<string>()
+    const settings = this.#settings
     for (const { host, port } of this.#names!) {
       try {
-        for (const found of await lookup(host, { all: true })) addresses.push({ host: found.address, port })
+        for (const found of await settings.lookup(host)) {
+          const key = `${found.address}:${port}`
+          if (seen.has(key)) continue
+          seen.add(key)
+          addresses.push({ host: found.address, port })
+        }
       } catch (err) {
         throw new RpcError(ErrorCode.CONNECT_FAILED, `cannot resolve ${host}: ${(err as Error).message}`, { cause: err })
       }
     }
     this.#resolvedAt = this.#clock.now()
-    this.balancer.setAddresses(addresses)
+    this.balancer.setAddresses(subsetAddresses(addresses, settings.maxResolvedAddresses, settings.subsetSeed))
   }
 }
 

@@ -117,6 +117,37 @@ t.test('pushes(): bounded, the oldest dropped and counted', async (t) => {
   t.throws(() => c.pushes({ maxBuffered: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
 })
 
+t.test('pushes(): bounded by bytes too (each push its frame size), the oldest dropped and counted; 32 MiB by default', async (t) => {
+  // `big n size` is answered `ok` after n pushes of `size` bytes (their frames: `>`, the bytes, LF).
+  const { port } = await lineServer(t, (line) => {
+    const [, n, size] = line.split(' ').map(Number)
+    return Array.from({ length: n! }, (_, i) => `>${String(i % 10).repeat(size!)}\n`).join('') + 'ok\n'
+  })
+  const c = toyClient(t, pushLinesProtocol(), port)
+  const small = c.pushes({ maxBufferedBytes: 10_000 })
+  t.equal(await c.call({ route: 'big', payload: '20 998' }), 'ok')
+  t.equal(c.stats().pushesReceived, 20)
+  t.equal(c.stats().pushesDropped, 10, 'ten frames of 1,000 bytes fit in 10,000')
+  const kept: string[] = []
+  for (let i = 0; i < 10; i++) kept.push(((await small.next()).value as string).slice(0, 1))
+  t.same(kept, ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'], 'the newest (the 11th to the 20th) were kept')
+  // The newest is kept whatever its size.
+  t.equal(await c.call({ route: 'big', payload: '1 20000' }), 'ok')
+  t.equal(((await small.next()).value as string).length, 20_000)
+  t.equal(c.stats().pushesDropped, 10)
+  await small.return!()
+
+  // Default: 32 MiB, whatever the count (under its 1,024).
+  const unread = c.pushes()
+  const before = c.stats().pushesDropped
+  t.equal(await c.call({ route: 'big', payload: '40 1048574' }, { timeoutMs: 60_000 }), 'ok')
+  t.equal(c.stats().pushesDropped - before, 8, '40 pushes of 1 MiB: the 32 newest kept')
+  const first = (await unread.next()).value as string
+  t.equal(first.slice(0, 1), '8', 'the oldest kept is the 9th')
+  await unread.return!()
+  t.throws(() => c.pushes({ maxBufferedBytes: 0 }), { code: ErrorCode.INVALID_ARGUMENT })
+})
+
 t.test('pushes(): return() ends an iterator at once; close() ends every iterator after what it holds', async (t) => {
   const { port } = await lineServer(t, (line) => `>one\n>two\n${line.slice(5)}\n`)
   const c = toyClient(t, pushLinesProtocol(), port)
