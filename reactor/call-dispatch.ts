@@ -221,11 +221,6 @@ export class CallDispatch {
     return out
   }
 
-  /** The shortest `abandonAfterMs` of any group (Infinity: none abandons). */
-  get shortestAbandonMs (): number {
-    return Abandonment.shortestMs(this.#routes.groups())
-  }
-
   /** Abandoned handlers still running, over all groups. */
   get abandonedRunning (): number {
     return Abandonment.running(this.#routes.groups())
@@ -395,7 +390,7 @@ export class CallDispatch {
       return undefined
     }
     if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown } | undefined)?.then === 'function')) {
-      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (abandonOverdue).
+      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (Abandonment, a guard of the scan).
       return (result as Promise<unknown>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
     }
     this.#respond(call, result)
@@ -423,11 +418,6 @@ export class CallDispatch {
       }
     }
     return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
-  }
-
-  /** Abandons handlers that overran (one pass of the server's scan; see `Abandonment`). */
-  abandonOverdue (now: number): void {
-    this.#abandonment.overdue(now)
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
