@@ -184,27 +184,6 @@ export class AnswerWriter {
     this.#log = log
   }
 
-  /**
-   * Writes the handler's `response` to `call`: in place into the
-   * connection's outbound buffer in its turn, else encoded into a buffer
-   * of its own and held for its turn. Throws what the protocol's encoding
-   * throws (an invalid response).
-   */
-  answer (a: ConnectionAnswers, call: OrderedCall, response: unknown, inTurn: boolean): void {
-    const protocol = this.#protocol
-    const connection = a.connection
-    const bytes = protocol.encodedLength(call, response)
-    if (!inTurn) {
-      // Not its turn: its answer waits, encoded, for the ones before it.
-      a.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
-      this.afterHold(a)
-    } else if (bytes > 0) {
-      if (!connection.writeFrame(bytes, protocol, call, response)) this.overBound(a)
-    } else if (bytes < 0) {
-      this.send(a, protocol.encodeSlices!(call, response))
-    }
-  }
-
   /** One part of `call`'s streamed answer, encoded (`encodePart`); null when the connection has closed or the call was abandoned. Throws when the protocol cannot stream. */
   encodePart (a: ConnectionAnswers, call: OrderedCall, part: unknown): Uint8Array[] | null {
     const encode = this.#protocol.encodePart
@@ -412,9 +391,3 @@ export class ByIdAnswers implements AnswerOrder {
   }
 }
 
-// An answer encoded into a buffer of its own (it waits for its turn).
-function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
-  const out = Buffer.allocUnsafe(bytes)
-  protocol.encodeInto(call, response, out, 0)
-  return out
-}

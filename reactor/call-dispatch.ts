@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
+import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
@@ -445,8 +445,20 @@ export class CallDispatch {
     }
     const order = this.#order
     const inTurn = order.inTurn(answers, call)
+    const protocol = this.#protocol
+    const connection = answers.connection
+    let bytes: number
     try {
-      this.#writer.answer(answers, call, response, inTurn)
+      bytes = protocol.encodedLength(call, response)
+      if (!inTurn) {
+        // Not its turn: its answer waits, encoded, for the ones before it.
+        answers.hold(call.seq, bytes === 0 ? null : bytes > 0 ? [encodeOwn(protocol, call, response, bytes)] : protocol.encodeSlices!(call, response))
+        this.#writer.afterHold(answers)
+      } else if (bytes > 0) {
+        if (!connection.writeFrame(bytes, protocol, call, response)) this.#writer.overBound(answers)
+      } else if (bytes < 0) {
+        this.#writer.send(answers, protocol.encodeSlices!(call, response))
+      }
     } catch (err) {
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
       return
@@ -499,6 +511,13 @@ export class CallDispatch {
 function checkFilters (filters: readonly Filter[]): readonly Filter[] {
   for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
   return filters
+}
+
+// An answer encoded into a buffer of its own (it waits for its turn).
+function encodeOwn (protocol: ServerProtocol, call: AnsweredCall, response: unknown, bytes: number): Buffer {
+  const out = Buffer.allocUnsafe(bytes)
+  protocol.encodeInto(call, response, out, 0)
+  return out
 }
 
 // What a handler threw, as a message; never throws itself (a thrown value may refuse String()).
