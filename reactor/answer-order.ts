@@ -185,24 +185,6 @@ export class AnswerWriter {
     this.#log = log
   }
 
-  /**
-   * Writes the handler's `response` to `call`: in place into the
-   * connection's outbound buffer in its turn, else encoded into a buffer
-   * of its own and held for its turn. Throws what the protocol's encoding
-   * throws (an invalid response).
-   */
-  answer (a: ConnectionAnswers, call: OrderedCall, response: unknown, inTurn: boolean): void {
-    const protocol = this.#protocol
-    if (!inTurn) {
-      // Not its turn: its answer waits, encoded into a buffer of its own, for the ones before it.
-      const slices = encodeToSlices(protocol.encode, protocol, call, response)
-      a.hold(call.seq, slices.length === 0 ? null : slices)
-      this.afterHold(a)
-    } else if (!a.connection.writeFrame(protocol, call, response)) {
-      this.overBound(a)
-    }
-  }
-
   /** One part of `call`'s streamed answer, encoded (`encodePart`); null when the connection has closed or the call was abandoned. Throws when the protocol cannot stream. */
   encodePart (a: ConnectionAnswers, call: OrderedCall, part: unknown): Uint8Array[] | null {
     const encode = this.#protocol.encodePart

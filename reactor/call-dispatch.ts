@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
+import { encodeToSlices } from '../codec/frame-sink.js'
+import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
@@ -221,11 +222,6 @@ export class CallDispatch {
     return out
   }
 
-  /** The shortest `abandonAfterMs` of any group (Infinity: none abandons). */
-  get shortestAbandonMs (): number {
-    return Abandonment.shortestMs(this.#routes.groups())
-  }
-
   /** Abandoned handlers still running, over all groups. */
   get abandonedRunning (): number {
     return Abandonment.running(this.#routes.groups())
@@ -395,7 +391,7 @@ export class CallDispatch {
       return undefined
     }
     if (result instanceof Promise || (result !== null && typeof (result as { then?: unknown } | undefined)?.then === 'function')) {
-      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (abandonOverdue).
+      // Still running at a scan abandonAfterMs past its deadline, it is abandoned (Abandonment, a guard of the scan).
       return (result as Promise<unknown>).then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err))
     }
     this.#respond(call, result)
@@ -425,11 +421,6 @@ export class CallDispatch {
     return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
   }
 
-  /** Abandons handlers that overran (one pass of the server's scan; see `Abandonment`). */
-  abandonOverdue (now: number): void {
-    this.#abandonment.overdue(now)
-  }
-
   #handlerFailed (call: InboundCall, err: unknown): void {
     if (call.abandoned && this.#abandonment.settled(call)) return
     // A handler that gave up at its deadline (the signal's own reason) is
@@ -455,8 +446,17 @@ export class CallDispatch {
     }
     const order = this.#order
     const inTurn = order.inTurn(answers, call)
+    const protocol = this.#protocol
+    const connection = answers.connection
     try {
-      this.#writer.answer(answers, call, response, inTurn)
+      if (!inTurn) {
+        // Not its turn: its answer waits, encoded into a buffer of its own, for the ones before it.
+        const slices = encodeToSlices(protocol.encode, protocol, call, response)
+        answers.hold(call.seq, slices.length === 0 ? null : slices)
+        this.#writer.afterHold(answers)
+      } else if (!connection.writeFrame(protocol, call, response)) {
+        this.#writer.overBound(answers)
+      }
     } catch (err) {
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
       return
