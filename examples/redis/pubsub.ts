@@ -326,7 +326,7 @@ export function subscribedPing (request: RespRequest, ctx: PubSubCallContext): R
   return NO_ANSWER
 }
 
-/** An answer of no bytes (`encodedLength` 0): what was to be said went out as a push. */
+/** An answer of no bytes (an `encode` that writes nothing): what was to be said went out as a push. */
 const NO_ANSWER = new Raw(EMPTY)
 const RESET = simple('RESET')
 const NO_CONNECTION = error('ERR Pub/Sub needs a connection')
