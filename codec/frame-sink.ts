@@ -150,7 +150,7 @@ export class FrameBuffer implements FrameSink {
     }
     // A fresh home buffer: the run so far stays in the old one, as a piece.
     const chunk = this.#home
-    const fresh = chunk.renew(chunk === this.#scratch ? Math.min(MAX_SCRATCH_BYTES, 2 * this.#homeBuffer.length) : bytes)
+    const fresh = chunk.renew(chunk === this.#scratch ? Math.max(bytes, Math.min(MAX_SCRATCH_BYTES, 2 * this.#homeBuffer.length)) : bytes)
     this.#homeBuffer = this.buffer = fresh
     this.#start = 0
     this.#at = bytes

@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { encodeToSlices } from '../codec/frame-sink.js'
-import { CallHead, InvalidRequest, type AnsweredCall, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
+import { encodeToSlices, returnedValue } from '../codec/frame-sink.js'
+import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type ServerProtocol } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
@@ -454,10 +454,18 @@ export class CallDispatch {
         const slices = encodeToSlices(protocol.encode, protocol, call, response)
         answers.hold(call.seq, slices.length === 0 ? null : slices)
         this.#writer.afterHold(answers)
-      } else if (!connection.writeFrame(protocol, call, response)) {
-        this.#writer.overBound(answers)
+      } else {
+        // In its turn: encoded in place, in this stack, into the connection's coalesced outbound buffer.
+        const out = connection.beginFrame()
+        if (out === null) {
+          const slices = encodeToSlices(protocol.encode, protocol, call, response)
+          if (slices.length > 0) this.#writer.send(answers, slices)
+        } else if (protocol.encode(call, response, out) !== undefined) throw returnedValue()
+        else if (!connection.endFrame()) this.#writer.overBound(answers)
       }
     } catch (err) {
+      // Nothing the encoder added is queued.
+      connection.abortFrame()
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
       return
     }

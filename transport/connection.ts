@@ -3,13 +3,14 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
 import { ScanDecoder } from '../codec/scan-decoder.js'
 import type { Handshake } from '../codec/protocol.js'
+import type { FrameSink } from '../codec/frame-sink.js'
 import type { BusyPoller } from './busy-poll.js'
 import type { ByteStream, ByteStreamListener } from './byte-stream.js'
 import type { InboundBudget } from './inbound-budget.js'
 import { ReadGate, ReadStop } from './read-gate.js'
 import { SetUp, type SetUpHost } from './set-up.js'
 import { TransferQueue, type OutboundTransfer } from './transfer-queue.js'
-import { writeFrame, type FrameEncoder } from './frame-writer.js'
+import { abortFrame, beginFrame, endFrame, writeFrame, type FrameEncoder } from './frame-writer.js'
 import type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
@@ -259,6 +260,31 @@ export class Connection {
     this.#activity++
     this.#poller?.touch()
     return writeFrame(this.#queue, encoder, a, b)
+  }
+
+  /**
+   * Opens a frame to be encoded in place (see `writesInPlace`), for a caller
+   * that runs the encoder itself (the server's answers, the client's
+   * requests: in their own stack the encoder is inlined): encode into the
+   * sink, then `endFrame`, or `abortFrame` if the encoder threw. Null when
+   * the frame cannot go in place now: encode it into a buffer of its own
+   * and `send` it.
+   */
+  beginFrame (): FrameSink | null {
+    if (this.#closed) return null
+    return beginFrame(this.#queue)
+  }
+
+  /** Queues the frame `beginFrame` opened (nothing added: nothing queued); false when over the outbound bound (dropped). */
+  endFrame (): boolean {
+    this.#activity++
+    this.#poller?.touch()
+    return endFrame(this.#queue)
+  }
+
+  /** Drops the frame `beginFrame` opened (its encoder threw): nothing queued. No-op when none is open. */
+  abortFrame (): void {
+    abortFrame()
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */

@@ -11,28 +11,36 @@ export interface FrameEncoder<A, B> {
 // into a buffer of its own).
 const inPlace = new FrameBuffer()
 
+// The chunk the open frame is encoded in (between beginFrame and endFrame).
+let openChunk: FrameChunk | null = null
+
 /**
- * Encodes one frame with `encoder.encode(a, b, sink)` and queues it on
- * `queue`. In place when the queue allows (`inPlaceChunk`): the room the
- * encoder reserves is in the queue's coalesced outbound buffer, and the
- * frame is one more run there; a frame that appended slices (or took room
- * elsewhere) is queued as one transfer of its pieces. Otherwise into a
- * buffer of its own, queued as a transfer. An encoder that adds nothing
- * queues nothing (true). False: over the queue's outbound bound (nothing
- * queued). A throw from the encoder leaves nothing queued and reaches the
- * caller.
+ * Opens a frame to be encoded in place for `queue` (its `inPlaceChunk`): the
+ * room the encoder reserves is in the queue's coalesced outbound buffer.
+ * Null when the frame cannot go in place now (the queue is held or closed,
+ * or another frame is open): encode it into a buffer of its own and
+ * `enqueue` it. The caller encodes into the sink, then calls `endFrame`
+ * (or `abortFrame` when the encoder threw). No closure, no object per
+ * frame: the encoder runs in the caller's stack, where TurboFan inlines it.
  */
-export function writeFrame<A, B> (queue: TransferQueue, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
+export function beginFrame (queue: TransferQueue): FrameBuffer | null {
   const chunk = queue.inPlaceChunk
-  if (chunk === null || inPlace.open) return writeOwnFrame(queue, encoder, a, b)
+  if (chunk === null || inPlace.open) return null
+  openChunk = chunk
+  inPlace.begin(chunk)
+  return inPlace
+}
+
+/**
+ * Queues the frame opened by `beginFrame` on `queue`: one more run of the
+ * chunk, or, when it appended slices (or took room elsewhere), one
+ * transfer of its pieces. Nothing added: nothing queued (true). False:
+ * over the queue's outbound bound (nothing queued).
+ */
+export function endFrame (queue: TransferQueue): boolean {
   const frame = inPlace
-  frame.begin(chunk)
-  try {
-    if (encoder.encode(a, b, frame) !== undefined) throw returnedValue()
-  } catch (err) {
-    frame.close()
-    throw err
-  }
+  const chunk = openChunk!
+  openChunk = null
   const home = frame.homeBuffer
   const start = frame.runStart
   const end = frame.runEnd
@@ -43,6 +51,32 @@ export function writeFrame<A, B> (queue: TransferQueue, encoder: FrameEncoder<A,
   // Taken: the chunk's next frame starts after it.
   chunk.at = end
   return true
+}
+
+/** Drops the frame opened by `beginFrame` (its encoder threw): nothing is queued, its room is free again. No-op when none is open. */
+export function abortFrame (): void {
+  if (!inPlace.open) return
+  openChunk = null
+  inPlace.close()
+}
+
+/**
+ * Encodes one frame with `encoder.encode(a, b, sink)` and queues it on
+ * `queue`: in place when it can (`beginFrame`), else into a buffer of its
+ * own, queued as a transfer. An encoder that adds nothing queues nothing
+ * (true). False: over the queue's outbound bound (nothing queued). A throw
+ * from the encoder leaves nothing queued and reaches the caller.
+ */
+export function writeFrame<A, B> (queue: TransferQueue, encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
+  const frame = beginFrame(queue)
+  if (frame === null) return writeOwnFrame(queue, encoder, a, b)
+  try {
+    if (encoder.encode(a, b, frame) !== undefined) throw returnedValue()
+  } catch (err) {
+    abortFrame()
+    throw err
+  }
+  return endFrame(queue)
 }
 
 // A frame in place that took pieces (appended slices, rooms elsewhere): one transfer of them.

@@ -2,7 +2,7 @@ import { randomInt } from 'node:crypto'
 import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { encodeToSlices, type FrameSink } from '../../codec/frame-sink.js'
+import { encodeToSlices, returnedValue, type FrameSink } from '../../codec/frame-sink.js'
 import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
 import type { HandshakeStep } from '../../codec/protocol.js'
 import { realClock, type Clock } from '../../scheduling/clock.js'
@@ -109,13 +109,6 @@ const DEFAULT_MAX_STREAM_PARTS = 100_000
 const DEFAULT_KEEPALIVE_MS = 10_000
 /** Warnings of one kind are logged at most this often. */
 export const LOG_INTERVAL_MS = 10_000
-
-/** The in-place encoder: the protocol encodes the call's request straight into the outbound slab. */
-const IN_PLACE = {
-  encode (call: PendingCall<unknown, unknown>, protocol: ClientProtocol<unknown, unknown>, out: FrameSink): void {
-    protocol.encode(call.request, call.id, out, call.data, wireTimeoutOf(call.timeoutMs))
-  }
-}
 
 // What the protocol may send as the request's timeout: the attempt's (at least 1 ms), 0 for none.
 function wireTimeoutOf (timeoutMs: number): number {
@@ -335,23 +328,26 @@ export class ClientEngine<Req, Res> {
     // Registered before the write: the answer cannot come sooner, but the connection's failure can.
     if (call.answer === 'yes' && !this.inOrder && cc.liveness === null) cc.byId.set(id | 0, call)
     else this.#register(cc, call)
-    const connection = cc.connection
     // A call with an AbortSignal stays a transfer of its own, so that it can be dropped unsent when cancelled.
-    if (call.signal !== undefined || !connection.writesInPlace) return this.#send(cc, call)
+    const out = call.signal === undefined ? cc.connection.beginFrame() : null
+    if (out === null) return this.#send(cc, call)
     // Written in place it is not asked again: the set-up is done, so its session is known now.
-    const refusal = this.beforeSend === undefined ? undefined : this.beforeSend(call, cc.session)
+    const protocol = this.protocol
+    const refusal = protocol.beforeSend === undefined ? undefined : protocol.beforeSend(call.request, call.data, cc.session)
     if (refusal !== undefined) {
+      cc.connection.abortFrame()
       this.#unregister(cc, call)
       return this.fail(call, refusal)
     }
-    let written: boolean
+    // Encoded here, in this stack (TurboFan inlines the protocol's encoder), straight into the outbound slab.
     try {
-      written = connection.writeFrame(IN_PLACE, call as PendingCall<unknown, unknown>, this.protocol as ClientProtocol<unknown, unknown>)
+      if (protocol.encode(call.request, id, out, call.data, wireTimeoutOf(call.timeoutMs)) !== undefined) throw returnedValue()
     } catch (err) {
+      cc.connection.abortFrame()
       this.#unregister(cc, call)
       return this.fail(call, invalid(err))
     }
-    if (!written) return this.#queueFull(cc, call)
+    if (!cc.connection.endFrame()) return this.#queueFull(cc, call)
     call.state = SENT
     if (call.answer === 'yes') cc.flushNeeded = false
     else this.#afterWrite(cc, call)

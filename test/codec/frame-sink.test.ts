@@ -70,6 +70,12 @@ t.test('scratch frames: the bytes are copied out, so the next frame cannot chang
   const steps = Array.from({ length: 200 }, (_, i) => String.fromCharCode(97 + i % 26).repeat(1000))
   const many = Buffer.concat(encodeToSlices(STEPS.encode, STEPS, steps, null))
   t.equal(many.toString(), steps.join(''))
+  // A room larger than twice the scratch buffer, in a fresh scratch frame.
+  const fresh = new FrameBuffer()
+  fresh.begin(null)
+  put(fresh, 'a'.repeat(100))
+  put(fresh, 'b'.repeat(MAX_CHUNK_RESERVE_BYTES))
+  t.equal(Buffer.concat(fresh.take()).toString(), 'a'.repeat(100) + 'b'.repeat(MAX_CHUNK_RESERVE_BYTES), 'the scratch grows to the room it must give')
   const huge = Buffer.concat(encodeToSlices(STEPS.encode, STEPS, ['<', 'h'.repeat(MAX_CHUNK_RESERVE_BYTES + 1), '>'], null))
   t.equal(huge.toString(), `<${'h'.repeat(MAX_CHUNK_RESERVE_BYTES + 1)}>`, 'a room larger than a chunk is a piece of its own')
 })
