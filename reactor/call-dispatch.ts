@@ -4,11 +4,12 @@ import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type S
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
-import { ServiceDispatcher } from './dispatcher.js'
+import type { ServiceDispatcher } from './dispatcher.js'
 import { InboundCall } from './inbound-call.js'
 import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter } from './filters.js'
 import type { ServerMetrics } from './metrics.js'
-import { RouteTable, type CallExecutor, type Route, type RouteDefinition, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
+import { checkFilters, makeRouteGroup, type RouteGroupParts } from './route-group.js'
+import { RouteTable, type CallExecutor, type Route, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
 import type { ServerContext } from './server-context.js'
 import type { ServerCounters } from './server-counters.js'
 import { groupDefaultsOf, type GroupDefaults } from './server-options.js'
@@ -33,10 +34,9 @@ export class CallDispatch {
   readonly #ctx: ServerContext<ServerConnection>
   readonly #clock: Clock
   readonly #counters: ServerCounters
-  readonly #metrics: ServerMetrics
-  /** Every pool, or none (`scheduler: 'direct'`). */
-  readonly #pooled: boolean
   readonly #defaults: GroupDefaults
+  /** What `addRoutes` builds a group with. */
+  readonly #groupParts: RouteGroupParts
   /** When answers may leave: in request order, or as they are ready (by id). */
   readonly #order: AnswerOrder
   readonly #writer: AnswerWriter
@@ -76,9 +76,16 @@ export class CallDispatch {
     this.#ctx = ctx
     this.#clock = ctx.clock
     this.#counters = ctx.counters
-    this.#metrics = metrics
-    this.#pooled = ctx.options.scheduler !== 'direct'
     this.#defaults = groupDefaultsOf(ctx.options)
+    this.#groupParts = {
+      defaults: this.#defaults,
+      pooled: ctx.options.scheduler !== 'direct',
+      metrics,
+      clock: ctx.clock,
+      run: this.#run,
+      runElsewhere: (call, worker, executor, dispatcher) => this.#runElsewhere(call, worker, executor, dispatcher),
+      reject: this.#reject
+    }
     this.#ready = ctx.options.ready ?? true
     const duplicateIds = protocol.duplicateIds ?? 'close'
     if (duplicateIds !== 'close' && duplicateIds !== 'allow') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: duplicateIds must be 'close' or 'allow', got ${String(duplicateIds)}`)
@@ -122,52 +129,7 @@ export class CallDispatch {
   /** Registers a group of routes; see `ProtocolServer.addRoutes`. */
   addRoutes (name: string, handlers: RouteHandlers, options: RouteGroupOptions = {}): void {
     if (this.#routes.has(name)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} is already registered`)
-    const defaults = this.#defaults
-    const executor = options.executor ?? null
-    const definitions = new Map<string, RouteDefinition>()
-    for (const [method, entry] of Object.entries(handlers)) {
-      const definition = typeof entry === 'function' ? { handler: entry } : entry
-      if (typeof definition?.handler !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `no handler for ${name}.${method}`)
-      definitions.set(method, definition as RouteDefinition)
-    }
-    const pooled = this.#pooled || executor !== null
-    const workers = executor !== null ? executor.workers : options.workers ?? defaults.workers
-    let dispatcher: ServiceDispatcher | null = null
-    const metrics = this.#metrics.addService(name, [...definitions.keys()], {
-      workers: pooled ? workers : 0,
-      queueLength: () => dispatcher?.pool.queueLength ?? 0,
-      idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
-    })
-    if (pooled) {
-      const run = executor === null ? this.#run : (call: InboundCall, worker: number) => this.#runElsewhere(call, worker, executor, dispatcher!)
-      dispatcher = new ServiceDispatcher({
-        workers,
-        queueLength: options.queueLength ?? defaults.queueLength,
-        discipline: options.queue ?? defaults.queue,
-        clock: this.#clock,
-        run,
-        reject: this.#reject,
-        metrics,
-        burstLimit: defaults.burstLimit,
-        holdWindowMs: executor?.holdWindowMs
-      })
-    }
-    const group: RouteGroup = {
-      name,
-      routes: new Map(),
-      metrics,
-      dispatcher,
-      executor,
-      abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
-      maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,
-      abandoned: 0,
-      filters: checkFilters(options.filters ?? []),
-      chain: []
-    }
-    for (const [method, definition] of definitions) {
-      const handler = definition.handler as Route['handler']
-      group.routes.set(method, { service: name, method, spec: definition.spec, base: handler, handler, metrics: metrics.get(method)!, group })
-    }
+    const group = makeRouteGroup(name, handlers, options, this.#groupParts)
     this.#compose(group)
     this.#routes.add(group)
   }
@@ -512,11 +474,6 @@ export class CallDispatch {
     return answers.connection.isClosed ? undefined : answers
   }
 
-}
-
-function checkFilters (filters: readonly Filter[]): readonly Filter[] {
-  for (const filter of filters) if (typeof filter !== 'function') throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a filter must be a function (request, ctx, next)')
-  return filters
 }
 
 // What a handler threw, as a message; never throws itself (a thrown value may refuse String()).

@@ -39,6 +39,7 @@ export class OutboundBudget {
   readonly #onPause: ((member: OutboundBudgetMember, totalBytes: number) => void) | undefined
   #timer: TimerHandle | null = null
   #pauses = 0
+  #over = false
   readonly #check = (): void => {
     this.#timer = null
     this.check()
@@ -53,6 +54,11 @@ export class OutboundBudget {
   /** Times a connection was paused because the budget was exceeded. */
   get pauses (): number {
     return this.#pauses
+  }
+
+  /** The backed-up connections' unsent bytes were over the budget at the last check (made at least every `OUTBOUND_CHECK_MS` while any is backed up). */
+  get isOver (): boolean {
+    return this.#over
   }
 
   /** `member` started waiting for 'drain'. */
@@ -77,6 +83,7 @@ export class OutboundBudget {
       }
       total += member.outboundBytes
     }
+    this.#over = total > this.maxBytes
     if (total > this.maxBytes) this.#pauseHeaviest(total)
     else if (total < this.maxBytes) {
       for (const member of this.#watched) if (member.isReadingPaused) member.resumeReading()
@@ -89,6 +96,7 @@ export class OutboundBudget {
     if (this.#timer !== null) this.#clock.clearTimer(this.#timer)
     this.#timer = null
     this.#watched.clear()
+    this.#over = false
   }
 
   #pauseHeaviest (total: number): void {

@@ -28,7 +28,8 @@ export interface Pushed {
 }
 
 /** What the limit decided: close at once (`hard`), close after the soft period (`soft`), or keep. */
-export type PushVerdict = 'hard' | 'soft' | null
+/** Why a connection that received pushes must close: past the hard limit; above the soft one too long; above the soft one while the server's outbound budget is exceeded; null: it may stay. */
+export type PushVerdict = 'hard' | 'soft' | 'budget' | null
 
 /**
  * The server's pushes and their slow-consumer rule
@@ -45,22 +46,30 @@ export class PushOutputLimit implements ConnectionGuard<Pushed> {
   /** Connections that received a push and are over the soft limit: the scan watches them. */
   readonly #overSoft = new Set<Pushed>()
   readonly #log: RateLimitedLog
+  readonly #overBudget: () => boolean
 
-  constructor (ctx: ServerContext, options: PushOutputLimitOptions = {}) {
+  /** `overBudget` says whether the server's connections together hold more unsent bytes than its outbound budget. */
+  constructor (ctx: ServerContext, options: PushOutputLimitOptions = {}, overBudget: () => boolean = () => false) {
     this.hardBytes = nonNegative(options.hardBytes ?? DEFAULT_PUSH_HARD_BYTES, 'pushOutputLimit.hardBytes')
     this.softBytes = nonNegative(options.softBytes ?? DEFAULT_PUSH_SOFT_BYTES, 'pushOutputLimit.softBytes')
     this.softMs = nonNegative(options.softMs ?? DEFAULT_PUSH_SOFT_MS, 'pushOutputLimit.softMs')
     this.#ctx = ctx
     this.#log = ctx.rateLimitedLog()
+    this.#overBudget = overBudget
   }
 
   /**
-   * Judges a connection holding `unsentBytes` at `now`: 'hard' or 'soft'
-   * when it must close, null otherwise. Records (in `record.softSince`)
-   * when it went over the soft limit, and forgets it once it is below.
+   * Judges a connection holding `unsentBytes` at `now`: 'hard', 'soft' or
+   * 'budget' when it must close, null otherwise. Records (in
+   * `record.softSince`) when it went over the soft limit, and forgets it
+   * once it is below. Above the soft limit while the server's outbound
+   * budget is exceeded, it closes at once: N subscribers that do not read
+   * then cost the budget, not N × the hard limit (pausing their reading,
+   * as the budget does for answers, would not stop the pushes).
    */
   judge (record: PushRecord, unsentBytes: number, now: number): PushVerdict {
     if (this.hardBytes > 0 && unsentBytes > this.hardBytes) return 'hard'
+    if (this.softBytes > 0 && unsentBytes > this.softBytes && this.#overBudget()) return 'budget'
     if (this.softBytes === 0 || unsentBytes <= this.softBytes) {
       record.softSince = -1
       return null
@@ -111,8 +120,10 @@ export class PushOutputLimit implements ConnectionGuard<Pushed> {
     if (verdict === null) return true
     const why = verdict === 'hard'
       ? `${unsent} unsent bytes, over the hard push limit of ${this.hardBytes}`
-      : `over the soft push limit of ${this.softBytes} bytes for ${Math.round(now - record.softSince)} ms (${unsent} unsent bytes)`
-    ctx.counters.pushLimitClosed(verdict === 'hard')
+      : verdict === 'budget'
+        ? `${unsent} unsent bytes, over the soft push limit of ${this.softBytes} while the server's unsent bytes are over its outbound budget`
+        : `over the soft push limit of ${this.softBytes} bytes for ${Math.round(now - record.softSince)} ms (${unsent} unsent bytes)`
+    ctx.counters.pushLimitClosed(verdict !== 'soft')
     this.#overSoft.delete(sc)
     this.#log.log(ctx.warn, () => `closing ${sc.remoteAddress}: it does not read what is pushed to it: ${why}`,
       () => ({ protocol: ctx.protocol.name, remote: sc.remoteAddress, unsentBytes: unsent, limit: verdict }))

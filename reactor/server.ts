@@ -102,7 +102,6 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const scan = new ConnectionScan(ctx)
     this.#admission = new Admission(ctx)
     this.#negotiating = this.#admission.negotiating
-    this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit)
     this.#slowConsumers = new SlowConsumerWatch(ctx)
     this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
@@ -110,6 +109,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const budgets = serverBudgets(ctx)
     this.#inbound = budgets.inbound
     this.#outbound = budgets.outbound
+    this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit, () => this.#outbound.isOver)
     this.metrics.limitCounters = () => ctx.counters.limitCounters(this.#inbound.closedConnections, this.#outbound.pauses)
     this.#dispatch = new CallDispatch(ctx, this.metrics)
     // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.

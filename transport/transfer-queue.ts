@@ -2,6 +2,11 @@ import Denque from 'denque'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ByteStream } from './byte-stream.js'
 import { FrameChunk } from '../codec/frame-sink.js'
+import { OWN_CHUNK_BYTES, SlabRun, slab } from './slab-run.js'
+import { DEFAULT_BATCH_FRAMES, DEFAULT_MAX_OUTBOUND_BYTES, OVER_BOUND_FACTOR, type OutboundTransfer, type TransferQueueOptions, type TransferQueueStats } from './transfer-queue-options.js'
+
+export { DEFAULT_BATCH_FRAMES, DEFAULT_MAX_OUTBOUND_BYTES, OVER_BOUND_FACTOR } from './transfer-queue-options.js'
+export type { OutboundTransfer, TransferQueueOptions, TransferQueueStats } from './transfer-queue-options.js'
 
 /**
  * The part of a ByteStream the transfer queue writes to: the connection's
@@ -9,98 +14,6 @@ import { FrameChunk } from '../codec/frame-sink.js'
  */
 export type WritableSink = Pick<ByteStream, 'write' | 'writev' | 'writableLength'>
 
-/** One frame to send, as slices written in order. */
-export interface OutboundTransfer {
-  slices: Buffer[]
-  bytes: number
-  /**
-   * Asked just before the first byte is handed to the socket; false drops
-   * the transfer unsent (its call was cancelled or timed out meanwhile).
-   * From true on, the transfer is started and will be finished.
-   */
-  beforeWrite?: (() => boolean) | undefined
-  /**
-   * Called exactly once: with no error when the transfer's bytes no longer
-   * refer to the caller's buffers (copied, or written by the kernel), or
-   * with the reason it was dropped or aborted.
-   */
-  onSent?: ((error: RpcError | undefined) => void) | undefined
-}
-
-export interface TransferQueueOptions {
-  /** Bound on bytes queued here plus bytes the socket still buffers; default 100 MiB. */
-  maxOutboundBytes?: number | undefined
-  /**
-   * A batch held for the end of a read or turn is written as soon as it
-   * holds this many frames (default 50), so the peer starts on them while
-   * the rest are produced instead of the two sides taking turns.
-   */
-  batchFrames?: number | undefined
-  /**
-   * A frame enqueued with nothing queued goes out at the end of the current
-   * microtask checkpoint instead of in the caller's stack: still in the same
-   * event-loop turn, before any I/O wait, but together with the frames the
-   * other continuations of that checkpoint produce (a client whose
-   * responses resumed many awaiting callers). Default false.
-   */
-  coalesceMicrotasks?: boolean | undefined
-  /** Called each time the queue starts waiting for 'drain' (the kernel buffer is full), and for each MiB it grows while waiting. */
-  onBackedUp?: (() => void) | undefined
-  /**
-   * Called when a frame passes `maxOutboundBytes` even after the queued
-   * frames were written (the kernel left more than the bound): the owner
-   * stops reading the peer's requests until it has taken enough, and the
-   * frame is taken; frames are then taken up to `OVER_BOUND_FACTOR` times
-   * the bound (the answers to requests already read), refused past it.
-   * Without it, a frame past the bound is refused.
-   */
-  onOverBound?: (() => void) | undefined
-}
-
-/** Counters a connection exposes, as Kudu's `DumpConnections` does. */
-export interface TransferQueueStats {
-  /** Transfers waiting in the queue now. */
-  queuedTransfers: number
-  /** Queue entries now: a run of frames encoded in place is one entry, however many frames it holds. */
-  queuedEntries: number
-  /** Bytes waiting in the queue now (not yet handed to the socket). */
-  queuedBytes: number
-  /** Bytes handed to the socket that the kernel has not taken yet. */
-  socketBufferedBytes: number
-  /** Lone frames written at once. */
-  immediateWrites: number
-  /** Writes that carried several frames. */
-  batchedWrites: number
-  /** Frames sent in batched writes. */
-  batchedFrames: number
-  /**
-   * Writes after which the socket still buffered bytes: the kernel did not
-   * take everything at once, so Node keeps the rest and libuv finishes it
-   * when the socket becomes writable (one EAGAIN episode: an epoll_ctl pair).
-   */
-  partialWrites: number
-  /** Times `write()` reported a full kernel buffer and the queue waited for 'drain'. */
-  drainWaits: number
-  /** Transfers dropped before their first byte (cancelled, timed out, closed). */
-  dropped: number
-}
-
-export const DEFAULT_MAX_OUTBOUND_BYTES = 100 * 1024 * 1024
-/** With `onOverBound`, how far past `maxOutboundBytes` the answers to requests already read may take a connection while it is not read: twice the bound. */
-export const OVER_BOUND_FACTOR = 2
-/**
- * Frames per batch write: more frames a write means fewer syscalls (each
- * write also wakes the peer: ~15-20 us of CPU on this VM), fewer means more
- * overlap between the two sides. Measured with 100 Add calls pipelined on
- * one connection, client and server on 2 cores, alternating builds:
- * - before the client's GC fix: unbounded 297-311 k calls/s, 32 frames
- *   345-372 k, 16 frames 298-342 k;
- * - after it: unbounded 178-320 k, 16 worse than 32; 50 against 32 lowered
- *   the server's CPU per call in 5 of 5 pairs (writes per call fall by a
- *   third), 50 against 64 was faster in 4 of 5 pairs (at 100 outstanding,
- *   two batches of 50 keep both sides busy; 64 + 36 does not).
- */
-export const DEFAULT_BATCH_FRAMES = 50
 // Frames of a batch are copied into one buffer up to this size; a larger
 // batch goes to writev as separate slices.
 const CONCAT_BYTES = 64 * 1024
@@ -108,42 +21,9 @@ const CONCAT_BYTES = 64 * 1024
 const BATCH_BYTES = 1024 * 1024
 // While waiting for 'drain', the owner hears of the queue again each time it grows by this much.
 const BACKED_UP_SIGNAL_BYTES = 1024 * 1024
-// Frames encoded in place are laid out back to back in slabs of this size,
-// shared by every queue of the thread: an idle connection holds none, and
-// the frames of one read (or turn) still form one run. A slab is never
-// written twice: it stays alive while runs of it are queued or in sockets.
-// Only one frame is encoded in it at a time (a frame encoded while another
-// is open goes elsewhere: Connection.writeFrame).
-const SLAB_BYTES = 64 * 1024
-const slab = new FrameChunk(SLAB_BYTES)
-// While a queue waits for 'drain', its small frames are encoded in place into
-// chunks of its own instead (a backed-up queue must not pin shared slabs that
-// other connections' written frames filled), so each costs its wire bytes,
-// not a buffer and a transfer object of its own (~190 bytes on the heap for
-// a 7-byte answer, which let tiny pipelined requests on a connection that
-// never reads grow the heap far past the outbound bounds).
-const OWN_CHUNK_BYTES = 16 * 1024
-
-/**
- * Frames encoded in place one after another in a slab: one queue entry, one
- * slice when taken, however many frames it holds. Has no hooks: such frames
- * cannot be dropped once committed (as a frame written at once cannot).
- */
-class SlabRun implements OutboundTransfer {
-  slices: Buffer[] = NO_SLICES
-  bytes = 0
-  frames = 0
-  readonly slab: Buffer
-  readonly start: number
-
-  constructor (slab: Buffer, start: number) {
-    this.slab = slab
-    this.start = start
-  }
-}
-
-const NO_SLICES: Buffer[] = []
 const RESOLVED = Promise.resolve()
+// While backed up, transfers up to this size are copied into the queue's own chunk (enqueue).
+const COPY_WHILE_BACKED_UP_BYTES = 4096
 
 /**
  * The outbound transfer queue of one connection (Kudu's `outbound_transfers_`
@@ -236,6 +116,9 @@ export class TransferQueue {
       transfer.onSent?.(this.#closedError)
       return true
     }
+    // Backed up, a small frame without hooks (a push, a streamed part) is copied into the own chunk, as answers
+    // are encoded there: it costs its bytes, not a buffer, slice array and transfer (~8 x a 30-byte part's bytes).
+    if (this.#waitingDrain && transfer.bytes <= COPY_WHILE_BACKED_UP_BYTES && transfer.beforeWrite === undefined && transfer.onSent === undefined && !this.#held) return this.#copyIn(transfer)
     const backlog = this.#queuedBytes - this.#checkpointBytes + this.#sink.writableLength
     if (backlog > 0 && backlog + transfer.bytes > this.#maxOutboundBytes && this.#overBound(transfer.bytes)) return false
     if (this.#held || this.#waitingDrain || this.#flushScheduled || this.#reading || this.#coalesceMicrotasks) {
@@ -250,6 +133,19 @@ export class TransferQueue {
     this.#stats.immediateWrites++
     this.#writeTransfer(transfer)
     this.#scheduleFlush()
+    return true
+  }
+
+  // A small transfer copied into the queue's own chunk (see enqueue; its slices may be plain Uint8Arrays); false when over the bound.
+  #copyIn (transfer: OutboundTransfer): boolean {
+    const bytes = transfer.bytes
+    const chunk = (this.#own ??= new FrameChunk(OWN_CHUNK_BYTES))
+    const buffer = chunk.buffer !== null && chunk.at + bytes <= chunk.buffer.length ? chunk.buffer : chunk.renew(bytes)
+    const start = chunk.at
+    let at = start
+    for (const slice of transfer.slices) { buffer.set(slice, at); at += slice.length }
+    if (!this.commitRun(buffer, start, bytes)) return false
+    chunk.at = at
     return true
   }
 
@@ -562,7 +458,8 @@ export class TransferQueue {
     } else if (bytes <= CONCAT_BYTES) {
       const out = Buffer.allocUnsafe(bytes)
       let at = 0
-      for (const transfer of batch) for (const slice of transfer.slices) at += slice.copy(out, at)
+      // A protocol's slices may be plain Uint8Arrays (no Buffer.copy): set them.
+      for (const transfer of batch) for (const slice of transfer.slices) { out.set(slice, at); at += slice.length }
       ok = this.#sink.write(out)
       for (const transfer of batch) transfer.onSent?.(undefined)
     } else {

@@ -884,3 +884,39 @@ t.test('while waiting for drain, small frames are encoded in place in a chunk of
   t.ok(sink.bytes().subarray(10).equals(Buffer.concat(expected)), 'every byte in order')
   t.equal(queue.stats().queuedEntries, 0)
 })
+
+t.test('while waiting for drain, small frames without hooks are copied into runs: they cost their bytes, not a transfer each', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  sink.writeReturns = false
+  queue.enqueue({ slices: [Buffer.from('first')], bytes: 5 })
+  t.ok(queue.isWaitingDrain, 'the kernel refused: the queue waits for drain')
+  sink.writeReturns = true
+  const parts: Buffer[] = []
+  for (let i = 0; i < 1000; i++) {
+    // A part of two slices, as a protocol's encoder may make one (a plain Uint8Array among them).
+    const part = [Buffer.from(`part ${i}:`), new Uint8Array([0x30 + (i % 10), 0x0a])]
+    parts.push(Buffer.concat(part))
+    queue.enqueue({ slices: part as Buffer[], bytes: part[0]!.length + 2 })
+  }
+  const stats = queue.stats()
+  t.equal(stats.queuedTransfers, 1000, 'every frame is queued')
+  t.ok(stats.queuedEntries <= 2, `1,000 small frames in ${stats.queuedEntries} queue entries (one per 16 KiB chunk), not 1,000`)
+  const hooked: Array<RpcError | undefined> = []
+  queue.enqueue({ slices: [Buffer.from('hooked\n')], bytes: 7, onSent: (error) => hooked.push(error) })
+  t.equal(queue.stats().queuedEntries, stats.queuedEntries + 1, 'a frame with hooks stays a transfer of its own (it may still be dropped)')
+  queue.onSocketDrain()
+  t.equal(sink.bytes().toString(), `first${Buffer.concat(parts).toString()}hooked\n`, 'the frames leave whole and in order')
+  await nextTick()
+  t.ok(hooked.length <= 1, 'the hooked frame is reported once at most')
+})
+
+t.test('a batch copies plain Uint8Array slices as it copies Buffers (a protocol may answer with them)', async t => {
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  queue.beginRead()
+  queue.enqueue({ slices: [Buffer.from('a:')], bytes: 2 })
+  queue.enqueue({ slices: [new Uint8Array([0x62, 0x0a]) as Buffer], bytes: 2 })
+  queue.endRead()
+  t.equal(sink.bytes().toString(), 'a:b\n', 'both frames, in one write')
+})
