@@ -241,6 +241,23 @@ export interface ConnectionHandle {
   /** True once the connection has closed. */
   readonly isClosed: boolean
   /**
+   * True while the connection is a session: marked with `markSession`, or a
+   * member of any `ConnectionGroup` (a channel's subscribers, a room). At
+   * `maxConnections` a session is never closed to make room for a newcomer,
+   * however long it has been quiet: connections still negotiating, silent
+   * ones, trickling ones and other idle ones go first, and when only
+   * sessions (and busy connections) are left the newcomer is refused.
+   */
+  readonly isSession: boolean
+  /**
+   * Marks the connection as a session (`false`: unmarks it), for a protocol
+   * that keeps quiet connections of its own outside any `ConnectionGroup`
+   * (a subscriber it pushes to, a logged-in user): see `isSession`. Group
+   * membership marks a connection by itself; unmarking does not take it
+   * out of its groups.
+   */
+  markSession: (session?: boolean) => void
+  /**
    * Encodes `message` with the protocol's `encodePush` and queues it (at
    * once when the socket is free, coalesced with the turn's other frames).
    * False when the connection is closed, or closed by this send for going

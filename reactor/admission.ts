@@ -4,16 +4,19 @@
  *
  * A silent connection costs its peer almost nothing, so an unbounded server
  * is locked out by whoever opens the most. Past `maxConnections` a newcomer
- * is admitted by closing the connection that has been idle longest (idle at
- * least `MIN_EVICTABLE_IDLE_MS`, nothing in flight, nothing unsent); when
- * there is none, the newcomer is refused at once. Connections still
- * negotiating have a smaller limit of their own; past it the oldest of them
- * (the one that has had the longest to finish) makes room.
- *
- * A connection that is never idle but trickles a frame (a byte every few
- * hundred ms, as slowloris does) is no better than an idle one: once its
- * frame in progress has been arriving for `MIN_EVICTABLE_IDLE_MS` below
- * the minimum rate, it makes room too (`slowestFrame`).
+ * is admitted by closing, in this order: the oldest connection still
+ * negotiating (the one that has had the longest to finish); the one idle
+ * longest that never sent a request since its set-up; the one trickling a
+ * frame slowest (a byte every few hundred ms, as slowloris does: once its
+ * frame in progress has been arriving for `MIN_EVICTABLE_IDLE_MS` below the
+ * minimum rate, `slowestFrame`); any other one idle longest. An idle one
+ * has been idle at least `MIN_EVICTABLE_IDLE_MS`, with nothing in flight
+ * and nothing unsent. A session (a member of a `ConnectionGroup`, or one
+ * its protocol marked with `ConnectionHandle.markSession`: a subscriber
+ * waits quietly by design) is never closed for a newcomer; when only such
+ * connections and busy ones are left, the newcomer is refused at once.
+ * Connections still negotiating have a smaller limit of their own; past it
+ * the oldest of them makes room.
  */
 import { readFileSync, readdir } from 'node:fs'
 import type { Socket } from 'node:net'
@@ -97,11 +100,15 @@ export interface AdmissionCandidate {
   readonly idleSince: number
 }
 
-/** The candidate idle longest (at least `MIN_EVICTABLE_IDLE_MS` by `now`), or null when none may be closed. */
-export function longestIdle<T extends AdmissionCandidate> (candidates: Iterable<T>, now: number): T | null {
+/**
+ * The candidate idle longest (at least `MIN_EVICTABLE_IDLE_MS` by `now`) of
+ * those `eligible` accepts, or null when none may be closed.
+ */
+export function longestIdle<T extends AdmissionCandidate> (candidates: Iterable<T>, now: number, eligible?: (c: T) => boolean): T | null {
   let best: T | null = null
   for (const c of candidates) {
     if (!c.quiet || now - c.idleSince < MIN_EVICTABLE_IDLE_MS) continue
+    if (eligible !== undefined && !eligible(c)) continue
     if (best === null || c.idleSince < best.idleSince) best = c
   }
   return best
@@ -147,6 +154,10 @@ export function slowestFrame<T> (candidates: Iterable<T>, progress: (c: T) => Fr
 /** A connection as admission sees it: idle candidate, and the frame the scans follow. */
 export interface FrameCandidate extends AdmissionCandidate {
   readonly remoteAddress: string
+  /** A session (group member, or marked by its protocol): never closed for a newcomer. */
+  readonly session: boolean
+  /** It has sent a request frame since its set-up. */
+  readonly spoke: boolean
   readonly inFlight: { readonly size: number }
   /** When a scan first saw its frame in progress (-1: none), and which frame that was (the scan's record). */
   readonly scan: { readonly partialSince: number, readonly partialFrame: number }
@@ -229,17 +240,17 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
     // The oldest negotiating connection has had the longest to finish.
     if (this.negotiating.size >= this.maxNegotiating) this.#evictNegotiating(`${this.negotiating.size} connections negotiating (the limit)`)
     if (ctx.connections.size < this.maxConnections) return true
+    // Silent connections in set-up are cheap to open and have not shown who they are: they go first.
+    if (this.#evictNegotiating(`${ctx.connections.size} connections open (the limit)`)) return true
     const now = ctx.clock.now()
-    const victim = longestIdle(ctx.connections, now)
-    if (victim !== null) {
-      ctx.counters.connectionEvicted()
-      this.#logEvicted.log(ctx.warn, () => `${ctx.connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms, for a new one`,
-        () => ({ protocol: ctx.protocol.name, remote: victim.remoteAddress, idleMs: Math.round(now - victim.idleSince), connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
-      victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: idle longest when the server was at its connection limit'))
+    // Then one that never sent a request since its set-up (a silent opener), idle longest.
+    const silent = longestIdle(ctx.connections, now, (sc) => !sc.session && !sc.spoke)
+    if (silent !== null) {
+      this.#evictIdle(silent, now, 'never sent a request')
       return true
     }
-    // None idle: one trickling a frame (never idle, so slowloris) makes room, the slowest first.
-    const slow = slowestFrame(ctx.connections, (sc) => sc.inFlight.size === 0 ? frameProgress(sc, now) : null, this.#minFrameRate)
+    // Then one trickling a frame (never idle, so slowloris), the slowest first.
+    const slow = slowestFrame(ctx.connections, (sc) => !sc.session && sc.inFlight.size === 0 ? frameProgress(sc, now) : null, this.#minFrameRate)
     if (slow !== null) {
       const progress = frameProgress(slow, now)!
       ctx.counters.connectionEvicted()
@@ -249,28 +260,45 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
       slow.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: its frame arrived slowest when the server was at its connection limit'))
       return true
     }
-    // None idle: a connection still negotiating (silent ones are cheap to
-    // open) makes room, the oldest first, rather than locking newcomers out.
-    if (this.negotiating.size > 0) {
-      this.#evictNegotiating(`${ctx.connections.size} connections open (the limit) and none idle`)
+    // Then any other quiet one that is not a session, idle longest.
+    const idle = longestIdle(ctx.connections, now, (sc) => !sc.session)
+    if (idle !== null) {
+      this.#evictIdle(idle, now, 'idle longest')
       return true
     }
+    // Sessions (subscribers wait quietly by design) and busy connections are kept: the newcomer is refused.
     ctx.counters.connectionRefused()
-    this.#logRefused.log(ctx.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${ctx.connections.size} connections open (the limit) and none idle for ${MIN_EVICTABLE_IDLE_MS} ms nor trickling a frame`,
+    this.#logRefused.log(ctx.warn, () => `refusing a connection from ${accepted.remoteAddress ?? '?'}: ${ctx.connections.size} connections open (the limit) and none but sessions idle for ${MIN_EVICTABLE_IDLE_MS} ms nor trickling a frame`,
       () => ({ protocol: ctx.protocol.name, remote: `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
     accepted.destroy()
     return false
   }
 
-  #evictNegotiating (why: string): void {
+  #evictIdle (victim: C, now: number, why: string): void {
     const ctx = this.#ctx
-    const oldest = this.negotiating.values().next().value!
-    ctx.counters.negotiatingEvicted()
-    this.#logNegotiatingEvicted.log(ctx.warn, () => `${why}: closing the oldest negotiating connection, from ${oldest.remoteAddress}, for a new one`,
-      () => ({ protocol: ctx.protocol.name, remote: oldest.remoteAddress, negotiating: this.negotiating.size, maxNegotiating: this.maxNegotiating }))
-    oldest.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
+    ctx.counters.connectionEvicted()
+    this.#logEvicted.log(ctx.warn, () => `${ctx.connections.size} connections open (the limit): closing ${victim.remoteAddress}, idle ${Math.round(now - victim.idleSince)} ms (${why}), for a new one`,
+      () => ({ protocol: ctx.protocol.name, remote: victim.remoteAddress, idleMs: Math.round(now - victim.idleSince), spoke: victim.spoke, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
+    victim.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `closed: ${why} when the server was at its connection limit`))
   }
 
+  // Closes the oldest negotiating connection that is not a session; false when there is none.
+  #evictNegotiating (why: string): boolean {
+    const ctx = this.#ctx
+    let oldest: C | null = null
+    for (const sc of this.negotiating) {
+      if (sc.session) continue
+      oldest = sc
+      break
+    }
+    if (oldest === null) return false
+    const victim = oldest
+    ctx.counters.negotiatingEvicted()
+    this.#logNegotiatingEvicted.log(ctx.warn, () => `${why}: closing the oldest negotiating connection, from ${victim.remoteAddress}, for a new one`,
+      () => ({ protocol: ctx.protocol.name, remote: victim.remoteAddress, negotiating: this.negotiating.size, maxNegotiating: this.maxNegotiating }))
+    victim.connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, 'closed: too many connections negotiating'))
+    return true
+  }
 
   /**
    * Counts open descriptors off the loop (once per scan, never two counts

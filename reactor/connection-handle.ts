@@ -36,6 +36,8 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   #resolveClosed: () => void = noop
   #writable = true
   #checkArmed = false
+  /** Marked a session by `markSession`. */
+  #session = false
   /** The groups it belongs to: it leaves them when it closes. Internal. */
   readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
   readonly #check = (): void => this.#checkWritable()
@@ -60,6 +62,14 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
 
   get isClosed (): boolean {
     return this.#sc === null
+  }
+
+  get isSession (): boolean {
+    return this.#session || this.groups.size > 0
+  }
+
+  markSession (session = true): void {
+    this.#session = session
   }
 
   /** The protocol that encodes its pushes (groups encode once per protocol). Internal. */

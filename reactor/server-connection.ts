@@ -1,7 +1,7 @@
 import type { RpcError } from '../codec/errors.js'
 import type { ConnectionHandle } from '../codec/protocol.js'
 import type { Connection } from '../transport/connection.js'
-import type { AdmissionCandidate } from './admission.js'
+import type { FrameCandidate } from './admission.js'
 import { ConnectionAnswers, type AnswerOrder } from './answer-order.js'
 import { CallTable } from './call-table.js'
 import { ScanRecord } from './connection-scan.js'
@@ -26,7 +26,7 @@ export interface ServerHandle extends ConnectionHandle {
  * closing), `scan` (activity, the frame in progress, age) and `push` (the
  * push output limit).
  */
-export class ServerConnection implements AdmissionCandidate {
+export class ServerConnection implements FrameCandidate {
   readonly connection: Connection
   readonly remoteAddress: string
   /** Calls in flight, by call id (protocols that match by id) or by `seq` (in-order protocols). */
@@ -37,8 +37,6 @@ export class ServerConnection implements AdmissionCandidate {
   readonly scan: ScanRecord
   /** What the push output limit follows of it (push-output-limit.ts). */
   readonly push = new PushRecord()
-  /** The set-up is done (or there is none). */
-  ready = false
   /** Closed by a bad frame (already counted). */
   badFrame = false
   /** When the connection closed; -1 while open. */
@@ -49,6 +47,8 @@ export class ServerConnection implements AdmissionCandidate {
   state: unknown
   /** Its public handle (`ctx.connection`), made at accept. */
   handle: ServerHandle | null = null
+  /** `framesRead` when the set-up was done (the set-up's own frames); -1 until then. */
+  #framesAtReady = -1
 
   constructor (connection: Connection, remoteAddress: string, now: number, order: AnswerOrder) {
     this.connection = connection
@@ -57,6 +57,26 @@ export class ServerConnection implements AdmissionCandidate {
     this.scan = new ScanRecord(now)
     this.state = undefined
     this.peer = NO_PEER
+  }
+
+  /** The set-up is done (or there is none). */
+  get ready (): boolean {
+    return this.#framesAtReady >= 0
+  }
+
+  /** Marks the set-up done (once): the frames read so far were the set-up's. */
+  markReady (): void {
+    if (this.#framesAtReady < 0) this.#framesAtReady = this.connection.framesRead
+  }
+
+  /** It has sent a request frame since its set-up (admission closes silent openers first). */
+  get spoke (): boolean {
+    return this.#framesAtReady >= 0 && this.connection.framesRead > this.#framesAtReady
+  }
+
+  /** A session (a group member, or marked by its protocol): never closed for a newcomer at the connection limit. */
+  get session (): boolean {
+    return this.handle?.isSession ?? false
   }
 
   /** Who its calls come from, from now on (at accept, and when set-up or TLS names the user). */

@@ -438,7 +438,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const connection = sc.connection
     const setUp = this.#protocol.handshake
     if (setUp === undefined) {
-      sc.ready = true
+      sc.markReady()
       return
     }
     this.#negotiating.add(sc)
@@ -450,7 +450,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
         const step = protocolHandshake.onFrame(frame)
         const record = (s: Awaited<typeof step>): typeof s => {
           if (s.done !== undefined) {
-            sc.ready = true
+            sc.markReady()
             sc.setPeer(s.done.user ?? sc.peer.user, sc.handle!)
             this.#negotiating.delete(sc)
           }

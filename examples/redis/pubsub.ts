@@ -19,7 +19,10 @@ import { Subscriptions } from './subscriptions.js'
  * (`Subscriptions`); while it has any, the connection is in subscribed
  * mode: only the commands in `SUBSCRIBED_MODE_COMMANDS` run, the others
  * are refused in Redis's words (`subscribedModeRefusal`). When the
- * connection closes, its subscriptions go with it.
+ * connection closes, its subscriptions go with it. While subscribed, the
+ * connection is marked a session (`ConnectionHandle.markSession`), so the
+ * server does not close it, quiet as it is, to make room at its
+ * connection limit.
  *
  * A subscriber that does not read is the server's business: its pushes
  * (and its PING answers) count against the server's `pushOutputLimit`
@@ -61,6 +64,8 @@ export class PubSub {
     if (connection.isClosed) return null
     const subscriptions: Subscriptions = new Subscriptions(connection, () => { this.unsubscribeAll(state) })
     connection.once('close', subscriptions.onClose)
+    // A subscriber waits quietly for its messages: the server keeps it at its connection limit (not in a ConnectionGroup here).
+    connection.markSession()
     state.subscriptions = subscriptions
     return subscriptions
   }
@@ -193,6 +198,7 @@ export class PubSub {
   #release (state: ConnectionState, subscriptions: Subscriptions): void {
     if (subscriptions.count > 0 || state.subscriptions !== subscriptions) return
     subscriptions.connection.off('close', subscriptions.onClose)
+    subscriptions.connection.markSession(false)
     state.subscriptions = null
   }
 }

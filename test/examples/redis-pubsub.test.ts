@@ -13,6 +13,9 @@ import { fileURLToPath } from 'node:url'
 import { RpcError } from '../../codec/errors.js'
 import { RedisClient, type SubscriptionMessage } from '../../examples/redis/client.js'
 import { parseMemory, redisServer, takePubsubLimit } from '../../examples/redis/main.js'
+import { PubSub } from '../../examples/redis/pubsub.js'
+import { ConnectionState } from '../../examples/redis/resp.js'
+import type { ConnectionHandle } from '../../reactor/index.js'
 import { startListening } from '../helpers/listening-child.js'
 import { freePort, realRedis } from '../helpers/real-servers.js'
 import { encodeCommand, parseReply, type RespReply } from '../helpers/resp.js'
@@ -469,4 +472,23 @@ t.test('the flag reads sizes as Redis does', async (t) => {
   t.throws(() => takePubsubLimit(['--client-output-buffer-limit-pubsub', '32mb', '8mb']), RangeError)
   t.throws(() => takePubsubLimit(['--client-output-buffer-limit-pubsub', '32xb', '8mb', '60']), RangeError)
   t.throws(() => takePubsubLimit(['--client-output-buffer-limit-pubsub', '32mb', '8mb', '1.5']), RangeError)
+})
+
+t.test('a subscribed connection is marked a session (kept at maxConnections) until it leaves subscribed mode', async (t) => {
+  const pubsub = new PubSub()
+  const state = new ConnectionState(1)
+  // The handle's members the registry uses; markSession records what it is told.
+  let session = false
+  const handle = { isClosed: false, get isSession () { return session }, markSession: (on = true) => { session = on }, once: () => handle, off: () => handle } as unknown as ConnectionHandle
+  const subscriptions = pubsub.subscriptionsOf(state, handle)!
+  pubsub.subscribe(subscriptions, 'a')
+  pubsub.psubscribe(subscriptions, 'b*')
+  t.ok(handle.isSession, 'subscribed: a session')
+  pubsub.unsubscribe(state, 'a')
+  t.ok(handle.isSession, 'still subscribed to a pattern')
+  pubsub.punsubscribe(state, 'b*')
+  t.notOk(handle.isSession, 'out of subscribed mode: no longer a session')
+  pubsub.subscribe(pubsub.subscriptionsOf(state, handle)!, 'c')
+  pubsub.unsubscribeAll(state)
+  t.notOk(handle.isSession, 'RESET (or its close) unmarks it')
 })
