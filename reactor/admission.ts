@@ -260,8 +260,10 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
       slow.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'closed: its frame arrived slowest when the server was at its connection limit'))
       return true
     }
-    // Then any other quiet one that is not a session, idle longest.
-    const idle = longestIdle(ctx.connections, now, (sc) => !sc.session)
+    // Then any other quiet one that is not a session, idle longest; but not while a silent
+    // opener is left, too fresh to close: a flood of them is met by refusing newcomers until
+    // they can be closed, not by closing clients that have used their connections.
+    const idle = hasSilent(ctx.connections) ? null : longestIdle(ctx.connections, now, (sc) => !sc.session)
     if (idle !== null) {
       this.#evictIdle(idle, now, 'idle longest')
       return true
@@ -326,4 +328,10 @@ export function frameProgress (sc: FrameCandidate, now: number): FrameProgress |
   if (scan.partialSince < 0 || !connection.hasPartialFrame || scan.partialFrame !== connection.framesRead) return null
   if (connection.isReadingPaused || connection.isReadingHeld || connection.isReadingSuspended) return null
   return { bytes: connection.partialFrameBytes, arrivingMs: now - scan.partialSince }
+}
+
+/** Some connection that is not a session has sent no request since its set-up. */
+function hasSilent (candidates: Iterable<{ readonly session: boolean, readonly spoke: boolean }>): boolean {
+  for (const c of candidates) if (!c.session && !c.spoke) return true
+  return false
 }
