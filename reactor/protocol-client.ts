@@ -18,7 +18,7 @@ export type { ConnectionCloseInfo, ProtocolPushOptions } from './client/pushes.j
 export type { ProtocolRetryOptions, RetryStats } from './client/retry-loop.js'
 export type { ClientEndpoint, ClientTarget } from './client/targets.js'
 
-/** The options of a `ProtocolClient`: the engine's (reactor/client/client-engine.ts), its endpoints and retries. */
+/** The options of a `ProtocolClient`: the engine's (reactor/client/client-engine-options.ts), its endpoints and retries. */
 export interface ProtocolClientOptions extends ClientEngineOptions {
   /** The endpoint, or endpoints to balance calls over. */
   endpoint: ClientEndpoint | readonly ClientEndpoint[]
