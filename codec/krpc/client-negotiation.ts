@@ -89,6 +89,7 @@ function watchForRefusal (channel: SecureChannel): SecureChannel {
 // Largest error frame read in place of TLS records.
 const MAX_REFUSAL_BYTES = 64 * 1024
 
+/** How a client negotiates: its SASL PLAIN credentials, TLS, and what it requires of the server. */
 export interface ClientNegotiationOptions {
   /** SASL PLAIN user; default `nyala`. */
   user?: string | undefined

@@ -39,6 +39,7 @@ export const MAX_USER_BYTES = 256
 /** Checks a user name and password from SASL PLAIN; resolve false to refuse. */
 export type Authenticator = (user: string, password: string) => boolean | Promise<boolean>
 
+/** How a server negotiates: authentication, TLS, and what it requires of clients. */
 export interface ServerNegotiationOptions {
   /** Verifies SASL PLAIN credentials; by default any user is accepted (as Kudu's PlainAuthCb). */
   authenticate?: Authenticator | undefined
