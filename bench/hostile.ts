@@ -37,11 +37,11 @@ import { runInNewContext } from 'node:vm'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { KrpcCode, krpcCodeName } from '../codec/krpc/codes.js'
 import { FrameDecoder, DEFAULT_MAX_MESSAGE_BYTES } from '../codec/frame-decoder.js'
-import {
-  ErrorStatusType, NEGOTIATE_CALL_ID, encodeRemoteMethod, encodeRequestFrame, headerSchema, krpcFraming, parseResponseFrame,
-  requestFrameBytes, requestHeaderTail, writeRequestFrameHead, type ResponseFrame
-} from '../codec/krpc/frames.js'
-import { ClientNegotiation, clientHandshakeBytes } from '../codec/krpc/negotiation.js'
+import { encodeRemoteMethod, encodeRequestFrame } from '../codec/krpc/encode-frame.js'
+import { ErrorStatusType, NEGOTIATE_CALL_ID, headerSchema, krpcFraming } from '../codec/krpc/frames.js'
+import { parseResponseFrame, type ResponseFrame } from '../codec/krpc/parsed-frame.js'
+import { requestFrameBytes, requestHeaderTail, writeRequestFrameHead } from '../codec/krpc/write-frame.js'
+import { ClientNegotiation, clientHandshakeBytes } from '../codec/krpc/client-negotiation.js'
 import { Client } from '../reactor/krpc/client.js'
 import { CalculatorService } from '../examples/calculator/index.js'
 import { EXAMPLE_SCENARIOS } from './hostile-examples.js'

@@ -2,7 +2,8 @@ import type { ConnectionOptions as TlsConnectionOptions } from 'node:tls'
 import type { ClientProtocol } from '../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RetryBudgetStats } from '../scheduling/retry.js'
-import { ClientEngine, type ClientEngineOptions, type ClientHealthStats, type EngineConnectionStats } from './client/engine.js'
+import { ClientEngine } from './client/client-engine.js'
+import { type ClientEngineOptions, type ClientHealthStats, type EngineConnectionStats } from './client/client-engine-options.js'
 import { deliver, type Callback } from './client/pending-call.js'
 import type { PushInfo } from './client/peer-connection.js'
 import type { ConnectionCloseInfo, ProtocolPushOptions } from './client/pushes.js'
@@ -10,14 +11,14 @@ import { RetryLoop, type ProtocolRetryOptions } from './client/retry-loop.js'
 import type { ClientEndpoint, Target } from './client/targets.js'
 import type { Logger } from './logger.js'
 
-export type { ClientEngineOptions, EngineConnectionStats } from './client/engine.js'
+export type { ClientEngineOptions, EngineConnectionStats } from './client/client-engine-options.js'
 export type { Callback } from './client/pending-call.js'
 export type { PushInfo } from './client/peer-connection.js'
 export type { ConnectionCloseInfo, ProtocolPushOptions } from './client/pushes.js'
 export type { ProtocolRetryOptions, RetryStats } from './client/retry-loop.js'
 export type { ClientEndpoint, ClientTarget } from './client/targets.js'
 
-/** The options of a `ProtocolClient`: the engine's (reactor/client/engine.ts), its endpoints and retries. */
+/** The options of a `ProtocolClient`: the engine's (reactor/client/client-engine-options.ts), its endpoints and retries. */
 export interface ProtocolClientOptions extends ClientEngineOptions {
   /** The endpoint, or endpoints to balance calls over. */
   endpoint: ClientEndpoint | readonly ClientEndpoint[]

@@ -1,5 +1,5 @@
 // Protobuf and frame writing, free enough to write what no encoder would.
-import { encodeRemoteMethod, encodeRequestFrame } from '../../codec/krpc/frames.js'
+import { encodeRemoteMethod, encodeRequestFrame } from '../../codec/krpc/encode-frame.js'
 import { varintBytes, writeInt32 } from '../../codec/varint.js'
 
 /** A protobuf writer that writes any field number, wire type and length, also ones no encoder would. */

@@ -1,6 +1,9 @@
 // Handshakes: the clean one and its mutants.
-import { NEGOTIATE_CALL_ID, encodeRequestFrame } from '../../codec/krpc/frames.js'
-import { ClientNegotiation, PREAMBLE_BYTES, ServerNegotiation, type NegotiationStep } from '../../codec/krpc/negotiation.js'
+import { encodeRequestFrame } from '../../codec/krpc/encode-frame.js'
+import { NEGOTIATE_CALL_ID } from '../../codec/krpc/frames.js'
+import { ClientNegotiation } from '../../codec/krpc/client-negotiation.js'
+import type { NegotiationStep } from '../../codec/krpc/negotiation-step.js'
+import { PREAMBLE_BYTES, ServerNegotiation } from '../../codec/krpc/server-negotiation.js'
 import { Pb, frameOf, join, layoutOf } from './frames.js'
 import { type FoundBug, NegotiateType } from './options.js'
 import { INTERESTING_BYTES, INTERESTING_INT32, RequestGen } from './request-mutator.js'

@@ -2,7 +2,8 @@ import { setMaxListeners } from 'node:events'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { DEFAULT_MAX_ATTEMPTS, ExponentialBackoff, RetryBudget, nextRetryDelay, sleep, type Backoff, type RetryBudgetStats } from '../../scheduling/retry.js'
 import { RateLimitedLog } from '../logger.js'
-import { LOG_INTERVAL_MS, type ClientEngine } from './engine.js'
+import { type ClientEngine } from './client-engine.js'
+import { LOG_INTERVAL_MS } from './client-engine-options.js'
 import type { Target } from './targets.js'
 
 /** Retries of calls that did not run, or that the protocol says may run again (`ClientProtocol.retryable`). */

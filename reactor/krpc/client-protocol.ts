@@ -4,11 +4,12 @@ import type { ClientHandshake, ClientProtocol } from '../../codec/client-protoco
 import type { FrameSink } from '../../codec/frame-sink.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
-import {
-  ErrorStatusType, NEGOTIATE_CALL_ID, ResponseParts, encodeRequestFrame, krpcFraming, parseResponseInto, requestFrameBytes, wireTimeout, writeRequestFrame,
-  writeRequestFrameHead
-} from '../../codec/krpc/frames.js'
-import { ClientNegotiation, RpcFeature, isLoopbackHost, notSpeakingKrpc, refusalOf, type Negotiated } from '../../codec/krpc/negotiation.js'
+import { encodeRequestFrame } from '../../codec/krpc/encode-frame.js'
+import { ErrorStatusType, NEGOTIATE_CALL_ID, krpcFraming } from '../../codec/krpc/frames.js'
+import { ResponseParts, parseResponseInto } from '../../codec/krpc/parsed-frame.js'
+import { requestFrameBytes, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../../codec/krpc/write-frame.js'
+import { ClientNegotiation, notSpeakingKrpc, refusalOf } from '../../codec/krpc/client-negotiation.js'
+import { RpcFeature, isLoopbackHost, type Negotiated } from '../../codec/krpc/negotiation-step.js'
 import type { Message, MessageType } from '../../codec/protobuf/schema.js'
 import { TlsTunnel } from '../../codec/krpc/tls-tunnel.js'
 import type { KrpcCall } from './prepared-method.js'

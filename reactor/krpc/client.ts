@@ -3,7 +3,8 @@ import type { Message, MethodMap, ServiceDef } from '../../codec/protobuf/schema
 import type { Clock } from '../../scheduling/clock.js'
 import type { OutlierEjectionOptions } from '../../scheduling/outlier-ejection.js'
 import type { BalancePolicy } from '../balancer.js'
-import { ClientEngine, type ClientHealthStats, type EngineConnectionStats } from '../client/engine.js'
+import { ClientEngine } from '../client/client-engine.js'
+import { type ClientHealthStats, type EngineConnectionStats } from '../client/client-engine-options.js'
 import { failEarly, type Callback } from '../client/pending-call.js'
 import { RetryLoop, type ProtocolRetryOptions, type RetryStats } from '../client/retry-loop.js'
 import type { ClientEndpoint, ClientTarget, Target as EngineTarget } from '../client/targets.js'
@@ -103,7 +104,7 @@ export interface ClientOptions {
 
 /**
  * A KRPC client: typed stubs (stub.ts) over the one client engine
- * (reactor/client/engine.ts) with KRPC as its protocol
+ * (reactor/client/client-engine.ts) with KRPC as its protocol
  * (client-protocol.ts). One connection per endpoint (or
  * `connectionsPerEndpoint`, balanced), reused by every call; call ids from
  * 0 per connection; each call's deadline is armed when the call is made,

@@ -15,7 +15,7 @@
 export { KrpcServer, SERVER_FEATURES, type AddServiceOptions, type Handler, type KrpcServerOptions, type ServiceHandlers, type ThreadServiceOptions, type HandlerModule, type ThreadPoolStats } from './server.js'
 export type { KrpcCallContext } from './call.js'
 export { Client as KrpcClient, type CallOptions, type CallResult, type Callback, type StubMethod, type ClientConnectionStats, type ClientOptions, type ClientTlsOptions, type Endpoint, type RetryOptions, type RetryStats, type Stub, type Target } from './client.js'
-export type { Authenticator } from '../../codec/krpc/negotiation.js'
+export type { Authenticator } from '../../codec/krpc/server-negotiation.js'
 export { hashPassword, loadPasswordFile, type PasswordCheckLimits } from './password-file.js'
 export { KrpcCode, krpcCodeName, krpcError, krpcCodeOf, unsupportedFeatureFlagsOf } from '../../codec/krpc/codes.js'
 export { ProtoSchema, type Int64Mode, type Message, type MessageType, type MethodDef, type MethodMap, type SchemaOptions, type ScratchBytes, type ServiceDef } from '../../codec/protobuf/schema.js'

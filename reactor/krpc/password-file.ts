@@ -10,7 +10,7 @@
 import { randomBytes, scrypt, timingSafeEqual, type ScryptOptions } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import type { Authenticator } from '../../codec/krpc/negotiation.js'
+import type { Authenticator } from '../../codec/krpc/server-negotiation.js'
 
 /** scrypt's cost parameters: N = 2^ln, block size r, parallelism p. */
 interface ScryptParams { ln: number, r: number, p: number }

@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import { encodeRemoteMethod, requestHeaderTail } from '../../codec/krpc/frames.js'
+import { encodeRemoteMethod } from '../../codec/krpc/encode-frame.js'
+import { requestHeaderTail } from '../../codec/krpc/write-frame.js'
 import type { Message, MethodDef, ServiceDef } from '../../codec/protobuf/schema.js'
 
 /** A method of a service as calls to it need it: resolved once, not per call. */

@@ -6,12 +6,12 @@
 import t from 'tap'
 import fc from 'fast-check'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
-import {
-  ErrorStatusType, KRPC_PREAMBLE, RequestHeaderType, ResponseHeaderType, encodeErrorFrame, encodeRemoteMethod,
-  encodeRequestFrame, encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, splitFrame,
-  type RequestFrame, type ResponseFrame
-} from '../../codec/krpc/frames.js'
-import { ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep } from '../../codec/krpc/negotiation.js'
+import { encodeErrorFrame, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame } from '../../codec/krpc/encode-frame.js'
+import { ErrorStatusType, KRPC_PREAMBLE, RequestHeaderType, ResponseHeaderType, headerSchema } from '../../codec/krpc/frames.js'
+import { parseRequestFrame, parseResponseFrame, splitFrame, type RequestFrame, type ResponseFrame } from '../../codec/krpc/parsed-frame.js'
+import { ClientNegotiation } from '../../codec/krpc/client-negotiation.js'
+import type { NegotiationStep } from '../../codec/krpc/negotiation-step.js'
+import { ServerNegotiation, checkPreamble } from '../../codec/krpc/server-negotiation.js'
 import { decodeRequestHeader, decodeResponseHeader, type RequestHeader, type ResponseHeader } from '../../codec/krpc/header-decoder.js'
 import { ProtoSchema } from '../../codec/protobuf/schema.js'
 import { int32Bytes, writeInt32 } from '../../codec/varint.js'

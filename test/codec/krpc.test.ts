@@ -7,15 +7,13 @@ import fc from 'fast-check'
 import assert from 'node:assert'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { KrpcCode } from '../../codec/krpc/codes.js'
-import {
-  ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, encodeRemoteMethod, encodeRequestFrame,
-  encodeResponseFrame, headerSchema, parseRequestFrame, parseResponseFrame, fastResponseFrame, parseResponseInto, parseResponseIntoGeneral, ResponseParts, requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout,
-  writeRequestFrame, writeResponseFrame,
-  type RequestFrame, type ResponseFrame
-} from '../../codec/krpc/frames.js'
-import {
-  ClientNegotiation, ServerNegotiation, checkPreamble, type NegotiationStep
-} from '../../codec/krpc/negotiation.js'
+import { encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame } from '../../codec/krpc/encode-frame.js'
+import { ErrorStatusType, MAX_SIDECARS, NEGOTIATE_CALL_ID, ResponseHeaderType, headerSchema } from '../../codec/krpc/frames.js'
+import { parseRequestFrame, parseResponseFrame, fastResponseFrame, parseResponseInto, parseResponseIntoGeneral, ResponseParts, type RequestFrame, type ResponseFrame } from '../../codec/krpc/parsed-frame.js'
+import { requestFrameBytes, requestHeaderTail, responseFrameBytes, wireTimeout, writeRequestFrame, writeResponseFrame } from '../../codec/krpc/write-frame.js'
+import { ClientNegotiation } from '../../codec/krpc/client-negotiation.js'
+import type { NegotiationStep } from '../../codec/krpc/negotiation-step.js'
+import { ServerNegotiation, checkPreamble } from '../../codec/krpc/server-negotiation.js'
 import { writeVarint } from '../../codec/varint.js'
 import { hex, joinFrames, joinSlices, toHex } from '../helpers/bytes.js'
 import { C_CONNECTION_CONTEXT, C_NEGOTIATE, C_SASL_INITIATE, PREAMBLE, S_NEGOTIATE } from '../helpers/golden.js'
@@ -464,7 +462,7 @@ t.test('client negotiation refusals', async t => {
   t.equal(fresh().onFrame(hex('00 00 00 01 00')).error?.code, ErrorCode.MALFORMED_FRAME, 'malformed frame')
 })
 
-// BUG (left failing on purpose): negotiation.ts tests `authn.sasl !== undefined`, but
+// BUG (left failing on purpose): server-negotiation.ts tests `authn.sasl !== undefined`, but
 // protobufjs gives every decoded oneof member a prototype default of null, so a
 // decoded AuthenticationTypePB always looks like SASL.
 t.test('authentication types other than SASL are refused', async t => {

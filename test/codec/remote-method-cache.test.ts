@@ -5,7 +5,8 @@
  * decode without being cached.
  */
 import t from 'tap'
-import { RequestParts, encodeRemoteMethod, encodeRequestFrame, parseRequestFrame, parseRequestInto } from '../../codec/krpc/frames.js'
+import { encodeRemoteMethod, encodeRequestFrame } from '../../codec/krpc/encode-frame.js'
+import { RequestParts, parseRequestFrame, parseRequestInto } from '../../codec/krpc/parsed-frame.js'
 
 function decode (service: string, method: string): { service_name: string, method_name: string } {
   const frame = Buffer.concat(encodeRequestFrame({ callId: 7, remoteMethod: encodeRemoteMethod(service, method), timeoutMs: 100 }, new Uint8Array(0)))

@@ -10,12 +10,13 @@
 import { createServer, connect, type Server as NetServer, type Socket } from 'node:net'
 import { once } from 'node:events'
 import { FrameDecoder } from '../../codec/frame-decoder.js'
-import {
-  KRPC_PREAMBLE, NEGOTIATE_CALL_ID, encodeErrorFrame, headerSchema, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame, krpcFraming,
-  parseRequestFrame, parseResponseFrame, type ResponseFrame
-} from '../../codec/krpc/frames.js'
+import { encodeErrorFrame, encodeRemoteMethod, encodeRequestFrame, encodeResponseFrame } from '../../codec/krpc/encode-frame.js'
+import { KRPC_PREAMBLE, NEGOTIATE_CALL_ID, headerSchema, krpcFraming } from '../../codec/krpc/frames.js'
+import { parseRequestFrame, parseResponseFrame, type ResponseFrame } from '../../codec/krpc/parsed-frame.js'
 import type { RequestHeader } from '../../codec/krpc/header-decoder.js'
-import { ServerNegotiation, clientHandshakeBytes as handshakeBytes, type NegotiationStep } from '../../codec/krpc/negotiation.js'
+import { clientHandshakeBytes as handshakeBytes } from '../../codec/krpc/client-negotiation.js'
+import type { NegotiationStep } from '../../codec/krpc/negotiation-step.js'
+import { ServerNegotiation } from '../../codec/krpc/server-negotiation.js'
 import { RpcError } from '../../codec/errors.js'
 import type { MessageType } from '../../codec/protobuf/schema.js'
 

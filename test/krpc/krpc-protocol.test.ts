@@ -3,7 +3,8 @@
 // its message (a thread-mode 'EACCES: denied' once lost its 'EACCES: ').
 import t from 'tap'
 import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
-import { ErrorStatusType, parseResponseFrame } from '../../codec/krpc/frames.js'
+import { ErrorStatusType } from '../../codec/krpc/frames.js'
+import { parseResponseFrame } from '../../codec/krpc/parsed-frame.js'
 import type { RefusalReason } from '../../codec/protocol.js'
 import { KrpcServerProtocol } from '../../reactor/krpc/protocol.js'
 

@@ -1,114 +1,26 @@
+/**
+ * The one client engine under `ProtocolClient` and KRPC's `Client`: each
+ * call's attempt (a connection, a deadline, the write), its settlement, and
+ * the client's connections until they close.
+ */
 import { randomInt } from 'node:crypto'
-import { createSecureContext, type ConnectionOptions as TlsConnectionOptions } from 'node:tls'
-import type { AnswerKind, ClientHandshake, ClientProtocol } from '../../codec/client-protocol.js'
+import type { AnswerKind, ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { encodeToSlices, returnedValue, type FrameSink } from '../../codec/frame-sink.js'
-import { DEFAULT_MAX_MESSAGE_BYTES } from '../../codec/frame-decoder.js'
-import type { HandshakeStep } from '../../codec/protocol.js'
 import { realClock, type Clock } from '../../scheduling/clock.js'
 import { DeadlineLists } from '../../scheduling/deadline-lists.js'
-import type { OutlierEjectionOptions, OutlierEjectionStats } from '../../scheduling/outlier-ejection.js'
 import { BusyPoller } from '../../transport/busy-poll.js'
-import type { ConnectionStats } from '../../transport/connection.js'
-import type { BalancePolicy, Slot } from '../balancer.js'
-import { ConnectionLiveness, type LivenessOptions } from '../connection-liveness.js'
 import { RateLimitedLog, resolveLogger, type Logger } from '../logger.js'
-import { onAnswer } from './answers.js'
+import {
+  DEFAULT_CONNECT_TIMEOUT_MS, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_STREAM_PARTS, DEFAULT_TIMEOUT_MS, LOG_INTERVAL_MS, connectionOptionsOf,
+  type ClientEngineOptions, type ClientHealthStats, type EngineConnectionStats
+} from './client-engine-options.js'
+import { expireCall } from './expire-call.js'
+import { openConnection, type ConnectionSetup } from './open-connection.js'
 import { FINISHED, QUEUED, SENDING, SENT, deliver, failEarly, invalid, newPendingCall, type CallConnection, type Callback, type PendingCall, type Reject } from './pending-call.js'
-import { PeerConnection, type PeerSettings } from './peer-connection.js'
 import { PushHub } from './pushes.js'
-import { DEFAULT_MAX_RESOLVED_ADDRESSES, Targets, dnsLookup, type Target } from './targets.js'
-
-/** What every client made on the engine takes (`ProtocolClientOptions` and KRPC's `ClientOptions` name them). */
-export interface ClientEngineOptions {
-  /** Connections per endpoint (default 1); each call picks one by `balance`. */
-  connectionsPerEndpoint?: number
-  /** How a call picks its connection; default `p2c` (power of two choices on calls in flight). */
-  balance?: BalancePolicy
-  /** Resolve each endpoint's host name to all its addresses (DNS) and balance over them; re-resolved every 30 s. */
-  resolveAll?: boolean
-  /**
-   * With `resolveAll`: the most addresses an endpoint's names are balanced
-   * over (each gets `connectionsPerEndpoint` connections); default 32. A
-   * name resolving to more gives each client a subset of this many, drawn
-   * by rendezvous hashing on a seed of the client's own (as gRPC's and
-   * Envoy's subsetting): different clients use different subsets, one
-   * client the same subset for the same addresses, and when a resolution
-   * changes the subset is drawn again, keeping the addresses still present
-   * unless new ones outrank them.
-   */
-  maxResolvedAddresses?: number
-  /** With `resolveAll`: how host names are resolved; default node:dns's `lookup(host, { all: true })` (tests pass a stub). */
-  lookup?: (hostname: string) => Promise<ReadonlyArray<{
-    /** One of the name's IP addresses. */
-    readonly address: string
-  }>>
-  /** Timeout of calls that name none, covering connect, set-up and retries; default 30000 ms; 0: no deadline. */
-  defaultTimeoutMs?: number
-  /** Deadline of a connection's connect and handshake; default 3000 ms. A short call timeout does not shorten it. */
-  connectTimeoutMs?: number
-  /** Largest answer frame; default the protocol's `maxFrameBytes`, else 50 MiB. */
-  maxMessageBytes?: number
-  /** Bound on a connection's queued request bytes; a call over it fails with RPC_ERR_QUEUE_FULL (unsent, so retried). */
-  maxOutboundBytes?: number
-  /** Calls in flight per connection (awaiting an answer); a call over it fails with RPC_ERR_QUEUE_FULL. Default 100000. */
-  maxInFlight?: number
-  /** TLS from the first byte (`node:tls` `tls.connect` options); see `ProtocolClientOptions.tls`. */
-  tls?: TlsConnectionOptions
-  /** `stream` answers: the most parts one call gathers; default 100000 (see `ProtocolClientOptions`). */
-  maxStreamParts?: number
-  /** Busy polling after each read and send, in microseconds (as `ServerOptions.busyPollUs`); off by default. */
-  busyPollUs?: number
-  /**
-   * Outlier ejection of each target's hosts (scheduling/outlier-ejection.ts):
-   * a host whose calls time out or lose their connection
-   * `consecutiveFailures` times in a row (default 5), or whose connection
-   * stays silent through a ping, is skipped for 500 ms doubling up to 3 s,
-   * then given one call (or ping) as a probe; at most half the hosts
-   * (rounded up, never all) are out at once. On by default; false: off.
-   */
-  ejection?: OutlierEjectionOptions | false
-  /**
-   * For protocols with a `ping` (reactor/connection-liveness.ts): after
-   * `pingAfterMs` (default 200) of silence while calls wait the ping goes,
-   * and after `pingTimeoutMs` (default 300) more with nothing read the
-   * connection is closed (RPC_ERR_CONNECTION_CLOSED; idempotent calls are
-   * retried elsewhere) and its host ejected. false: off.
-   */
-  liveness?: LivenessOptions | false
-  /** TCP keepalive on every connection, the first probe after this long idle; default 10000 ms; 0: off. */
-  keepAliveMs?: number
-  /** Where warnings go (rate-limited); default warnings on stderr, null: nowhere. */
-  logger?: Logger | null
-  /** Time for deadlines, backoffs and set-up timers; default the real clock (tests pass a `FakeClock`). */
-  clock?: Clock
-}
-
-/** How a client copes with hosts that fail: outlier ejection and liveness pings. */
-export interface ClientHealthStats {
-  /** Ejections, re-admissions, the hosts out now; null when off. */
-  ejection: OutlierEjectionStats | null
-  /** Liveness pings sent (`ClientProtocol.ping`). */
-  pings: number
-  /** Connections closed because nothing came back, not even an answer to a ping. */
-  unresponsiveConnections: number
-}
-
-/** Counters of one open connection. */
-export interface EngineConnectionStats extends ConnectionStats {
-  /** The connection's endpoint, `host:port`. */
-  endpoint: string
-  /** Calls awaiting an answer on this connection. */
-  pendingCalls: number
-}
-
-const DEFAULT_TIMEOUT_MS = 30_000
-const DEFAULT_CONNECT_TIMEOUT_MS = 3000
-const DEFAULT_MAX_IN_FLIGHT = 100_000
-const DEFAULT_MAX_STREAM_PARTS = 100_000
-const DEFAULT_KEEPALIVE_MS = 10_000
-/** Warnings of one kind are logged at most this often. */
-export const LOG_INTERVAL_MS = 10_000
+import { answerOf, checkRequest } from './request-checks.js'
+import { Targets, dnsLookup, type Target } from './targets.js'
 
 // What the protocol may send as the request's timeout: the attempt's (at least 1 ms), 0 for none.
 function wireTimeoutOf (timeoutMs: number): number {
@@ -147,12 +59,9 @@ export class ClientEngine<Req, Res> {
   readonly isPush: ((buf: Buffer, start: number, end: number) => boolean) | undefined
   readonly #deadlines: DeadlineLists<PendingCall<Req, Res>>
   readonly #maxInFlight: number
-  readonly #connectTimeoutMs: number
-  readonly #settings: PeerSettings
+  readonly #setup: ConnectionSetup
   readonly #poller: BusyPoller | undefined
   readonly #logBroken: RateLimitedLog
-  readonly #liveness: LivenessOptions | null
-  readonly #health = { pings: 0, unresponsive: 0 }
   closed = false
   /** The protocol's `beforeSend`, as a connection's calls ask it. */
   readonly beforeSend: ((call: PendingCall<Req, Res>, session: unknown) => RpcError | undefined) | undefined
@@ -169,7 +78,6 @@ export class ClientEngine<Req, Res> {
     this.inOrder = protocol.matching === 'in-order'
     this.#maxInFlight = options.maxInFlight ?? DEFAULT_MAX_IN_FLIGHT
     this.defaultTimeoutMs = options.defaultTimeoutMs ?? DEFAULT_TIMEOUT_MS
-    this.#connectTimeoutMs = options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
     this.isPush = protocol.isPush
     this.quietAnswers = protocol.answerOf !== undefined
     const beforeSend = protocol.beforeSend
@@ -182,20 +90,12 @@ export class ClientEngine<Req, Res> {
     const log = this.log
     this.pushes = new PushHub(new RateLimitedLog(LOG_INTERVAL_MS, now), (m, f) => log.warn(m, f))
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    const tls = options.tls
-    const keepAliveMs = options.keepAliveMs ?? DEFAULT_KEEPALIVE_MS
-    if (!(keepAliveMs >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `keepAliveMs must be at least 0, got ${options.keepAliveMs}`)
-    const maxResolvedAddresses = options.maxResolvedAddresses ?? DEFAULT_MAX_RESOLVED_ADDRESSES
-    if (!(Number.isInteger(maxResolvedAddresses) && maxResolvedAddresses >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `maxResolvedAddresses must be an integer >= 1, got ${options.maxResolvedAddresses}`)
-    this.#liveness = options.liveness === false || protocol.ping === undefined ? null : (options.liveness ?? {})
-    this.#settings = {
-      framing: protocol.framing,
-      maxFrameBytes: options.maxMessageBytes ?? protocol.maxFrameBytes ?? DEFAULT_MAX_MESSAGE_BYTES,
-      maxOutboundBytes: options.maxOutboundBytes,
-      busyPoller: this.#poller,
-      keepAliveMs,
-      // Bad certificates and keys throw here, not at each connect.
-      tls: tls === undefined ? undefined : { ...tls, secureContext: tls.secureContext ?? createSecureContext(tls) }
+    const { settings, maxResolvedAddresses } = connectionOptionsOf(protocol as ClientProtocol<unknown, unknown>, options, this.#poller)
+    this.#setup = {
+      settings,
+      connectTimeoutMs: options.connectTimeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS,
+      liveness: options.liveness === false || protocol.ping === undefined ? null : (options.liveness ?? {}),
+      health: { pings: 0, unresponsive: 0 }
     }
     this.targets = new Targets({
       connectionsPerEndpoint: options.connectionsPerEndpoint ?? 1,
@@ -209,7 +109,7 @@ export class ClientEngine<Req, Res> {
       outstanding: (slot) => this.connections.get(slot.key)?.inFlight ?? 0,
       ejection: options.ejection === false ? null : (options.ejection ?? {})
     })
-    this.#deadlines = new DeadlineLists<PendingCall<Req, Res>>(this.clock, this.#expire, isFinished)
+    this.#deadlines = new DeadlineLists<PendingCall<Req, Res>>(this.clock, (call, timeoutMs) => expireCall(this, call, timeoutMs), isFinished)
   }
 
   /** Calls waiting for an answer on any connection, retired ones included. */
@@ -229,7 +129,8 @@ export class ClientEngine<Req, Res> {
 
   /** Outlier ejection and liveness counters. */
   health (): ClientHealthStats {
-    return { ejection: this.targets.ejectionStats(), pings: this.#health.pings, unresponsiveConnections: this.#health.unresponsive }
+    const health = this.#setup.health
+    return { ejection: this.targets.ejectionStats(), pings: health.pings, unresponsiveConnections: health.unresponsive }
   }
 
   /** The call in errors, without its endpoint. */
@@ -251,7 +152,7 @@ export class ClientEngine<Req, Res> {
     const protocol = this.protocol
     let answer: AnswerKind = 'yes'
     if (protocol.answerOf !== undefined) {
-      const asked = this.#answerOf(request)
+      const asked = answerOf(protocol, this.inOrder, request)
       if (asked instanceof RpcError) return failEarly(asked, reject, callback)
       answer = asked
     }
@@ -290,35 +191,8 @@ export class ClientEngine<Req, Res> {
     target.resolving!.then(() => this.attempt(target, request, data, signal, timeoutMs, resolve, reject, callback), (error: RpcError) => failEarly(error, reject, callback))
   }
 
-  // The protocol's `answerOf` for `request`, or why the call cannot be made.
-  #answerOf (request: Req): AnswerKind | RpcError {
-    let answer: AnswerKind
-    try {
-      answer = this.protocol.answerOf!(request) ?? 'yes'
-    } catch (err) {
-      return invalid(err)
-    }
-    if (answer === 'yes') return answer
-    return this.#answerProblem(answer) ?? answer
-  }
-
   #tooManyInFlight (cc: CallConnection<Req, Res>, request: Req, data: unknown): RpcError {
     return new RpcError(ErrorCode.QUEUE_FULL, `${this.describe(request, data)} to ${cc.endpoint}: ${cc.inFlight} calls in flight on the connection (maxInFlight)`)
-  }
-
-  // Why `answerOf` said something this protocol or client cannot do, or null.
-  #answerProblem (answer: AnswerKind): RpcError | null {
-    const protocol = this.protocol
-    switch (answer) {
-      case 'maybe':
-        return this.inOrder ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'maybe' answers need 'id' matching`) : null
-      case 'stream':
-        return protocol.decodePart === undefined ? new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: 'stream' answers need decodePart`) : null
-      case 'no':
-        return null
-      default:
-        return new RpcError(ErrorCode.INVALID_ARGUMENT, `protocol ${protocol.name}: answerOf said ${String(answer)}, not yes, maybe, no or stream`)
-    }
   }
 
   #write (cc: CallConnection<Req, Res>, call: PendingCall<Req, Res>): void {
@@ -414,7 +288,7 @@ export class ClientEngine<Req, Res> {
       if (!cc.flushNeeded || cc.closed) return
       cc.flushNeeded = false
       // The flush request: an internal call, without a caller or a deadline.
-      this.#write(cc, newPendingCall<Req, Res>(this.protocol.flushRequest!(), undefined, 'yes', cc, 0, ignore, ignore, null, undefined))
+      this.writeInternal(cc, this.protocol.flushRequest!())
     })
   }
 
@@ -477,33 +351,6 @@ export class ClientEngine<Req, Res> {
     else this.fail(call, error)
   }
 
-  // The call's deadline passed (the deadline lists call this only for calls not finished).
-  readonly #expire = (call: PendingCall<Req, Res>, timeoutMs: number): void => {
-    // After a stall, an answer already in the socket buffer is read first.
-    this.clock.defer(() => {
-      if (call.state === FINISHED) return
-      const cc = call.conn
-      const label = `${this.describe(call.request, call.data)}${cc === null ? '' : ` to ${cc.endpoint}`}`
-      const setupName = this.protocol.setupName
-      const message = cc === null || cc.ready
-        ? `${label} timed out after ${timeoutMs} ms`
-        : setupName !== undefined ? `${setupName} for ${label} timed out after ${timeoutMs} ms` : `${label} timed out after ${timeoutMs} ms (still connecting)`
-      const error = new RpcError(ErrorCode.DEADLINE_EXCEEDED, message)
-      // A host that lets calls time out counts as failing them (a connect that times out counts as a failed connect;
-      // a host being probed has the probe's own time, so that a host just back may answer its first call late).
-      if (cc !== null && cc.ready) {
-        cc.balancer.callTimedOut(cc.slot)
-        // In order, every answer behind this one waits for it, however long it
-        // takes to come (a slow or hostile peer trickling a large one): new
-        // calls go to another connection, this one closes once no call waits on it.
-        if (this.inOrder && cc.inOrder.peekFront() === call) this.retire(cc, 'a call timed out waiting for its in-order answer')
-      }
-      // Mid-write, the caller's buffers are still being read: settle once the frame is out.
-      if (call.state === SENDING) call.pendingError = error
-      else this.fail(call, error)
-    })
-  }
-
   // The connection of the slot the target's balancer picks, opened if need be.
   #connectionFor (target: Target): CallConnection<Req, Res> | RpcError {
     const last = this.#last
@@ -516,88 +363,16 @@ export class ClientEngine<Req, Res> {
       return existing
     }
     try {
-      return this.#open(target, slot)
+      return openConnection(this, this.#setup, target, slot)
     } catch (err) {
       target.balancer.failed(slot)
       return err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${slot.address.host}:${slot.address.port}: ${(err as Error).message}`, { cause: err })
     }
   }
 
-  #open (target: Target, slot: Slot): CallConnection<Req, Res> {
-    const protocol = this.protocol
-    const tls = this.#settings.tls !== undefined
-    const handshake: ClientHandshake<unknown> | undefined = protocol.handshake?.(`${slot.address.host}:${slot.address.port}`, slot.address.host)
-    const cc = new PeerConnection<PendingCall<Req, Res>>(this, slot, target.balancer, this.#settings, this.inOrder, protocol.maxId ?? 0xffffffff, handshake?.failure !== undefined)
-    const key = cc.endpoint
-    const connection = cc.connection
-    this.connections.set(slot.key, cc)
-    if (this.#liveness !== null) cc.liveness = this.#livenessOf(cc)
-    connection.attach({
-      onFrame: (buf, start, end) => onAnswer(this, cc, buf, start, end),
-      onClose: (error) => this.connectionClosed(cc, cc.closeReason(error, handshake))
-    })
-    const connectMs = this.#connectTimeoutMs
-    cc.connectTimer = this.clock.setTimer(() => {
-      cc.connectTimer = null
-      if (cc.ready) return
-      cc.setupTimedOut = true
-      const setupName = protocol.setupName ?? `${protocol.name} set-up`
-      // With a handshake, the deadline is the set-up's, whether or not the
-      // 'connect' event has come yet (the peer may have accepted already).
-      connection.destroy(cc.connected || handshake !== undefined
-        ? new RpcError(ErrorCode.NEGOTIATION_FAILED, `${setupName} with ${key} timed out after ${connectMs} ms`)
-        : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: timed out after ${connectMs} ms`))
-    }, connectMs)
-    cc.socket.once(tls ? 'secureConnect' : 'connect', () => {
-      cc.connected = true
-      if (handshake === undefined) this.#ready(cc)
-    })
-    if (handshake !== undefined) {
-      // The session is known at the step that finishes the handshake: the
-      // requests held for it are written then, before the promise settles.
-      const onFrame = handshake.onFrame
-      const record = (step: HandshakeStep<unknown>): HandshakeStep<unknown> => {
-        if (step.done !== undefined) cc.session = step.done
-        return step
-      }
-      connection.handshake<unknown>({
-        ...handshake,
-        onFrame: (frame) => {
-          const step = onFrame(frame)
-          return step instanceof Promise ? step.then(record) : record(step)
-        }
-      }).then((session) => {
-        cc.session = session
-        this.#ready(cc)
-        // The peer's protocol answered (a TCP connect alone proves nothing): a host being probed is alive.
-        if (!cc.closed) cc.balancer.heardFrom(cc.slot)
-      }, () => {})
-    }
-    return cc
-  }
-
-  // The silence check of `cc`: its ping is an internal call whose answer (like any frame) proves the peer alive.
-  #livenessOf (cc: CallConnection<Req, Res>): ConnectionLiveness {
-    return new ConnectionLiveness(this.clock, this.#liveness!, {
-      ping: () => {
-        if (cc.closed || !cc.ready) return
-        this.#health.pings++
-        this.#write(cc, newPendingCall<Req, Res>(this.protocol.ping!(), undefined, 'yes', cc, 0, ignore, ignore, null, undefined))
-      },
-      dead: (silentMs) => {
-        this.#health.unresponsive++
-        cc.balancer.unresponsive(cc.slot)
-        cc.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `connection to ${cc.endpoint} closed: nothing read for ${Math.round(silentMs)} ms, not even an answer to a ping`))
-      }
-    })
-  }
-
-  #ready (cc: CallConnection<Req, Res>): void {
-    if (cc.closed) return
-    cc.ready = true
-    if (cc.connectTimer !== null) this.clock.clearTimer(cc.connectTimer)
-    cc.connectTimer = null
-    cc.balancer.succeeded(cc.slot)
+  /** Writes an internal call of `request` on `cc` (a flush request, a ping), without a caller or a deadline. */
+  writeInternal (cc: CallConnection<Req, Res>, request: Req): void {
+    this.#write(cc, newPendingCall<Req, Res>(request, undefined, 'yes', cc, 0, ignore, ignore, null, undefined))
   }
 
   /** `cc` must take no new calls (a fatal remote error, an in-order answer overdue): new calls open another; it closes once its last call settles. */
@@ -667,13 +442,3 @@ function isFinished<Req, Res> (call: PendingCall<Req, Res>): boolean {
 
 function ignore (): void {}
 
-
-// The protocol's check of a request (before a connection is chosen): its throw as the call's error, or null.
-function checkRequest<Req> (protocol: ClientProtocol<Req, unknown>, request: Req, data: unknown): RpcError | null {
-  try {
-    protocol.check!(request, data)
-    return null
-  } catch (err) {
-    return invalid(err)
-  }
-}
