@@ -24,7 +24,7 @@ const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { na
 
 // What the build needs of the checkout: the sources tsconfig.json names
 // (the tests apart: the package carries none) and the files the package ships as they are.
-const COPIED = ['package.json', 'package-lock.json', 'tsconfig.json', 'README.md', 'bin', 'bench', 'codec', 'docs', 'examples', 'reactor', 'scheduling', 'transport']
+const COPIED = ['package.json', 'package-lock.json', 'tsconfig.json', 'README.md', 'CHANGELOG.md', 'bin', 'bench', 'codec', 'docs', 'examples', 'reactor', 'scheduling', 'transport']
 
 // Modules loaded by a computed path (fork, Worker, spawn), which an import scan does not see.
 const LOADED_BY_PATH = ['dist/bin/serve-reactor.js', 'dist/bin/trace-server.js', 'dist/bench/bench-server.js', 'dist/bench/bench-load.js', 'dist/reactor/krpc/thread-worker.js']
@@ -79,7 +79,7 @@ t.test('npm pack, then install the tarball into an empty project and run the kv 
   t.ok(existsSync(tarball), `npm pack wrote ${report[0]!.filename} (${files.length} files)`)
 
   t.test('the tarball: dist/ built by npm pack, the bin, the .proto assets, README and docs; no tests', async (t) => {
-    for (const name of ['package.json', 'README.md', 'bin/nyala', 'codec/krpc/rpc_header.proto', 'examples/calculator/calculator.proto', 'docs/custom-protocols.md', 'docs/api/README.md', 'dist/reactor/index.js', 'dist/reactor/index.d.ts', 'dist/bin/cli.js']) {
+    for (const name of ['package.json', 'README.md', 'CHANGELOG.md', 'bin/nyala', 'codec/krpc/rpc_header.proto', 'examples/calculator/calculator.proto', 'docs/custom-protocols.md', 'docs/api/README.md', 'dist/reactor/index.js', 'dist/reactor/index.d.ts', 'dist/bin/cli.js']) {
       t.ok(files.includes(name), `carries ${name}`)
     }
     t.same(files.filter((f) => /^(test|dist\/test)\//.test(f) || /\.ts$/.test(f) && !f.endsWith('.d.ts')), [], 'no tests and no TypeScript sources')
