@@ -235,18 +235,9 @@ export class Connection {
   }
 
   /**
-   * True when `writeFrame` encodes in place now (the set-up is done and the
-   * connection is open): a frame written then goes straight into the
-   * coalesced outbound buffer and cannot be dropped any more; false: it
-   * would be queued as a transfer of its own, behind the set-up.
-   */
-  get writesInPlace (): boolean {
-    return this.#queue.inPlaceChunk !== null
-  }
-
-  /**
    * Encodes one frame with `encoder.encode(a, b, sink)` and queues it.
-   * In place when it can (`writesInPlace`): the room the encoder reserves
+   * In place when it can (the set-up is done and the connection is open:
+   * it cannot be dropped any more then): the room the encoder reserves
    * is in the connection's coalesced outbound buffer (the frames of one
    * turn leave in one write), and the slices it appends follow it without
    * a copy; else into a buffer of its own, queued as a transfer. An encoder
@@ -263,7 +254,7 @@ export class Connection {
   }
 
   /**
-   * Opens a frame to be encoded in place (see `writesInPlace`), for a caller
+   * Opens a frame to be encoded in place (see `writeFrame`), for a caller
    * that runs the encoder itself (the server's answers, the client's
    * requests: in their own stack the encoder is inlined): encode into the
    * sink, then `endFrame`, or `abortFrame` if the encoder threw. Null when
