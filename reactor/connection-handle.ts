@@ -4,7 +4,7 @@ import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { PushOutputLimit } from './push-output-limit.js'
 import type { ServerContext } from './server-context.js'
-import type { ServerConnection } from './server-connection.js'
+import type { ConnectionRecord } from './connection-record.js'
 
 export type { WriteWatermarks } from './server-options.js'
 
@@ -30,7 +30,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   readonly #ctx: ServerContext
   readonly #pushes: PushOutputLimit
   readonly #watermarks: Watermarks
-  #sc: ServerConnection | null
+  #sc: ConnectionRecord | null
   #user = ''
   #state: unknown = undefined
   #resolveClosed: () => void = noop
@@ -42,7 +42,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
   readonly #check = (): void => this.#checkWritable()
 
-  constructor (sc: ServerConnection, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {
+  constructor (sc: ConnectionRecord, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {
     super()
     this.#ctx = ctx
     this.#pushes = pushes

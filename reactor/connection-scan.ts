@@ -1,12 +1,12 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import { DEFAULT_SLOW_FRAME_GRACE_MS, MIN_EVICTABLE_IDLE_MS, isSlowFrame, minFrameRateOf } from './admission.js'
 import type { ConnectionGuard } from './connection-guard.js'
 import type { RateLimitedLog } from './logger.js'
 import type { ServerContext } from './server-context.js'
 import { DEFAULT_FRAME_TIMEOUT_MS, RETIRED_BUSY_LIMIT_MS, RETIRED_QUIET_MS, nonNegative } from './server-options.js'
 
-/** The longest a connection whose reading is paused goes without a probe read (`Connection.probeRead`). */
+/** The longest a connection whose reading is paused goes without a probe read (`FramedConnection.probeRead`). */
 export const PROBE_PERIOD_MS = 1000
 
 /** What the scan follows of one connection: its progress, the frame it is receiving, and its age. */
@@ -31,7 +31,7 @@ export class ScanRecord {
 
 /** What the scan needs of a connection. */
 export interface Scanned {
-  readonly connection: Connection
+  readonly connection: FramedConnection
   readonly remoteAddress: string
   readonly inFlight: { readonly size: number }
   /** Its set-up is done. */

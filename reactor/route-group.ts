@@ -6,7 +6,7 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RefusalReason } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
-import { ServiceDispatcher } from './dispatcher.js'
+import { ServicePool } from './service-pool.js'
 import type { Filter } from './filters.js'
 import type { InboundCall } from './inbound-call.js'
 import type { ServerMetrics } from './metrics.js'
@@ -22,8 +22,8 @@ export interface RouteGroupParts {
   readonly clock: Clock
   /** Runs a call on one of the group's workers, in this process. */
   readonly run: (call: InboundCall, worker: number) => Promise<void> | void
-  /** Runs a call on `executor` (worker threads), the group's queue being `dispatcher`. */
-  readonly runElsewhere: (call: InboundCall, worker: number, executor: CallExecutor, dispatcher: ServiceDispatcher) => Promise<void> | undefined
+  /** Runs a call on `executor` (worker threads), the group's queue being `service`. */
+  readonly runElsewhere: (call: InboundCall, worker: number, executor: CallExecutor, service: ServicePool) => Promise<void> | undefined
   /** Answers a call the queue refused (busy, expired, shutdown). */
   readonly reject: (call: InboundCall, reason: RefusalReason, message: string) => void
 }
@@ -40,15 +40,15 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
   }
   const pooled = parts.pooled || executor !== null
   const workers = executor !== null ? executor.workers : options.workers ?? defaults.workers
-  let dispatcher: ServiceDispatcher | null = null
+  let service: ServicePool | null = null
   const metrics = parts.metrics.addService(name, [...definitions.keys()], {
     workers: pooled ? workers : 0,
-    queueLength: () => dispatcher?.pool.queueLength ?? 0,
-    idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
+    queueLength: () => service?.pool.queueLength ?? 0,
+    idleWorkers: () => service?.pool.idleWorkers ?? 0
   })
   if (pooled) {
-    const run = executor === null ? parts.run : (call: InboundCall, worker: number) => parts.runElsewhere(call, worker, executor, dispatcher!)
-    dispatcher = new ServiceDispatcher({
+    const run = executor === null ? parts.run : (call: InboundCall, worker: number) => parts.runElsewhere(call, worker, executor, service!)
+    service = new ServicePool({
       workers,
       queueLength: options.queueLength ?? defaults.queueLength,
       discipline: options.queue ?? defaults.queue,
@@ -64,7 +64,7 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
     name,
     routes: new Map(),
     metrics,
-    dispatcher,
+    service,
     executor,
     abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
     maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,

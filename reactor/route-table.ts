@@ -1,6 +1,6 @@
 import type { CallHead } from '../codec/protocol.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import type { ServiceDispatcher } from './dispatcher.js'
+import type { ServicePool } from './service-pool.js'
 import type { Filter, Handler } from './filters.js'
 import type { CallRoute, InboundCall } from './inbound-call.js'
 import type { MethodMetrics } from './metrics.js'
@@ -28,7 +28,7 @@ export interface CallExecutor<Data = unknown> {
   readonly workers: number
   /** Settles when the executor can take calls; `listen()` waits for it. */
   readonly ready?: Promise<void>
-  /** How long held calls wait without a completion before the queue judges them (see ServiceDispatcher); default one turn. */
+  /** How long held calls wait without a completion before the queue judges them (see ServicePool); default one turn. */
   readonly holdWindowMs?: number
   /** Runs `call` on worker `worker`; resolves with its answer, or rejects as a handler would. */
   run: (call: InboundCall<Data>, worker: number) => Promise<unknown>
@@ -60,7 +60,7 @@ export interface RouteGroup {
   readonly routes: Map<string, Route>
   readonly metrics: ReadonlyMap<string, MethodMetrics>
   /** null in `direct` mode. */
-  readonly dispatcher: ServiceDispatcher | null
+  readonly service: ServicePool | null
   readonly executor: CallExecutor | null
   readonly abandonAfterMs: number
   readonly maxAbandoned: number

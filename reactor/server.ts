@@ -12,14 +12,14 @@ import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
-import { Connection, type Handshake } from '../transport/connection.js'
+import { FramedConnection, type Handshake } from '../transport/framed-connection.js'
 import { CallDispatch, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
 import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type Watermarks } from './connection-handle.js'
 import type { CallEndObserver, Filter } from './filters.js'
 import { PushOutputLimit } from './push-output-limit.js'
 import { ServerMetrics } from './metrics.js'
 import type { Logger, RateLimitedLog } from './logger.js'
-import { ServerConnection } from './server-connection.js'
+import { ConnectionRecord } from './connection-record.js'
 import type { InboundBudget } from '../transport/inbound-budget.js'
 import type { OutboundBudget } from './outbound-budget.js'
 import { serverBudgets } from './server-budgets.js'
@@ -52,7 +52,7 @@ export { ListenError } from './listen-error.js'
  */
 export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // eslint-disable-line @typescript-eslint/no-explicit-any
   /** What the server's parts share: protocol, options, clock, logger, connections, counters. */
-  readonly #ctx: ServerContext<ServerConnection>
+  readonly #ctx: ServerContext<ConnectionRecord>
   readonly #protocol: ServerProtocol
   readonly #options: ResolvedServerOptions
   readonly #clock: Clock
@@ -60,12 +60,12 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   /** Per-group and per-route metrics; `metrics.text()` is the Prometheus exposition. */
   readonly metrics = new ServerMetrics()
   readonly #dispatch: CallDispatch
-  readonly #connections: Set<ServerConnection>
+  readonly #connections: Set<ConnectionRecord>
   /** Admission of new connections (limits, evictions); its `negotiating` are the connections still in set-up, oldest first. */
-  readonly #admission: Admission<ServerConnection>
-  readonly #negotiating: Set<ServerConnection>
+  readonly #admission: Admission<ConnectionRecord>
+  readonly #negotiating: Set<ConnectionRecord>
   /** The guards over the connections (told at accept, each scan tick, and close), composed once. */
-  readonly #guards: ConnectionGuards<ServerConnection>
+  readonly #guards: ConnectionGuards<ConnectionRecord>
   readonly #pushes: PushOutputLimit
   readonly #slowConsumers: SlowConsumerWatch
   readonly #watermarks: Watermarks
@@ -91,7 +91,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
    * their `ctx.connectionState` is its `State`.
    */
   constructor (protocol: ServerProtocol<Req, Res, State, Data>, options: ServerOptions = {}) {
-    const ctx = this.#ctx = new ServerContext<ServerConnection>(protocol as ServerProtocol, options)
+    const ctx = this.#ctx = new ServerContext<ConnectionRecord>(protocol as ServerProtocol, options)
     this.#protocol = ctx.protocol
     this.#options = ctx.options
     this.#clock = ctx.clock
@@ -389,7 +389,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const reader = secure === null ? new SocketReader() : undefined
     const socket = secure ?? readThrough(accepted, reader!)
     const stream = socketStream(socket, socket === accepted || secure !== null ? undefined : reader)
-    const connection = new Connection(stream, {
+    const connection = new FramedConnection(stream, {
       socket,
       readPath: stream.readPath,
       framing: this.#protocol.framing,
@@ -400,7 +400,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onBackedUp: () => this.#outbound.watch(connection),
       onReadingSuspended: () => this.#slowConsumers.watch(sc)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch.answerOrder)
+    const sc = new ConnectionRecord(connection, remoteAddress, this.#clock.now(), this.#dispatch.answerOrder)
     const handle = new ServerConnectionHandle(sc, this.#ctx, this.#pushes, this.#watermarks)
     sc.handle = handle
     try {
@@ -434,7 +434,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   }
 
   // The protocol's set-up of a new connection (none: ready at once).
-  #setUp (sc: ServerConnection, remoteAddress: string): void {
+  #setUp (sc: ConnectionRecord, remoteAddress: string): void {
     const connection = sc.connection
     const setUp = this.#protocol.handshake
     if (setUp === undefined) {
@@ -479,7 +479,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return make === undefined ? undefined : make(remoteAddress, handle)
   }
 
-  #onClose (sc: ServerConnection, error: RpcError | undefined): void {
+  #onClose (sc: ConnectionRecord, error: RpcError | undefined): void {
     this.#connections.delete(sc)
     this.#guards.closed(sc, error)
     sc.closedAt = this.#clock.now()
