@@ -167,7 +167,7 @@ export class KrpcClientProtocol implements ClientProtocol<Message, Message | Cal
     this.#checked = null
     this.#encodable = null
     if (call.slow) return encodeSlow(call, requestType, encodable, id, timeoutMs, out)
-    const tail = call.method.tailFor(wireTimeout(timeoutMs))
+    const tail = call.method.tailForMs(timeoutMs)
     const bodyBytes = requestType.flatLength(encodable)
     if (bodyBytes < 0) {
       // Encoded into the codec's scratch buffer, copied into the frame at once.

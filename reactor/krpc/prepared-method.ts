@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { encodeRemoteMethod } from '../../codec/krpc/encode-frame.js'
-import { requestHeaderTail } from '../../codec/krpc/write-frame.js'
+import { requestHeaderTail, wireTimeout } from '../../codec/krpc/write-frame.js'
 import type { Message, MethodDef, ServiceDef } from '../../codec/protobuf/schema.js'
 
 /** A method of a service as calls to it need it: resolved once, not per call. */
@@ -12,6 +12,8 @@ export class PreparedMethod {
   /** The request header after call_id for wire timeout `tailTimeout` (the last one used): encoded once, not per call. */
   tail: Buffer
   tailTimeout: number
+  // The timeoutMs `tailForMs` last made `tail` for (NaN: none yet).
+  #tailMs = NaN
   /** The protocol data of a stub's call without sidecars or flags (it resolves with the response alone): one for every such call. */
   readonly stubCall: KrpcCall
   /** The same for `Client.call` (it resolves with a `CallResult`). */
@@ -31,8 +33,21 @@ export class PreparedMethod {
     if (timeout !== this.tailTimeout) {
       this.tail = requestHeaderTail(this.remoteMethod, timeout)
       this.tailTimeout = timeout
+      this.#tailMs = NaN
     }
     return this.tail
+  }
+
+  /**
+   * `tailFor(wireTimeout(timeoutMs))`, with the last `timeoutMs` asked
+   * remembered: calls with the same timeout (most) skip the rounding and
+   * clamping, each of which was a call on the client's path.
+   */
+  tailForMs (timeoutMs: number): Buffer {
+    if (timeoutMs === this.#tailMs) return this.tail
+    const tail = this.tailFor(wireTimeout(timeoutMs))
+    this.#tailMs = timeoutMs
+    return tail
   }
 }
 
