@@ -78,6 +78,14 @@ export interface ServerOptions {
    */
   maxOutboundBytes?: number
   /**
+   * Requests decoded from one read of a connection before the rest of that
+   * read waits for the next event-loop turn (default 256): a peer that
+   * pipelines thousands of small requests in one read cannot hold the loop
+   * from the other connections. Reading that connection stops meanwhile;
+   * the rest is kept aside, counted in `maxInboundBufferedBytes`.
+   */
+  maxFramesPerRead?: number
+  /**
    * The slow-consumer limits of connections that have received a push
    * (`ConnectionHandle.send`, `ConnectionGroup.send`), as Redis's
    * `client-output-buffer-limit pubsub`: past `hardBytes` unsent bytes

@@ -395,6 +395,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       framing: this.#protocol.framing,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
+      maxFramesPerRead: this.#options.maxFramesPerRead,
       busyPoller: this.#poller,
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection),

@@ -49,6 +49,14 @@ export interface ConnectionOptions {
   socket?: Socket | undefined
   /** How the stream's reads arrive, for `stats()`; default 'onread' (slabs the stream owns). */
   readPath?: 'onread' | 'data' | undefined
+  /**
+   * Frames decoded from one read before the rest of it waits for the next
+   * event-loop turn (reading stops meanwhile, the rest kept aside and
+   * counted in `inboundBudget`): one peer pipelining thousands of small
+   * requests in a read cannot hold the loop from the others. Default
+   * `DEFAULT_MAX_FRAMES_PER_READ` (256).
+   */
+  maxFramesPerRead?: number | undefined
   /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
   busyPoller?: BusyPoller | undefined
   /** The reactor-wide budget for bytes held in incomplete inbound frames; none by default. */

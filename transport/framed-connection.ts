@@ -8,6 +8,8 @@ import type { BusyPoller } from './busy-poll.js'
 import type { ByteStream, ByteStreamListener } from './byte-stream.js'
 import type { InboundBudget } from './inbound-budget.js'
 import { ReadGate, ReadStop } from './read-gate.js'
+import { ReadTurns } from './read-turns.js'
+import { ConnectionEnd } from './connection-end.js'
 import { SetUp, type SetUpHost } from './set-up.js'
 import { TransferQueue, type OutboundTransfer } from './transfer-queue.js'
 import { abortFrame, beginFrame, endFrame, writeFrame, type FrameEncoder } from './frame-writer.js'
@@ -15,6 +17,7 @@ import type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './co
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 export { PROBE_BYTES } from './read-gate.js'
+export { DEFAULT_MAX_FRAMES_PER_READ } from './read-turns.js'
 export type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
 export type { FrameEncoder } from './frame-writer.js'
 
@@ -40,11 +43,7 @@ export class FramedConnection {
   #setup: SetUp<unknown> | null = null
   // The stream frames travel on: the socket's, or the secure channel set-up switched to.
   #stream: ByteStream
-  #closed = false
-  /** Ending (endAfterFlush): no frame is delivered any more, though the stream still flushes. */
-  #ending = false
-  #closeError: RpcError | undefined
-  #endingError: RpcError | undefined
+  readonly #end: ConnectionEnd
   #bytesRead = 0
   #framesRead = 0
   #reads = 0
@@ -55,6 +54,7 @@ export class FramedConnection {
   readonly #budget: InboundBudget | null
   #heldReported = 0
   readonly #poller: BusyPoller | null
+  readonly #turns: ReadTurns
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
   /** What the stream reports: reads, writability, the peer's end, errors and the close. */
   readonly #listener: ByteStreamListener = {
@@ -82,9 +82,24 @@ export class FramedConnection {
     const connection = this
     this.#gate = new ReadGate(stream, {
       listener: this.#listener,
-      get probeRefused () { return connection.#closed || connection.#ending || connection.#setup !== null },
-      get isClosed () { return connection.#closed },
-      reportHeld: () => this.#reportHeld()
+      get probeRefused () { return connection.#end.closed || connection.#end.ending || connection.#setup !== null },
+      get isClosed () { return connection.#end.closed },
+      reportHeld: () => this.#reportHeld(),
+      decodeKept: (chunk) => { if (!this.#end.closed && !this.#end.ending) this.#decode(chunk) }
+    })
+    this.#turns = new ReadTurns(this.#gate, options.maxFramesPerRead)
+    this.#end = new ConnectionEnd({
+      decoder: this.#decoder,
+      gate: this.#gate,
+      queue: this.#queue,
+      get stream () { return connection.#stream },
+      takeSetUp: () => {
+        const setup = this.#setup
+        this.#setup = null
+        return setup
+      },
+      reportHeld: () => this.#reportHeld(),
+      closed: (error) => this.#handler?.onClose(error)
     })
     stream.listen(this.#listener)
   }
@@ -129,19 +144,19 @@ export class FramedConnection {
   get isBackedUp (): boolean { return this.#queue.isWaitingDrain }
 
   /** Stops reading (backpressure: the peer's requests wait in its own buffers and the kernel's). */
-  pauseReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Paused) }
+  pauseReading (): void { if (!this.#end.closed) this.#gate.stop(ReadStop.Paused) }
 
   /** Reads again after `pauseReading` (unless another reason holds reading). */
-  resumeReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Paused) }
+  resumeReading (): void { if (!this.#end.closed) this.#gate.start(ReadStop.Paused) }
 
   /** Paused by `pauseReading` (the outbound budget's reason). */
   get isReadingPaused (): boolean { return this.#gate.has(ReadStop.Paused) }
 
   /** Stops reading for the application's reason (`ConnectionHandle.pauseReading`), independent of `pauseReading`. */
-  holdReading (): void { if (!this.#closed) this.#gate.stop(ReadStop.Held) }
+  holdReading (): void { if (!this.#end.closed) this.#gate.stop(ReadStop.Held) }
 
   /** Ends `holdReading`; the stream reads again unless another reason holds it. */
-  releaseReading (): void { if (!this.#closed) this.#gate.start(ReadStop.Held) }
+  releaseReading (): void { if (!this.#end.closed) this.#gate.start(ReadStop.Held) }
 
   /** Held by `holdReading`. */
   get isReadingHeld (): boolean { return this.#gate.has(ReadStop.Held) }
@@ -160,14 +175,14 @@ export class FramedConnection {
 
   // The queue passed the bound: nothing more is read until the peer takes enough.
   #suspendReading (): void {
-    if (this.#closed || this.#gate.has(ReadStop.Suspended)) return
+    if (this.#end.closed || this.#gate.has(ReadStop.Suspended)) return
     this.#gate.stop(ReadStop.Suspended)
     this.#options.onReadingSuspended?.()
   }
 
-  get isClosed (): boolean { return this.#closed }
+  get isClosed (): boolean { return this.#end.closed }
 
-  get closeError (): RpcError | undefined { return this.#closeError }
+  get closeError (): RpcError | undefined { return this.#end.closeError }
 
   /**
    * True while bytes wait to go out. A half-received frame does not make a
@@ -197,8 +212,8 @@ export class FramedConnection {
     const connection = this
     return {
       socket: this.#options.socket ?? null,
-      get isClosed () { return connection.#closed },
-      get isEnding () { return connection.#ending },
+      get isClosed () { return connection.#end.closed },
+      get isEnding () { return connection.#end.ending },
       frameRead: () => { this.#framesRead++ },
       switchStream: (stream) => {
         this.#stream = stream
@@ -215,10 +230,15 @@ export class FramedConnection {
         this.#setup = null
         this.#queue.release()
         this.#reportHeld()
-        // Read already: decoded now, whatever reading does next (as the rest of a read is).
-        for (const chunk of rest) {
-          if (this.#closed || this.#ending) return
-          this.#decode(chunk)
+        // Read already: decoded now, whatever reading does next (as the rest
+        // of a read is), until the frame budget keeps the rest for later turns.
+        for (let i = 0; i < rest.length; i++) {
+          if (this.#end.closed || this.#end.ending) return
+          if (this.#turns.waiting) {
+            this.#gate.keep(rest.slice(i))
+            return
+          }
+          this.#decode(rest[i]!)
         }
       },
       framingError: (error) => this.flushAndDestroy(error),
@@ -247,7 +267,7 @@ export class FramedConnection {
    * and the throw reaches the caller.
    */
   writeFrame<A, B> (encoder: FrameEncoder<A, B>, a: A, b: B): boolean {
-    if (this.#closed) return false
+    if (this.#end.closed) return false
     this.#activity++
     this.#poller?.touch()
     return writeFrame(this.#queue, encoder, a, b)
@@ -262,7 +282,7 @@ export class FramedConnection {
    * and `send` it.
    */
   beginFrame (): FrameSink | null {
-    if (this.#closed) return null
+    if (this.#end.closed) return null
     return beginFrame(this.#queue)
   }
 
@@ -279,62 +299,26 @@ export class FramedConnection {
   }
 
   /** Closes the connection. Queued transfers are dropped; the handler's `onClose` runs once. */
-  destroy (error?: RpcError): void {
-    if (this.#closed) return
-    this.#closed = true
-    // Ending for a reason (a refused negotiation): the peer's close that follows is not the reason.
-    if (this.#endingError !== undefined) error = this.#endingError
-    this.#closeError = error
-    this.#decoder.stop()
-    this.#gate.clear()
-    const setup = this.#setup
-    this.#setup = null
-    this.#reportHeld()
-    this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
-    this.#stream.close()
-    setup?.abort(error)
-    this.#handler?.onClose(error)
-  }
+  destroy (error?: RpcError): void { this.#end.destroy(error) }
 
   /** Closes the connection with an RST (the peer sees ECONNRESET), as `destroy` otherwise. */
-  reset (error?: RpcError): void {
-    if (this.#closed) return
-    this.#stream.reset()
-    this.destroy(error)
-  }
+  reset (error?: RpcError): void { this.#end.reset(error) }
 
-  /**
-   * Hands the queued frames to the socket (the kernel takes what fits and
-   * sends it even after the close), then destroys the connection at once.
-   */
-  flushAndDestroy (error?: RpcError): void {
-    if (this.#closed) return
-    this.#queue.flushNow()
-    this.destroy(error)
-  }
+  /** Hands the queued frames to the stream (the kernel takes what fits, and sends it even after the close), then destroys the connection at once. */
+  flushAndDestroy (error?: RpcError): void { this.#end.flushAndDestroy(error) }
 
   /**
    * Reads no more frames (the rest of the current read and later reads are
    * dropped), without ending the socket: answers already due still go out.
    */
   stopReading (): void {
-    if (this.#closed) return
+    if (this.#end.closed) return
     this.#decoder.stop()
     this.#reportHeld()
   }
 
   /** Writes the queued frames, then ends the stream (after a fatal error reply, or a server's drained shutdown). */
-  endAfterFlush (error?: RpcError): void {
-    if (this.#closed || this.#ending) return
-    this.#ending = true
-    this.#endingError = error
-    this.#decoder.stop()
-    this.#reportHeld()
-    this.#queue.flushNow()
-    // Nothing may follow the end: later sends are dropped, not written after it.
-    this.#queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection ending'))
-    this.#stream.end(() => this.destroy(error))
-  }
+  endAfterFlush (error?: RpcError): void { this.#end.endAfterFlush(error) }
 
   stats (): ConnectionStats {
     const stream = this.#stream
@@ -342,7 +326,7 @@ export class FramedConnection {
   }
 
   #onRead (buf: Buffer, start: number, end: number): void {
-    if (this.#closed) return
+    if (this.#end.closed) return
     this.#bytesRead += end - start
     this.#reads++
     this.#activity++
@@ -366,9 +350,13 @@ export class FramedConnection {
   #decode (chunk: Buffer): void {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
+    const turns = this.#turns
+    turns.startRead()
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.#framingError(error)
+      // The read's frame budget is spent: the rest waits for the next turn (ReadTurns).
+      else if (turns.spent) { if (!this.#end.closed && !this.#end.ending) turns.keepRest(chunk, this.#decoder.consumed) }
       else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
       this.#queue.endRead()
@@ -377,9 +365,9 @@ export class FramedConnection {
 
   // The stream's framing broke: the handler may take over (and end the connection itself).
   #framingError (error: RpcError): void {
-    if (this.#closed) return
+    if (this.#end.closed) return
     const handler = this.#handler
-    if (handler?.onFramingError !== undefined && !this.#ending && handler.onFramingError(error)) {
+    if (handler?.onFramingError !== undefined && !this.#end.ending && handler.onFramingError(error)) {
       this.stopReading()
       return
     }
@@ -398,13 +386,13 @@ export class FramedConnection {
   }
 
   #dispatch (buf: Buffer, start: number, end: number): boolean {
-    if (this.#closed || this.#ending) return false
+    if (this.#end.closed || this.#end.ending) return false
     this.#framesRead++
     const handler = this.#handler
     if (handler === null) {
       this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
       return false
     }
-    return handler.onFrame(buf, start, end) !== false && !this.#closed
+    return handler.onFrame(buf, start, end) !== false && !this.#end.closed && this.#turns.frame()
   }
 }

@@ -15,7 +15,9 @@ export const ReadStop = {
   /** The connection's own unsent bytes passed `maxOutboundBytes` (what the kernel left of them). */
   Suspended: 4,
   /** An asynchronous set-up step runs: the bytes after its frame may be another stream's (TLS). */
-  SetUp: 8
+  SetUp: 8,
+  /** The read's frame budget is spent (`maxFramesPerRead`): the rest of it is kept aside for the next turn. */
+  Turn: 16
 } as const
 
 /** One reason reading is stopped (`ReadStop`). */
@@ -30,6 +32,8 @@ export interface ReadGateHost {
   readonly isClosed: boolean
   /** Tells the inbound budget what the connection holds now (`asideBytes` included). */
   reportHeld: () => void
+  /** Decodes a chunk that was read already and kept aside (`keep`): not counted as a read again. */
+  decodeKept: (chunk: Buffer) => void
 }
 
 /**
@@ -47,6 +51,9 @@ export class ReadGate {
   #probed: Buffer[] | null = null
   #probedBytes = 0
   #probeListener: ByteStreamListener | null = null
+  /** Chunks read and kept aside (the rest of a read past its frame budget), decoded before anything probed; null: none. */
+  #kept: Buffer[] | null = null
+  #keptBytes = 0
 
   constructor (stream: ByteStream, host: ReadGateHost) {
     this.#stream = stream
@@ -56,6 +63,11 @@ export class ReadGate {
   /** The stream frames travel on from now on (a set-up that switched to TLS; no probe is armed in set-up). */
   switchStream (stream: ByteStream): void {
     this.#stream = stream
+  }
+
+  /** The connection closed: nothing is read or released any more. */
+  get isClosed (): boolean {
+    return this.#host.isClosed
   }
 
   /** True while some reason holds reading. */
@@ -81,14 +93,28 @@ export class ReadGate {
     this.#reasons &= ~reason
     if (this.#reasons !== 0) return
     if (this.#probing) this.#disarm()
-    // What a probe read set aside comes first (and may stop reading again).
+    // What was kept, then what a probe read set aside, comes first (and may stop reading again).
+    if (this.#kept !== null && !this.#releaseKept()) return
     if (this.#probed !== null && !this.#releaseProbed()) return
     this.#stream.resumeReading()
   }
 
-  /** Bytes a probe read set aside while reading is stopped (counted in the inbound budget). */
+  /**
+   * Keeps `chunks` (read already, not decoded) aside, after what is kept
+   * already and before anything a probe set aside: they are decoded first
+   * when reading resumes. Counted in `asideBytes`. The caller stops
+   * reading for its reason.
+   */
+  keep (chunks: Buffer[]): void {
+    if (chunks.length === 0) return
+    this.#kept = this.#kept === null ? chunks : this.#kept.concat(chunks)
+    for (let i = 0; i < chunks.length; i++) this.#keptBytes += chunks[i]!.length
+    this.#host.reportHeld()
+  }
+
+  /** Bytes kept aside (`keep`) or set aside by probe reads while reading is stopped (counted in the inbound budget). */
   get asideBytes (): number {
-    return this.#probedBytes
+    return this.#keptBytes + this.#probedBytes
   }
 
   /**
@@ -118,8 +144,10 @@ export class ReadGate {
     return true
   }
 
-  /** Drops what probes set aside (the connection closed). */
+  /** Drops what is kept and what probes set aside (the connection closed). */
   clear (): void {
+    this.#kept = null
+    this.#keptBytes = 0
     this.#probed = null
     this.#probedBytes = 0
   }
@@ -152,6 +180,24 @@ export class ReadGate {
   #disarm (): void {
     this.#probing = false
     this.#stream.listen(this.#host.listener)
+  }
+
+  // Decodes what was kept; false when that stopped reading again (or closed the connection).
+  #releaseKept (): boolean {
+    const kept = this.#kept!
+    this.#kept = null
+    this.#keptBytes = 0
+    for (let i = 0; i < kept.length; i++) {
+      if (this.#host.isClosed) return false
+      if (this.#reasons !== 0) {
+        // A frame (or the budget again) stopped reading: the rest stays kept, after what that kept.
+        this.keep(kept.slice(i))
+        return false
+      }
+      this.#host.decodeKept(kept[i]!)
+    }
+    this.#host.reportHeld()
+    return !this.#host.isClosed && this.#reasons === 0
   }
 
   // Delivers what probe reads set aside; false when that stopped reading again (or closed the connection).

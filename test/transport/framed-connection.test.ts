@@ -9,7 +9,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { ScanFraming } from '../../codec/frame-decoder.js'
 import { krpcFraming } from '../../codec/krpc/frames.js'
 import type { HandshakeStep } from '../../codec/protocol.js'
-import { FramedConnection, PROBE_BYTES, type ConnectionOptions } from '../../transport/framed-connection.js'
+import { DEFAULT_MAX_FRAMES_PER_READ, FramedConnection, PROBE_BYTES, type ConnectionOptions } from '../../transport/framed-connection.js'
 import { FakeStream, settle } from '../helpers/fake-stream.js'
 
 /** A KRPC-framed frame: 4-byte big-endian length, then `body`. */
@@ -368,4 +368,53 @@ t.test('a probe is refused while reading, in set-up, or closed', async t => {
   t.notOk(connection.probeRead(), 'in set-up')
   connection.destroy()
   t.notOk(connection.probeRead(), 'closed')
+})
+
+const nextTurn = (): Promise<void> => new Promise((resolve) => setImmediate(resolve))
+
+t.test('a read of 10,000 frames is decoded at most maxFramesPerRead a turn, the rest on later turns: nothing lost, order kept', async t => {
+  const budget: number[] = []
+  const inboundBudget = { update: (_c: unknown, held: number) => { budget.push(held) } }
+  const { stream, connection, frames, closes } = open({ maxFramesPerRead: 100, inboundBudget: inboundBudget as never })
+  const bodies = Array.from({ length: 10_000 }, (_, i) => `f${i}`)
+  const wire = Buffer.concat(bodies.map(frame))
+  stream.peerSends(wire)
+  stream.peerSends(frame('after'))
+  stream.pump()
+  t.equal(frames.length, 100, 'the first turn decodes 100 frames')
+  t.notOk(stream.reading, 'reading stops while the rest waits')
+  t.equal(connection.probedBytes, wire.length - frames.join('').length - 4 * 100, 'the rest is kept aside')
+  t.ok(budget.includes(connection.probedBytes), 'and counted in the inbound budget')
+  let turns = 1
+  let most = 100
+  while (frames.length < 10_001 && turns < 1000) {
+    const before = frames.length
+    await nextTurn()
+    turns++
+    most = Math.max(most, frames.length - before)
+  }
+  t.equal(most, 100, 'never more than 100 frames in a turn')
+  t.ok(turns >= 100, `${turns} turns`)
+  t.same(frames, [...bodies, 'after'], 'every frame, in order, the next read after the kept rest')
+  t.equal(connection.probedBytes, 0)
+  t.equal(budget[budget.length - 1], 0, 'nothing held at the end')
+  t.ok(stream.reading)
+  t.equal(closes.length, 0)
+})
+
+t.test('the default frame budget splits a flood of tiny frames; another reason to stop keeps the rest until it ends', async t => {
+  const { stream, connection, frames } = open()
+  const wire = Buffer.concat(Array.from({ length: 2_000 }, () => frame('s')))
+  stream.peerSends(wire)
+  stream.pump()
+  t.equal(frames.length, DEFAULT_MAX_FRAMES_PER_READ)
+  connection.pauseReading()
+  await nextTurn()
+  await nextTurn()
+  t.equal(frames.length, DEFAULT_MAX_FRAMES_PER_READ, 'paused: the kept rest waits')
+  connection.resumeReading()
+  t.equal(frames.length, 2 * DEFAULT_MAX_FRAMES_PER_READ, 'resumed: the next turn\'s share at once')
+  while (frames.length < 2_000) await nextTurn()
+  t.equal(frames.length, 2_000)
+  t.ok(stream.reading)
 })

@@ -1,0 +1,67 @@
+import { ReadStop, type ReadGate } from './read-gate.js'
+
+/** Frames of one connection decoded per read before the rest waits for the next turn (`ConnectionOptions.maxFramesPerRead`). */
+export const DEFAULT_MAX_FRAMES_PER_READ = 256
+
+/**
+ * A connection's frame budget per read: at most `maxFramesPerRead` frames
+ * of one read are decoded in one event-loop turn. Past it the decoder stops,
+ * the rest of the read is kept aside in the read gate (counted in the
+ * inbound budget), reading stops (`ReadStop.Turn`), and it resumes on the
+ * next turn (`setImmediate`), rest first: one peer pipelining thousands of
+ * small requests in a read cannot hold the loop from the others. Nothing
+ * is dropped and the order is kept.
+ */
+export class ReadTurns {
+  readonly #gate: ReadGate
+  readonly #maxFrames: number
+  #left = 0
+  #spent = false
+  #scheduled = false
+  readonly #nextTurn = (): void => {
+    this.#scheduled = false
+    if (!this.#gate.isClosed) this.#gate.start(ReadStop.Turn)
+  }
+
+  constructor (gate: ReadGate, maxFramesPerRead: number | undefined) {
+    const max = maxFramesPerRead ?? DEFAULT_MAX_FRAMES_PER_READ
+    if (!(max >= 1)) throw new RangeError(`maxFramesPerRead must be at least 1, got ${String(maxFramesPerRead)}`)
+    this.#gate = gate
+    this.#maxFrames = max
+  }
+
+  /** A read starts: its budget is whole. */
+  startRead (): void {
+    this.#left = this.#maxFrames
+    this.#spent = false
+  }
+
+  /** One frame of the read was delivered; false: the budget is spent, the decoder stops after it. */
+  frame (): boolean {
+    if (--this.#left > 0) return true
+    this.#spent = true
+    return false
+  }
+
+  /** True when the decoder stopped because the budget was spent (not because the owner stopped it). */
+  get spent (): boolean {
+    return this.#spent
+  }
+
+  /** The budget stopped the decoder after `consumed` bytes of `chunk`: the rest waits for the next turn (nothing when there is none). */
+  keepRest (chunk: Buffer, consumed: number): void {
+    this.#spent = false
+    if (consumed >= chunk.length) return
+    this.#gate.stop(ReadStop.Turn)
+    this.#gate.keep([chunk.subarray(consumed)])
+    if (!this.#scheduled) {
+      this.#scheduled = true
+      setImmediate(this.#nextTurn)
+    }
+  }
+
+  /** True while a read's rest waits for its turn (the rest of a set-up's bytes then waits behind it). */
+  get waiting (): boolean {
+    return this.#gate.has(ReadStop.Turn)
+  }
+}
