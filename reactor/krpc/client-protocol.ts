@@ -7,7 +7,7 @@ import { KrpcCode, krpcError } from '../../codec/krpc/codes.js'
 import { encodeRequestFrame } from '../../codec/krpc/encode-frame.js'
 import { ErrorStatusType, NEGOTIATE_CALL_ID, krpcFraming } from '../../codec/krpc/frames.js'
 import { ResponseParts, parseResponseInto } from '../../codec/krpc/parsed-frame.js'
-import { requestFrameBytes, wireTimeout, writeRequestFrame, writeRequestFrameHead } from '../../codec/krpc/write-frame.js'
+import { copySmall, reserveRequestFrame, wireTimeout } from '../../codec/krpc/write-frame.js'
 import { ClientNegotiation, notSpeakingKrpc, refusalOf } from '../../codec/krpc/client-negotiation.js'
 import { RpcFeature, isLoopbackHost, type Negotiated } from '../../codec/krpc/negotiation-step.js'
 import type { Message, MessageType } from '../../codec/protobuf/schema.js'
@@ -172,14 +172,13 @@ export class KrpcClientProtocol implements ClientProtocol<Message, Message | Cal
     if (bodyBytes < 0) {
       // Encoded into the codec's scratch buffer, copied into the frame at once.
       const scratch = requestType.encodeToScratch(encodable)
-      const at = out.reserve(requestFrameBytes(id, tail, scratch.length))
-      writeRequestFrame(out.buffer, at, id, tail, scratch.bytes, scratch.length)
+      const at = reserveRequestFrame(out, id, tail, scratch.length)
+      copySmall(scratch.bytes, scratch.length, out.buffer, at)
       return
     }
     // A flat request is written straight into its frame.
-    const at = out.reserve(requestFrameBytes(id, tail, bodyBytes))
-    const buffer = out.buffer
-    requestType.writeFlat(buffer, writeRequestFrameHead(buffer, at, id, tail, bodyBytes))
+    const at = reserveRequestFrame(out, id, tail, bodyBytes)
+    requestType.writeFlat(out.buffer, at)
   }
 
   answerId (buf: Buffer, start: number, end: number, endpoint?: string): number | RpcError {
