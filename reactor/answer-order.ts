@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { encodeToSlices } from '../codec/frame-sink.js'
+import { encodeToSlices, returnedValue } from '../codec/frame-sink.js'
 import type { AnsweredCall, AnswerSlices, ServerProtocol } from '../codec/protocol.js'
 import type { FramedConnection } from '../transport/framed-connection.js'
 import type { Logger } from './logger.js'
@@ -183,6 +183,37 @@ export class AnswerWriter {
   constructor (protocol: ServerProtocol, log: Logger) {
     this.#protocol = protocol
     this.#log = log
+  }
+
+  /**
+   * Encodes `call`'s answer and writes it: in its turn (`inTurn`) in place,
+   * into the connection's coalesced outbound buffer, in this stack (where
+   * TurboFan inlines the protocol's encoder); else into a buffer of its own,
+   * held for its turn. Throws what the encoder threw, nothing of it queued.
+   * The one place answers are encoded; `encodePart` is the one for parts.
+   */
+  answer (a: ConnectionAnswers, call: OrderedCall, response: unknown, inTurn: boolean): void {
+    const protocol = this.#protocol
+    if (!inTurn) {
+      const slices = encodeToSlices(protocol.encode, protocol, call, response)
+      a.hold(call.seq, slices.length === 0 ? null : slices)
+      this.afterHold(a)
+      return
+    }
+    const connection = a.connection
+    const out = connection.beginFrame()
+    if (out === null) {
+      const slices = encodeToSlices(protocol.encode, protocol, call, response)
+      if (slices.length > 0) this.send(a, slices)
+      return
+    }
+    try {
+      if (protocol.encode(call, response, out) !== undefined) throw returnedValue()
+    } catch (err) {
+      connection.abortFrame()
+      throw err
+    }
+    if (!connection.endFrame()) this.overBound(a)
   }
 
   /** One part of `call`'s streamed answer, encoded (`encodePart`); null when the connection has closed or the call was abandoned. Throws when the protocol cannot stream. */

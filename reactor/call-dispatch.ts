@@ -408,26 +408,11 @@ export class CallDispatch {
     }
     const order = this.#order
     const inTurn = order.inTurn(answers, call)
-    const protocol = this.#protocol
-    const connection = answers.connection
     try {
-      if (!inTurn) {
-        // Not its turn: its answer waits, encoded into a buffer of its own, for the ones before it.
-        const slices = encodeToSlices(protocol.encode, protocol, call, response)
-        answers.hold(call.seq, slices.length === 0 ? null : slices)
-        this.#writer.afterHold(answers)
-      } else {
-        // In its turn: encoded in place, in this stack, into the connection's coalesced outbound buffer.
-        const out = connection.beginFrame()
-        if (out === null) {
-          const slices = encodeToSlices(protocol.encode, protocol, call, response)
-          if (slices.length > 0) this.#writer.send(answers, slices)
-        } else if (protocol.encode(call, response, out) !== undefined) throw returnedValue()
-        else if (!connection.endFrame()) this.#writer.overBound(answers)
-      }
+      // The answer order's writer encodes it: in its turn in place, else held for it.
+      this.#writer.answer(answers, call, response, inTurn)
     } catch (err) {
       // Nothing the encoder added is queued.
-      connection.abortFrame()
       this.#refuse(call, 'failed', `handler of ${call.service}.${call.method} returned an invalid response: ${describeFailure(err)}`, err)
       return
     }
