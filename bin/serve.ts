@@ -21,6 +21,7 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
               [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
               [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
               [--max-outbound-bytes N] [--max-outbound-buffered-bytes N]
+              [--max-frames-per-read N]
               [--max-connections N] [--max-negotiating-connections 1000]
               [--max-negotiation-bytes N] [--abandon-after-ms 5000]
               [--shutdown-grace-ms 30000] [--burst-limit 4096]
@@ -48,7 +49,9 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       --max-inbound-buffered-bytes (256 MiB); a connection may have
       --max-outbound-bytes (100 MiB) of unsent answers, all connections
       --max-outbound-buffered-bytes (512 MiB) before the heaviest stop
-      being read; --max-connections (default: the descriptor limit less a
+      being read; one read of a connection is decoded at most
+      --max-frames-per-read requests a turn, the rest waits for the next;
+      --max-connections (default: the descriptor limit less a
       reserve) and --max-negotiating-connections bound connections; a
       negotiation frame is at most --max-negotiation-bytes (1 MiB); a
       handler still running --abandon-after-ms past its deadline gives its
