@@ -137,6 +137,10 @@ export class PeerConnection<C> {
       framing: settings.framing,
       maxFrameBytes: settings.maxFrameBytes,
       maxOutboundBytes: settings.maxOutboundBytes,
+      // A client reads only answers to its own calls (and pushes, bounded by
+      // bytes): a read's answers are settled in one turn, not split like a
+      // server's requests (the split costs a setImmediate and a read stop).
+      maxFramesPerRead: Infinity,
       busyPoller: settings.busyPoller
     })
     if (tls !== undefined) socket.once('connect', () => { this.tlsHandshaking = true })
