@@ -79,7 +79,7 @@ export interface ServerOptions {
   maxOutboundBytes?: number
   /**
    * Requests decoded from one read of a connection before the rest of that
-   * read waits for the next event-loop turn (default 128): a peer that
+   * read waits for the next event-loop turn (default 64): a peer that
    * pipelines thousands of small requests in one read cannot hold the loop
    * from the other connections. Reading that connection stops meanwhile;
    * the rest is kept aside, counted in `maxInboundBufferedBytes`.

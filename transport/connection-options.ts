@@ -54,7 +54,7 @@ export interface ConnectionOptions {
    * event-loop turn (reading stops meanwhile, the rest kept aside and
    * counted in `inboundBudget`): one peer pipelining thousands of small
    * requests in a read cannot hold the loop from the others. Default
-   * `DEFAULT_MAX_FRAMES_PER_READ` (128).
+   * `DEFAULT_MAX_FRAMES_PER_READ` (64).
    */
   maxFramesPerRead?: number | undefined
   /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */

@@ -1,7 +1,7 @@
 import { ReadStop, type ReadGate } from './read-gate.js'
 
 /** Frames of one connection decoded per read before the rest waits for the next turn (`ConnectionOptions.maxFramesPerRead`). */
-export const DEFAULT_MAX_FRAMES_PER_READ = 128
+export const DEFAULT_MAX_FRAMES_PER_READ = 64
 
 /**
  * A connection's frame budget per read: at most `maxFramesPerRead` frames
