@@ -19,7 +19,6 @@
  * the oldest of them makes room.
  */
 import { readFileSync, readdir } from 'node:fs'
-import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ConnectionGuard } from './connection-guard.js'
 import type { RateLimitedLog } from './logger.js'
@@ -235,7 +234,7 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
   }
 
   /** Makes room for a new connection, or refuses it (false: destroyed). */
-  admit (accepted: Socket): boolean {
+  admit (accepted: { readonly remoteAddress?: string | undefined, readonly remotePort?: number | undefined, destroy: () => unknown }): boolean {
     const ctx = this.#ctx
     // The oldest negotiating connection has had the longest to finish.
     if (this.negotiating.size >= this.maxNegotiating) this.#evictNegotiating(`${this.negotiating.size} connections negotiating (the limit)`)

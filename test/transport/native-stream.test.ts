@@ -31,13 +31,16 @@ interface Pair {
   frames: string[]
   closes: Array<RpcError | undefined>
   listener: NativeListener
+  /** Every stream the listener accepted (the first is `stream`). */
+  accepted: NativeStream[]
 }
 
 /** A native listener, one node:net client, and the server side's framed connection. */
 async function pair (reactor: NativeReactor, onFrame?: (body: string, connection: Connection) => void): Promise<Pair> {
-  let accepted!: (stream: NativeStream) => void
-  const streamP = new Promise<NativeStream>((resolve) => { accepted = resolve })
-  const listener = await reactor.listen(0, '127.0.0.1', {}, { onStream: (s) => accepted(s), onAcceptError: () => {} })
+  let first!: (stream: NativeStream) => void
+  const streamP = new Promise<NativeStream>((resolve) => { first = resolve })
+  const accepted: NativeStream[] = []
+  const listener = await reactor.listen(0, '127.0.0.1', {}, { onStream: (s) => { accepted.push(s); first(s) }, onAcceptError: () => {} })
   const client = connect(listener.address.port, '127.0.0.1')
   await once(client, 'connect')
   const stream = await streamP
@@ -53,7 +56,7 @@ async function pair (reactor: NativeReactor, onFrame?: (body: string, connection
     },
     onClose: (error) => { closes.push(error) }
   })
-  return { client, connection, stream, frames, closes, listener }
+  return { client, connection, stream, frames, closes, listener, accepted }
 }
 
 async function until (check: () => boolean, what: string, turns = 2000): Promise<void> {
@@ -67,6 +70,7 @@ async function until (check: () => boolean, what: string, turns = 2000): Promise
 function done (p: Pair): void {
   p.client.destroy()
   p.connection.destroy()
+  for (const s of p.accepted) s.close()
   p.listener.close()
 }
 
@@ -170,11 +174,16 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       const client = new Connection(stream, { framing: krpcFraming })
       client.attach({ onFrame: (buf, start, end) => { frames.push(buf.toString('latin1', start + 4, end)); return true }, onClose: () => {} })
       // The pair's own node:net client stays idle; this one goes through the reactor to the same listener.
+      await until(() => server.accepted.length === 2, 'the second accept')
+      const far = new Connection(server.accepted[1]!, { framing: krpcFraming })
+      far.attach({ onFrame: (buf, start, end) => { far.send({ slices: [frame(`re:${buf.toString('latin1', start + 4, end)}`)], bytes: end - start + 3 }); return true }, onClose: () => {} })
+      client.send({ slices: [frame('ping')], bytes: 8 })
+      await until(() => frames.length === 1, 'the answer')
+      t.same(frames, ['re:ping'])
       await t.rejects(r.connect(1, '127.0.0.1'), { code: 'ECONNREFUSED' }, 'a refused connect rejects with the errno')
       client.destroy()
-      stream.close()
+      far.destroy()
       done(server)
-      t.same(frames, [])
     })
   })
 }

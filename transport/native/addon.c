@@ -47,7 +47,14 @@ static conn_t *conn_of (reactor_t *r, int32_t id, int *slot) {
   return c;
 }
 
-/* A free slot for `fd`, or NULL when the table is full (the caller closes fd). */
+/* The loop stays alive while a listener or connection is open, as with node:net. */
+static void live_add (reactor_t *r, int delta) {
+  r->live += delta;
+  if (r->live > 0) uv_ref((uv_handle_t *)&r->poll);
+  else uv_unref((uv_handle_t *)&r->poll);
+}
+
+/* A free slot for `fd` (it keeps the loop alive until JS closes it), or NULL when the table is full (the caller closes fd). */
 conn_t *conn_new (reactor_t *r, int fd, int *slot) {
   for (int i = 0; i < MAX_CONNS; i++) {
     int s = (r->free_hint + i) & (MAX_CONNS - 1);
@@ -61,6 +68,7 @@ conn_t *conn_new (reactor_t *r, int fd, int *slot) {
     r->conns[s] = c;
     r->free_hint = s + 1;
     *slot = s;
+    live_add(r, 1);
     return c;
   }
   return NULL;
@@ -79,13 +87,6 @@ int set_nodelay_nonblock (int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   int flags = fcntl(fd, F_GETFL);
   return flags < 0 ? -errno : (fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -errno : 0);
-}
-
-/* The loop stays alive while a listener or connection is open, as with node:net. */
-static void live_add (reactor_t *r, int delta) {
-  r->live += delta;
-  if (r->live > 0) uv_ref((uv_handle_t *)&r->poll);
-  else uv_unref((uv_handle_t *)&r->poll);
 }
 
 /* ---- slabs and the turn's events ---- */
@@ -326,9 +327,9 @@ static napi_value js_connect (napi_env env, napi_callback_info info) {
   if (err < 0) {
     close(fd);
     conn_free(r, slot);
+    live_add(r, -1);
     return int_value(env, err);
   }
-  live_add(r, 1);
   return int_value(env, conn_id(c, slot));
 }
 

@@ -186,6 +186,11 @@ export class NativeStream implements ByteStream {
     this.#close(true)
   }
 
+  /** `close`, under node:net's name (what a server calls on a connection it refuses). */
+  destroy (): void {
+    this.#close(false)
+  }
+
   get bytesWritten (): number {
     return this.#taken
   }
