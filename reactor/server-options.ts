@@ -6,7 +6,7 @@ import type { ConnectionStats } from '../transport/connection.js'
 import type { IdleCollectionOptions } from './idle-collection.js'
 import type { Logger } from './logger.js'
 import type { LimitCounters } from './metrics.js'
-import type { IoBackend, IoOption } from '../transport/io.js'
+import type { IoOption } from '../transport/io.js'
 
 // The server's options: their types, defaults and checks. The server
 // (reactor/server.ts) reads them; the KRPC server passes them through.
@@ -237,7 +237,7 @@ export interface ServerStats extends LimitCounters {
   /** TLS handshakes closed by `tlsHandshakeTimeoutMs`; 0 without `tls`. */
   tlsHandshakeTimeouts: number
   /** The transport in use (`io`), once listening: 'io_uring', 'epoll' or 'node'. */
-  io: IoBackend
+  io: 'io_uring' | 'epoll' | 'node'
 }
 
 /** `negotiationTimeoutMs` by default. */
