@@ -73,7 +73,11 @@ export class ServerListener {
     }
     const { reactor, backend, fallback } = chosen
     const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
-    this.#log.info(`${this.#name} server on ${where}: io ${backend}${fallback === null ? '' : ` (${fallback})`}`, { protocol: this.#name, io: backend })
+    // One line names the transport; a warning when `auto` could not have the native one it prefers.
+    const fellBack = fallback !== null && !this.#tls
+    const line = `${this.#name} server on ${where}: io ${backend}${fallback === null ? '' : ` (${fallback})`}`
+    if (fellBack) this.#log.warn(line, { protocol: this.#name, io: backend })
+    else this.#log.info(line, { protocol: this.#name, io: backend })
     if (reactor === null) return this.#listenNet(port, host, reusePort)
     const acceptor = { onStream: this.#host.onStream, onAcceptError: this.#host.outOfDescriptors }
     return reactor.listen(port, host, { backlog: 512, reusePort }, acceptor).then((listener) => {

@@ -300,10 +300,10 @@ static napi_value js_close_listener (napi_env env, napi_callback_info info) {
   return NULL;
 }
 
-/* connect(host, port) -> id | -errno; EV_CONNECTED follows. */
+/* connect(host, port, keepAliveSecs) -> id | -errno; EV_CONNECTED follows. keepAliveSecs > 0: TCP keepalive, the first probe after that long idle. */
 static napi_value js_connect (napi_env env, napi_callback_info info) {
-  napi_value argv[2];
-  reactor_t *r = args(env, info, 2, argv);
+  napi_value argv[3];
+  reactor_t *r = args(env, info, 3, argv);
   struct sockaddr_storage addr;
   socklen_t len;
   int err = address_of(env, argv[0], int_arg(env, argv[1]), &addr, &len);
@@ -311,6 +311,12 @@ static napi_value js_connect (napi_env env, napi_callback_info info) {
   int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return int_value(env, -errno);
   set_nodelay_nonblock(fd);
+  int32_t idle = int_arg(env, argv[2]);
+  if (idle > 0) {
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  }
   if (connect(fd, (struct sockaddr *)&addr, len) < 0 && errno != EINPROGRESS) {
     err = -errno;
     close(fd);

@@ -13,7 +13,7 @@ export interface NativeReactorHandle {
   readonly events: Int32Array
   listen: (host: string, port: number, backlog: number, reusePort: boolean) => [number, number] | number
   closeListener: (listener: number) => void
-  connect: (host: string, port: number) => number
+  connect: (host: string, port: number, keepAliveSecs: number) => number
   send: (id: number, chunk: Buffer) => number
   sendv: (id: number, chunks: readonly Buffer[]) => number
   setReading: (id: number, on: boolean) => void

@@ -39,11 +39,22 @@ export class NativeStream implements ByteStream {
   #endsAfterKernel = false
   #closed = false
   #peer: [string, number] | null | undefined
+  /** An outbound connection not connected yet: writes wait here. */
+  #connecting: boolean
+  #onConnected: Array<(error: Error | null) => void> = []
 
-  constructor (host: StreamHost, id: number) {
+  /** `connecting`: an outbound connection (`connected` follows). */
+  constructor (host: StreamHost, id: number, connecting = false) {
     this.#host = host
     this.#h = host.handle
     this.id = id
+    this.#connecting = connecting
+  }
+
+  /** Calls `done` once the connect ended: null when connected, else the error (the stream is closed then). At once if it has ended. */
+  whenConnected (done: (error: Error | null) => void): void {
+    if (this.#connecting) this.#onConnected.push(done)
+    else queueMicrotask(() => done(this.#closed ? new Error('stream closed') : null))
   }
 
   /** The peer's address ('?' when unknown). */
@@ -94,6 +105,21 @@ export class NativeStream implements ByteStream {
     this.close()
   }
 
+  /** The connect ended (`errno` 0: connected): what was written meanwhile goes, then `whenConnected` hears. */
+  connected (errno: number): void {
+    if (!this.#connecting) return
+    this.#connecting = false
+    const waiting = this.#onConnected
+    this.#onConnected = []
+    const error = errno === 0 ? null : errnoError(errno, 'connect')
+    for (const done of waiting) done(error)
+    if (error !== null) {
+      this.failed(errno, 'connect')
+      return
+    }
+    if (this.#pendingBytes > 0 && this.#flush()) this.#callWritten()
+  }
+
   /** The kernel takes bytes again. */
   writable (): void {
     if (this.#closed) return
@@ -113,6 +139,8 @@ export class NativeStream implements ByteStream {
   write (chunk: Buffer): boolean {
     if (this.#closed) return false
     this.#given += chunk.length
+    // Before the connect, as node:net does: kept, and true.
+    if (this.#connecting) return this.#keep(chunk, 0) || true
     if (this.#pendingBytes > 0) return this.#keep(chunk, 0)
     const n = this.#h.send(this.id, chunk)
     if (n < 0) return this.#sendFailed(n)
@@ -130,6 +158,10 @@ export class NativeStream implements ByteStream {
     this.#given += total
     if (onWritten !== undefined) this.#written.push({ at: this.#given, cb: onWritten })
     let n = 0
+    if (this.#connecting) {
+      for (const slice of slices) this.#keep(slice, 0)
+      return true
+    }
     if (this.#pendingBytes === 0) {
       n = slices.length === 1 ? this.#h.send(this.id, slices[0]!) : this.#h.sendv(this.id, slices)
       if (n < 0) return this.#sendFailed(n)
@@ -216,7 +248,11 @@ export class NativeStream implements ByteStream {
     this.#heldBytes = 0
     const written = this.#written
     this.#written = []
+    const connecting = this.#onConnected
+    this.#onConnected = []
+    this.#connecting = false
     queueMicrotask(() => {
+      for (const done of connecting) done(new Error('stream closed'))
       for (const w of written) w.cb(new Error('stream closed'))
       this.#listener.onClose()
     })

@@ -44,7 +44,6 @@ export class NativeReactor implements StreamHost {
   readonly #events: Int32Array
   readonly #streams = new Map<number, NativeStream>()
   readonly #acceptors = new Map<number, NativeAcceptor>()
-  readonly #connecting = new Map<number, (errno: number) => void>()
 
   /** This thread's reactor of `backend`, opened once; a string says why it cannot be (not built, io_uring denied...). */
   static open (backend: NativeBackend): NativeReactor | string {
@@ -74,7 +73,6 @@ export class NativeReactor implements StreamHost {
 
   forget (id: number): void {
     this.#streams.delete(id)
-    this.#connecting.delete(id)
   }
 
   /** Listens on `host` (a name is resolved first); rejects with the errno error (EADDRINUSE, ...). */
@@ -97,20 +95,27 @@ export class NativeReactor implements StreamHost {
   /** Connects to `host:port` (a name is resolved first); rejects with the errno error (ECONNREFUSED, ...). */
   async connect (port: number, host: string): Promise<NativeStream> {
     const address = isIP(host) !== 0 ? host : (await lookup(host)).address
-    const id = this.handle.connect(address, port)
-    if (id < 0) throw errnoError(id, 'connect')
-    const stream = new NativeStream(this, id)
-    this.#streams.set(id, stream)
+    const stream = this.connectNow(port, address)
     return await new Promise<NativeStream>((resolve, reject) => {
-      this.#connecting.set(id, (errno) => {
-        if (errno === 0) {
-          resolve(stream)
-          return
-        }
-        stream.close()
-        reject(errnoError(errno, 'connect'))
+      stream.whenConnected((error) => {
+        if (error === null) resolve(stream)
+        else reject(error)
       })
     })
+  }
+
+  /**
+   * Starts connecting to `address` (an IP address) at once: the stream
+   * takes writes now (they go once connected) and says through
+   * `whenConnected` how the connect ended (a failed one closes it).
+   * Throws the errno error when connect() fails at once.
+   */
+  connectNow (port: number, address: string, keepAliveMs = 0): NativeStream {
+    const id = this.handle.connect(address, port, Math.ceil(keepAliveMs / 1000))
+    if (id < 0) throw errnoError(id, 'connect')
+    const stream = new NativeStream(this, id, true)
+    this.#streams.set(id, stream)
+    return stream
   }
 
   // Every event of one turn, in order. An exception from a callback is thrown once the turn is handed out.
@@ -152,12 +157,9 @@ export class NativeReactor implements StreamHost {
       case EV_WRITABLE:
         this.#streams.get(id)?.writable()
         return
-      case EV_CONNECTED: {
-        const done = this.#connecting.get(id)
-        this.#connecting.delete(id)
-        done?.(value)
+      case EV_CONNECTED:
+        this.#streams.get(id)?.connected(value)
         return
-      }
       case EV_ACCEPT_ERROR:
         this.#acceptors.get(id)?.onAcceptError(errnoError(value, 'accept').code ?? 'EMFILE')
     }
