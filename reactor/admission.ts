@@ -189,6 +189,8 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
   readonly #logEvicted: RateLimitedLog
   readonly #logNegotiatingEvicted: RateLimitedLog
   readonly #logAcceptError: RateLimitedLog
+  // accept()'s own EMFILE (the native transport sees it; libuv drops such connections unseen): a line of its own, so the scan's line still shows.
+  readonly #logAcceptEmfile: RateLimitedLog
   /** The process's descriptor limit (Linux), and whether a count of open descriptors is under way. */
   readonly #fdLimit = descriptorLimit()
   #countingFds = false
@@ -205,6 +207,7 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
     this.#logEvicted = ctx.rateLimitedLog()
     this.#logNegotiatingEvicted = ctx.rateLimitedLog()
     this.#logAcceptError = ctx.rateLimitedLog()
+    this.#logAcceptEmfile = ctx.rateLimitedLog()
   }
 
   /** Counts open descriptors once per scan tick. */
@@ -221,7 +224,7 @@ export class Admission<C extends FrameCandidate> implements ConnectionGuard<C> {
   outOfDescriptors (code: string): void {
     const ctx = this.#ctx
     ctx.counters.acceptError()
-    this.#logAcceptError.log(ctx.error, () => `accept failed: ${code} (out of file descriptors; ${ctx.connections.size} connections open, limit ${this.maxConnections})`,
+    this.#logAcceptEmfile.log(ctx.error, () => `accept failed: ${code} (out of file descriptors; ${ctx.connections.size} connections open, limit ${this.maxConnections})`,
       () => ({ protocol: ctx.protocol.name, code, connectionsOpen: ctx.connections.size, maxConnections: this.maxConnections }))
   }
 

@@ -3,6 +3,7 @@
 // the server listens. The server gets node:net sockets (`onSocket`, TLS
 // included) or native streams (`onStream`); either way it builds the same
 // framed connection over a ByteStream.
+import cluster from 'node:cluster'
 import { createServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net'
 import { resolveIo, type IoBackend, type IoOption } from '../transport/io.js'
 import type { NativeListener } from '../transport/native/reactor.js'
@@ -67,14 +68,14 @@ export class ServerListener {
   listen (port: number, host: string, reusePort: boolean): Promise<AddressInfo> {
     let chosen
     try {
-      chosen = this.#chooseIo()
+      chosen = this.#chooseIo(reusePort)
     } catch (err) {
       return Promise.reject(err)
     }
     const { reactor, backend, fallback } = chosen
     const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
     // One line names the transport; a warning when `auto` could not have the native one it prefers.
-    const fellBack = fallback !== null && !this.#tls
+    const fellBack = fallback !== null && !this.#tls && !cluster.isWorker
     const line = `${this.#name} server on ${where}: io ${backend}${fallback === null ? '' : ` (${fallback})`}`
     if (fellBack) this.#log.warn(line, { protocol: this.#name, io: backend })
     else this.#log.info(line, { protocol: this.#name, io: backend })
@@ -89,7 +90,12 @@ export class ServerListener {
     })
   }
 
-  #chooseIo (): ReturnType<typeof resolveIo> {
+  #chooseIo (reusePort: boolean): ReturnType<typeof resolveIo> {
+    // A cluster worker without SO_REUSEPORT listens through the primary's handle (node:cluster's round-robin): node:net only.
+    if (cluster.isWorker && !reusePort) {
+      if (this.#io === 'epoll' || this.#io === 'io_uring') throw new Error(`io '${this.#io}' needs a listener of its own: with several reactors, the reusePort distribution (Node >= 22.12)`)
+      return { backend: 'node', reactor: null, fallback: 'a reactor without reusePort shares the primary\'s listener' }
+    }
     if (!this.#tls) return resolveIo(this.#io)
     // NYALA_IO chooses for plain TCP only: TLS stays on node:tls; only a server that asks for a native `io` with `tls` is refused.
     const io = this.#io

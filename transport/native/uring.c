@@ -80,6 +80,7 @@ static void flush (reactor_t *r) {
     u->recycled = 0;
   }
   if (io_uring_sq_ready(&u->ring) > 0) io_uring_submit(&u->ring);
+  int closed = u->n_to_close;
   for (int i = 0; i < u->n_to_close; i++) {
     conn_t *c = r->conns[u->to_close[i]];
     close(c->fd);
@@ -87,6 +88,11 @@ static void flush (reactor_t *r) {
     if (c->ops == 0) conn_free(r, u->to_close[i]);
   }
   u->n_to_close = 0;
+  /* Descriptors are free now (not when JS closed them): a listener stopped at EMFILE accepts again. */
+  if (closed > 0) {
+    listeners_resume(r);
+    if (io_uring_sq_ready(&u->ring) > 0) io_uring_submit(&u->ring);
+  }
 }
 
 static void on_prepare (uv_prepare_t *handle) {
