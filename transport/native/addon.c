@@ -29,7 +29,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define MAX_IOV 1024
 
 /* ---- connections ---- */
 
@@ -365,7 +364,7 @@ static napi_value js_sendv (napi_env env, napi_callback_info info) {
   napi_value argv[2];
   reactor_t *r = args(env, info, 2, argv);
   conn_t *c = conn_of(r, int_arg(env, argv[0]), NULL);
-  static struct iovec iov[MAX_IOV];
+  struct iovec *iov = r->iov;
   uint32_t n = 0;
   if (c == NULL) return int_value(env, -EBADF);
   if (argv[1] == NULL || napi_get_array_length(env, argv[1], &n) != napi_ok) return int_value(env, -EINVAL);

@@ -26,6 +26,8 @@
 #define MAX_CONNS (1 << SLOT_BITS)
 #define GEN_MASK 0x1fff
 #define MAX_LISTENERS 64
+/* The most buffers one sendv takes. */
+#define MAX_IOV 1024
 
 /* One turn's events (4 int32 each) and the slabs its reads landed in. */
 #define MAX_EVENTS 4096
@@ -120,6 +122,7 @@ struct reactor {
   slab_t *turn_slabs[MAX_TURN_SLABS];
   int n_turn_slabs;
   int in_turn;
+  struct iovec iov[MAX_IOV]; /* sendv's, per reactor (worker threads have reactors of their own) */
 };
 
 /* addon.c, for the backends. */
