@@ -21,14 +21,14 @@ trap cleanup EXIT INT TERM
 # start NAME COMMAND...: starts a server, waits for its port, records NAME's port in $tmp/NAME.port and pid in $tmp/NAME.pid.
 start_example () {
   name=$1; io=$2
-  node "$example" --port 0 --io "$io" > "$tmp/$name.out" 2>"$tmp/$name.err" &
+  NYALA_LOG_LEVEL=info node "$example" --port 0 --io "$io" > "$tmp/$name.out" 2>"$tmp/$name.err" &
   echo $! > "$tmp/$name.pid"; pids="$pids $!"
   for _ in $(seq 100); do grep -q listening "$tmp/$name.out" 2>/dev/null && break; sleep 0.1; done
   grep -o '[0-9]*$' "$tmp/$name.out" > "$tmp/$name.port"
 }
 start_memcached () {
   port=$(node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})")
-  memcached -t 1 -p "$port" -l 127.0.0.1 -U 0 -m 64 &
+  memcached -t 1 -p "$port" -l 127.0.0.1 -U 0 -m 64 -u nobody &
   echo $! > "$tmp/memcached.pid"; pids="$pids $!"
   echo "$port" > "$tmp/memcached.port"
   sleep 0.5
@@ -42,6 +42,7 @@ start_example io_uring io_uring
 start_example epoll epoll
 start_example node node
 for s in io_uring epoll node; do printf '%s: %s\n' "$s" "$(grep -o 'io [a-z_]*' "$tmp/$s.err" | head -1 || true)"; done
+[ -s "$tmp/memcached.port" ] && kill -0 "$(cat "$tmp/memcached.pid")" || { echo "memcached did not start" >&2; exit 1; }
 servers="memcached io_uring epoll node"
 echo "round $servers (TPS) | io_uring epoll node (x memcached)"
 r=1
