@@ -521,6 +521,7 @@ static napi_value init (napi_env env, napi_value exports) {
   napi_value fn;
   napi_create_function(env, "open", NAPI_AUTO_LENGTH, js_open, NULL, &fn);
   napi_set_named_property(env, exports, "open", fn);
+  heap_init(env, exports);
   return exports;
 }
 

@@ -136,6 +136,7 @@ char *read_room (reactor_t *r, size_t need, size_t *room);
 int note_read (reactor_t *r, int slot, size_t n);
 void listeners_resume (reactor_t *r);
 int set_nodelay_nonblock (int fd);
+void heap_init (napi_env env, napi_value exports); /* heap.c: trimHeap() */
 
 extern const backend_t epoll_backend;
 extern const backend_t uring_backend;
