@@ -39,7 +39,7 @@ async function main (argv: string[]): Promise<void> {
     // Its sockets have no close of their own: the exit closes them.
     close = async () => {}
   } else {
-    // node:net, whose reads and writes are the syscalls the trace attributes to calls (NYALA_IO still chooses another).
+    // node:net unless NYALA_IO says otherwise: nyala trace sets it to each transport it traces (--io).
     const server = new Server({ scheduler: system === 'nyala-direct' ? 'direct' : 'pool', maxMessageBytes, io: 'node' }).addService(CalculatorService, calculatorHandlers)
     port = (await server.listen(0)).port
     io = server.stats().io
