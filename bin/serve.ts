@@ -13,12 +13,14 @@ import { ListenError } from '../reactor/server.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
 import { serverTlsFiles } from './tls-flags.js'
 import { discipline, intOption } from './options.js'
+import { isIoOption } from '../transport/io.js'
 
 export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
               [--metrics-port P] [--threads N] [--reactors N]
               [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
+              [--io auto|io_uring|epoll|node]
               [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
               [--max-outbound-bytes N] [--max-outbound-buffered-bytes N]
               [--max-frames-per-read N]
@@ -43,6 +45,10 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
       loop polling N µs after each read or send instead of sleeping: lower
       latency for a core spinning while busy (docs/performance.md).
+      --io picks the transport of plain TCP connections: io_uring or epoll
+      (the native transport), node (node:net), or auto (the default):
+      io_uring, else epoll, else node; NYALA_IO overrides it. A named
+      backend that cannot start is a start-up error.
       Limits per reactor against hostile or broken peers (docs/limits.md):
       a frame must arrive within --frame-timeout-ms;
       incomplete frames of all connections hold at most
@@ -87,6 +93,7 @@ export async function serve (args: string[]): Promise<number> {
       reactors: { type: 'string' },
       'max-connection-age-ms': { type: 'string' },
       'busy-poll-us': { type: 'string' },
+      io: { type: 'string' },
       'frame-timeout-ms': { type: 'string' },
       'max-inbound-buffered-bytes': { type: 'string' },
       'max-outbound-bytes': { type: 'string' },
@@ -142,6 +149,13 @@ export async function serve (args: string[]): Promise<number> {
   if (workers !== undefined) options.workers = workers
   if (queueLength !== undefined) options.queueLength = queueLength
   if (values.queue !== undefined) options.queue = discipline(values.queue)
+  if (values.io !== undefined) {
+    if (!isIoOption(values.io)) {
+      process.stderr.write(`nyala serve: --io must be auto, io_uring, epoll or node, got ${values.io}\n`)
+      return 2
+    }
+    options.io = values.io
+  }
   const busyPollUs = intOption(values['busy-poll-us'], 'busy-poll-us')
   if (busyPollUs !== undefined) options.busyPollUs = busyPollUs
   const threads = intOption(values.threads, 'threads')

@@ -5,8 +5,9 @@
  *
  *   node bin/trace-server.js [--system nyala|nyala-direct|raw] [--max-message-bytes N]
  *
- * Prints `listening on HOST:PORT pid PID` once it accepts connections (the
- * pid is the node process's own, not the tracer's). On SIGTERM it prints one
+ * Prints `listening on HOST:PORT pid PID io BACKEND` once it accepts
+ * connections (the pid is the node process's own, not the tracer's; the
+ * transport the server's stats name). On SIGTERM it prints one
  * line `server-stats {JSON}` (server counters and per-connection transfer
  * queue counters, taken while the client is still connected), closes and
  * exits 0, so the tracer writes its summary.
@@ -29,15 +30,19 @@ async function main (argv: string[]): Promise<void> {
   let stats: () => unknown
   let close: () => Promise<void>
   let port: number
+  let io: string
   if (system === 'raw') {
+    io = 'node'
     const raw = await startRawEchoServer(0)
     port = raw.port
     stats = () => ({ system })
     // Its sockets have no close of their own: the exit closes them.
     close = async () => {}
   } else {
-    const server = new Server({ scheduler: system === 'nyala-direct' ? 'direct' : 'pool', maxMessageBytes }).addService(CalculatorService, calculatorHandlers)
+    // node:net unless NYALA_IO says otherwise: nyala trace sets it to each transport it traces (--io).
+    const server = new Server({ scheduler: system === 'nyala-direct' ? 'direct' : 'pool', maxMessageBytes, io: 'node' }).addService(CalculatorService, calculatorHandlers)
     port = (await server.listen(0)).port
+    io = server.stats().io
     stats = () => ({ system, server: server.stats(), connections: server.connectionStats() })
     close = () => server.close({ graceMs: 0 })
   }
@@ -45,7 +50,7 @@ async function main (argv: string[]): Promise<void> {
     process.stdout.write(`server-stats ${JSON.stringify(stats())}\n`)
     close().then(() => process.exit(0), () => process.exit(1))
   })
-  process.stdout.write(`listening on 127.0.0.1:${port} pid ${process.pid}\n`)
+  process.stdout.write(`listening on 127.0.0.1:${port} pid ${process.pid} io ${io}\n`)
 }
 
 await main(process.argv.slice(2))

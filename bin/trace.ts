@@ -11,6 +11,12 @@
  * connection set-up, teardown and the periodic timers (the idle-connection
  * scan wakes the loop every second) cancel out in the difference. An
  * untraced run before both times the calls (calls/s, MiB/s).
+ *
+ * Each transport the server can use is traced in turn (`--io`; by default
+ * every one that starts here: node, epoll, io_uring), the server child
+ * told which by the environment variable NYALA_IO. On io_uring the work of
+ * reads and sends is done inside `io_uring_enter`: it is counted as one
+ * syscall like any other, in its own column.
  */
 import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
@@ -24,15 +30,18 @@ import { Client, type ClientConnectionStats } from '../reactor/krpc/client.js'
 import type { ServerConnectionStats, ServerStats } from '../reactor/krpc/server.js'
 import { CalculatorService } from '../examples/calculator/index.js'
 import { RawEchoClient } from '../bench/raw-echo.js'
+import { resolveIo, type IoBackend } from '../transport/io.js'
 
 export const TRACE_USAGE = `  nyala trace [--mode sync|async|transfer] [--calls N] [--depth D]
               [--payload-bytes B] [--sidecar-bytes B]
               [--system nyala|nyala-direct|raw] [--tracer strace|perf]
-              [--no-timing] [--json]
+              [--io all|node|epoll|io_uring] [--no-timing] [--json]
       The server's syscalls per RPC: runs one server process under
       strace -f -c, drives N calls at depth D (sync: 1; async: 64) from this
       process, subtracts a run with zero calls, and prints epoll_ctl,
-      epoll_wait, read, write, futex, other and total per RPC, the raw
+      epoll_wait, io_uring_enter, read, write, futex, other and total per
+      RPC, for each transport --io names (default all: every one that
+      starts here; then a line per transport with its total), the raw
       counts, bytes per write and the connections' transfer-queue counters.
       --mode transfer: synchronous EchoSidecars with one 8 MiB sidecar
       (--sidecar-bytes), reported in MiB/s. An untraced run first times the
@@ -47,7 +56,7 @@ export type TraceSystem = 'nyala' | 'nyala-direct' | 'raw'
 export type Tracer = 'strace' | 'perf'
 
 /** The syscall groups reported per RPC, in report order. */
-export const CATEGORIES = ['epoll_ctl', 'epoll_wait', 'read', 'write', 'futex', 'other', 'total'] as const
+export const CATEGORIES = ['epoll_ctl', 'epoll_wait', 'io_uring_enter', 'read', 'write', 'futex', 'other', 'total'] as const
 export type Category = typeof CATEGORIES[number]
 
 const CATEGORY_OF: Readonly<Record<string, Category>> = {
@@ -55,6 +64,8 @@ const CATEGORY_OF: Readonly<Record<string, Category>> = {
   epoll_wait: 'epoll_wait',
   epoll_pwait: 'epoll_wait',
   epoll_pwait2: 'epoll_wait',
+  // io_uring: the ring's submissions and completions, one syscall however many sends and reads it carries.
+  io_uring_enter: 'io_uring_enter',
   read: 'read',
   readv: 'read',
   recvfrom: 'read',
@@ -115,9 +126,9 @@ export function parsePerfTraceSummary (text: string, errors?: SyscallCounts): Sy
   return counts
 }
 
-/** Sums counts into the report's groups: epoll_ctl, epoll_wait (+ epoll_pwait), read (+ readv, recv*), write (+ writev, send*), futex, other, total. */
+/** Sums counts into the report's groups: epoll_ctl, epoll_wait (+ epoll_pwait), io_uring_enter, read (+ readv, recv*), write (+ writev, send*), futex, other, total. */
 export function categorize (counts: SyscallCounts): Record<Category, number> {
-  const out = { epoll_ctl: 0, epoll_wait: 0, read: 0, write: 0, futex: 0, other: 0, total: 0 }
+  const out = { epoll_ctl: 0, epoll_wait: 0, io_uring_enter: 0, read: 0, write: 0, futex: 0, other: 0, total: 0 }
   for (const [name, n] of Object.entries(counts)) {
     out[CATEGORY_OF[name] ?? 'other'] += n
     out.total += n
@@ -138,11 +149,20 @@ export interface TracePlan {
   tracer: Tracer
   /** Also time the calls in an untraced run (calls/s, MiB/s). */
   timing: boolean
+  /** The server's transport (NYALA_IO in its environment; raw: node). */
+  io: IoBackend
 }
+
+/** What `--io` asks for: one transport, or every one that starts here. */
+export type TraceIo = IoBackend | 'all'
+
+const IO_BACKENDS: readonly IoBackend[] = ['node', 'epoll', 'io_uring']
 
 /** The counters the server prints on SIGTERM. */
 interface ServerReport {
   system: TraceSystem
+  /** The transport the server listened on. */
+  io?: string
   server?: ServerStats
   connections?: ServerConnectionStats[]
 }
@@ -165,6 +185,8 @@ export interface TraceReport {
   calls: number
   perRpc: Record<Category, number>
   system: TraceSystem
+  /** The server's transport. */
+  io: IoBackend
   mode: TraceMode
   depth: number
   method: string
@@ -195,12 +217,20 @@ export interface TraceReport {
 
 class TraceError extends Error {}
 
+/** The result `--json` prints when more than one transport was traced. */
+export interface TraceReports {
+  backends: TraceReport[]
+  /** The transports --io asked for that cannot start here, with the reason. */
+  unavailable: Record<string, string>
+}
+
 /** Runs `nyala trace ARGS`; resolves with the exit code. */
 export async function trace (args: string[]): Promise<number> {
   let plan: TracePlan
   let json: boolean
+  let io: TraceIo
   try {
-    ({ plan, json } = parsePlan(args))
+    ({ plan, json, io } = parsePlan(args))
   } catch (err) {
     process.stderr.write(`nyala trace: ${(err as Error).message}\n`)
     return 2
@@ -210,9 +240,20 @@ export async function trace (args: string[]): Promise<number> {
     process.stderr.write(problem)
     return 1
   }
+  const { backends, unavailable } = plan.system === 'raw' ? { backends: ['node' as IoBackend], unavailable: {} } : availableIo(io)
+  if (backends.length === 0) {
+    process.stderr.write(`nyala trace: io ${io} cannot start here: ${Object.values(unavailable).join('; ')}\n`)
+    return 1
+  }
   try {
-    const report = await runTrace(plan)
-    process.stdout.write(json ? `${JSON.stringify(report)}\n` : formatReport(report))
+    const reports: TraceReport[] = []
+    for (const backend of backends) {
+      const report = await runTrace({ ...plan, io: backend })
+      reports.push(report)
+      if (!json) process.stdout.write(formatReport(report) + (backends.length > 1 ? '\n' : ''))
+    }
+    if (json) process.stdout.write(`${JSON.stringify(io === 'all' ? { backends: reports, unavailable } satisfies TraceReports : reports[0])}\n`)
+    else if (io === 'all') process.stdout.write(formatComparison(reports, unavailable))
     return 0
   } catch (err) {
     process.stderr.write(`nyala trace: ${err instanceof TraceError || err instanceof RpcError ? err.message : (err as Error).stack ?? String(err)}\n`)
@@ -220,7 +261,26 @@ export async function trace (args: string[]): Promise<number> {
   }
 }
 
-export function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
+/**
+ * The transports to trace for `--io`: node always; epoll and io_uring when
+ * they start in this process (the native addon built, io_uring allowed);
+ * for one named transport, it alone or nothing (with the reason).
+ */
+export function availableIo (io: TraceIo): { backends: IoBackend[], unavailable: Record<string, string> } {
+  const backends: IoBackend[] = []
+  const unavailable: Record<string, string> = {}
+  for (const backend of io === 'all' ? IO_BACKENDS : [io]) {
+    try {
+      resolveIo(backend, backend)
+      backends.push(backend)
+    } catch (err) {
+      unavailable[backend] = (err as Error).message
+    }
+  }
+  return { backends, unavailable }
+}
+
+export function parsePlan (args: string[]): { plan: TracePlan, json: boolean, io: TraceIo } {
   const { values } = parseArgs({
     args,
     options: {
@@ -231,6 +291,7 @@ export function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
       'sidecar-bytes': { type: 'string' },
       system: { type: 'string', default: 'nyala' },
       tracer: { type: 'string', default: 'strace' },
+      io: { type: 'string', default: 'all' },
       'no-timing': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false }
     },
@@ -245,12 +306,15 @@ export function parsePlan (args: string[]): { plan: TracePlan, json: boolean } {
   if (system !== 'nyala' && system !== 'nyala-direct' && system !== 'raw') throw new Error(`--system must be nyala, nyala-direct or raw, got '${system}'`)
   const tracer = values.tracer as Tracer
   if (tracer !== 'strace' && tracer !== 'perf') throw new Error(`--tracer must be strace or perf, got '${tracer}'`)
+  const io = values.io as TraceIo
+  if (io !== 'all' && !IO_BACKENDS.includes(io)) throw new Error(`--io must be all, node, epoll or io_uring, got '${io}'`)
+  if (system === 'raw' && io !== 'all' && io !== 'node') throw new Error(`--system raw is a node:net echo: --io ${io} does not apply`)
   const payloadBytes = values['payload-bytes'] === undefined ? undefined : size(values['payload-bytes'], 'payload-bytes')
   let sidecarBytes = values['sidecar-bytes'] === undefined ? undefined : size(values['sidecar-bytes'], 'sidecar-bytes')
   if (mode === 'transfer') sidecarBytes ??= DEFAULT_SIDECAR_BYTES
   if (sidecarBytes !== undefined && payloadBytes !== undefined) throw new Error('--payload-bytes and --sidecar-bytes exclude each other')
   const calls = values.calls === undefined ? DEFAULT_CALLS[mode] : count(values.calls, 'calls')
-  return { plan: { system, mode, calls, depth, payloadBytes, sidecarBytes, tracer, timing: !values['no-timing'] }, json: values.json }
+  return { plan: { system, mode, calls, depth, payloadBytes, sidecarBytes, tracer, timing: !values['no-timing'], io: io === 'all' ? 'node' : io }, json: values.json, io }
 }
 
 function count (value: string, name: string): number {
@@ -319,6 +383,7 @@ export async function runTrace (plan: TracePlan): Promise<TraceReport> {
     calls: plan.calls,
     perRpc,
     system: plan.system,
+    io: plan.io,
     mode: plan.mode,
     depth: plan.depth,
     method: methodLabel(plan),
@@ -378,7 +443,8 @@ async function oneRun (plan: TracePlan, tracer: Tracer | null, calls: number, id
   const argv = tracer === 'strace'
     ? ['strace', '-f', '-c', '-o', summaryFile, '--', ...server]
     : tracer === 'perf' ? ['perf', 'trace', '-s', '-o', summaryFile, '--', ...server] : server
-  const child = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'] })
+  // The server's transport: NYALA_IO overrides whatever its options say.
+  const child = spawn(argv[0]!, argv.slice(1), { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NYALA_IO: plan.io } })
   let stdout = ''
   let stderr = ''
   child.stdout.setEncoding('utf8').on('data', (d: string) => { stdout += d })
@@ -386,7 +452,8 @@ async function oneRun (plan: TracePlan, tracer: Tracer | null, calls: number, id
   const exited = new Promise<number | null>((resolve) => child.once('close', (code) => resolve(code)))
   let driver: Driver | null = null
   try {
-    const { port, pid } = await waitListening(() => stdout, () => stderr, exited)
+    const { port, pid, io } = await waitListening(() => stdout, () => stderr, exited)
+    if (io !== plan.io) throw new TraceError(`the server listened on io ${io}, not ${plan.io}`)
     driver = plan.system === 'raw' ? await RawDriver.connect(port, plan) : new NyalaDriver(port, plan)
     await driver.warmUp()
     const start = performance.now()
@@ -416,13 +483,13 @@ async function oneRun (plan: TracePlan, tracer: Tracer | null, calls: number, id
   }
 }
 
-async function waitListening (stdout: () => string, stderr: () => string, exited: Promise<number | null>): Promise<{ port: number, pid: number }> {
+async function waitListening (stdout: () => string, stderr: () => string, exited: Promise<number | null>): Promise<{ port: number, pid: number, io: string }> {
   let exit: { code: number | null } | null = null
   void exited.then((code) => { exit = { code } })
   const giveUp = performance.now() + START_TIMEOUT_MS
   for (;;) {
-    const match = /listening on \S+:(\d+) pid (\d+)/.exec(stdout())
-    if (match !== null) return { port: Number(match[1]), pid: Number(match[2]) }
+    const match = /listening on \S+:(\d+) pid (\d+) io (\S+)/.exec(stdout())
+    if (match !== null) return { port: Number(match[1]), pid: Number(match[2]), io: match[3]! }
     if (exit !== null) throw new TraceError(`the server exited (${(exit as { code: number | null }).code}) before listening: ${stderr().trim()}`)
     if (performance.now() > giveUp) throw new TraceError(`the server did not listen within ${START_TIMEOUT_MS / 1000} s: ${stderr().trim()}`)
     await new Promise((resolve) => setTimeout(resolve, 10))
@@ -554,14 +621,14 @@ export function formatReport (r: TraceReport): string {
   const lines: string[] = []
   const shape = r.depth === 1 ? 'synchronous (depth 1)' : `${r.depth} calls pipelined on one connection`
   const system = r.system === 'raw' ? 'raw node:net echo (bench/raw-echo.ts)' : r.system === 'nyala-direct' ? 'nyala, direct dispatch' : 'nyala'
-  lines.push(`nyala trace: ${system} server, ${r.calls} calls of ${r.method}, ${shape}`)
+  lines.push(`nyala trace: ${system} server on io ${r.io}, ${r.calls} calls of ${r.method}, ${shape}`)
   lines.push(`server syscalls per RPC (${r.tracer === 'strace' ? 'strace -f -c' : 'perf trace -s'}, all threads; ${r.calls}-call run minus 0-call run):`)
-  lines.push(`  ${'syscall'.padEnd(12)}${'per RPC'.padStart(10)}${`${r.calls} calls`.padStart(14)}${'0 calls'.padStart(10)}`)
-  const label: Record<Category, string> = { epoll_ctl: 'epoll_ctl', epoll_wait: 'epoll_wait', read: 'read', write: 'write', futex: 'futex', other: 'other', total: 'total' }
+  lines.push(`  ${'syscall'.padEnd(15)}${'per RPC'.padStart(10)}${`${r.calls} calls`.padStart(14)}${'0 calls'.padStart(10)}`)
   for (const c of CATEGORIES) {
-    lines.push(`  ${label[c].padEnd(12)}${fixed(r.perRpc[c]).padStart(10)}${String(r.raw.calls[c]).padStart(14)}${String(r.raw.zeroCalls[c]).padStart(10)}`)
+    lines.push(`  ${c.padEnd(15)}${fixed(r.perRpc[c]).padStart(10)}${String(r.raw.calls[c]).padStart(14)}${String(r.raw.zeroCalls[c]).padStart(10)}`)
   }
-  lines.push('  (epoll_wait = epoll_wait + epoll_pwait; read = read, readv, recvfrom, recvmsg; write = write, writev, sendto, sendmsg)')
+  lines.push('  (epoll_wait = epoll_wait + epoll_pwait; read = read, readv, recvfrom, recvmsg; write = write, writev, sendto, sendmsg;')
+  lines.push('   io_uring_enter: the ring\'s submissions and completions, its reads and sends done inside it)')
   lines.push(`failed per RPC (EAGAIN): read ${fixed(r.failedPerRpc.read)}, write ${fixed(r.failedPerRpc.write)}`)
   lines.push('raw counts by syscall (N-call run / 0-call run; failed calls in brackets):')
   const names = new Set([...Object.keys(r.raw.bySyscall.calls), ...Object.keys(r.raw.bySyscall.zeroCalls)])
@@ -577,6 +644,15 @@ export function formatReport (r: TraceReport): string {
   lines.push(`throughput: ${untraced}${r.tracedCallsPerSec} calls/s under ${r.tracer}`)
   for (const c of r.connections.server ?? []) lines.push(`server connection ${c.remoteAddress}: ${formatConnection(c)}`)
   for (const c of r.connections.client ?? []) lines.push(`client connection ${c.endpoint}: ${formatConnection(c)}`)
+  return `${lines.join('\n')}\n`
+}
+
+/** The transports side by side: syscalls per RPC by group, one line each. */
+export function formatComparison (reports: readonly TraceReport[], unavailable: Readonly<Record<string, string>>): string {
+  const lines = [`server syscalls per RPC by transport (${reports[0]?.calls ?? 0} calls of ${reports[0]?.method ?? ''}):`]
+  lines.push(`  ${'io'.padEnd(10)}${CATEGORIES.map((c) => c.padStart(c.length + 2)).join('')}`)
+  for (const r of reports) lines.push(`  ${r.io.padEnd(10)}${CATEGORIES.map((c) => fixed(r.perRpc[c]).padStart(c.length + 2)).join('')}`)
+  for (const [io, why] of Object.entries(unavailable)) lines.push(`  ${io.padEnd(10)}not traced: ${why}`)
   return `${lines.join('\n')}\n`
 }
 

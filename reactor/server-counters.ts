@@ -1,6 +1,7 @@
 import type { LimitCounters } from './metrics.js'
 import { RateLimitedLog, type LogFields } from './logger.js'
 import { LOG_INTERVAL_MS, type ServerStats } from './server-options.js'
+import type { IoBackend } from '../transport/io.js'
 
 /** What the server reads live, beside its counters, for a `stats()` snapshot. */
 export interface LiveStats {
@@ -9,6 +10,7 @@ export interface LiveStats {
   inboundBudgetClosed: number
   outboundPauses: number
   abandonedRunning: number
+  io: IoBackend
 }
 
 /**
@@ -147,7 +149,8 @@ export class ServerCounters {
       callsInFlight: live.callsInFlight,
       inboundBudgetClosed: live.inboundBudgetClosed,
       outboundPauses: live.outboundPauses,
-      abandonedRunning: live.abandonedRunning
+      abandonedRunning: live.abandonedRunning,
+      io: live.io
     }
   }
 }

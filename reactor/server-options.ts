@@ -6,6 +6,7 @@ import type { ConnectionStats } from '../transport/framed-connection.js'
 import type { IdleCollectionOptions } from './idle-collection.js'
 import type { Logger } from './logger.js'
 import type { LimitCounters } from './metrics.js'
+import type { IoOption } from '../transport/io.js'
 
 // The server's options: their types, defaults and checks. The server
 // (reactor/server.ts) reads them; the KRPC server passes them through.
@@ -166,6 +167,16 @@ export interface ServerOptions {
    */
   busyPollUs?: number
   /**
+   * The transport of plain TCP connections: `io_uring` or `epoll` (the
+   * native transport, transport/native/), `node` (node:net), or `auto`
+   * (the default): io_uring where the kernel allows it, else epoll, else
+   * node:net, said in one log line. A native backend asked for by name that
+   * cannot start is a start-up error (`listen` rejects). The environment
+   * variable NYALA_IO overrides it. With `tls`, connections use node:tls
+   * (`auto` means `node` then). `stats().io` says which is in use.
+   */
+  io?: IoOption
+  /**
    * A full garbage collection once the process is idle after it grew, so
    * that an attack's buffers are freed (reactor/idle-collection.ts): run
    * while the server listens, stopped by `close()`. Default on, with
@@ -233,6 +244,8 @@ export interface ServerStats extends LimitCounters {
   tlsHandshakeFailures: number
   /** TLS handshakes closed by `tlsHandshakeTimeoutMs`; 0 without `tls`. */
   tlsHandshakeTimeouts: number
+  /** The transport in use (`io`), once listening: 'io_uring', 'epoll' or 'node'. */
+  io: 'io_uring' | 'epoll' | 'node'
 }
 
 /** `negotiationTimeoutMs` by default. */

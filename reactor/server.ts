@@ -3,7 +3,7 @@
 // close. Its parts share one ServerContext (server-context.ts); the guards
 // over the connections are composed here once (connection-guard.ts), and
 // everything from a request frame to its answer is call-dispatch.ts's.
-import { createServer, type Server as NetServer, type Socket } from 'node:net'
+import type { Socket } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import type { TLSSocket } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
@@ -34,7 +34,9 @@ import {
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
 import { startIdleCollection } from './idle-collection.js'
-import { ListenError } from './listen-error.js'
+import { ServerListener } from './server-listener.js'
+import type { NativeStream } from '../transport/native/native-stream.js'
+import type { ByteStream } from '../transport/byte-stream.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -75,7 +77,9 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   readonly #logNegotiationFailed: RateLimitedLog
   /** Where #listen was asked to listen, for messages. */
   #listenAddress: string | null = null
-  readonly #net: NetServer
+  readonly #net: ServerListener
+  /** While closing: called when the last connection has closed (the native listener's close waits for it, as node:net's does). */
+  #onEmpty: (() => void) | null = null
   #closing: Promise<void> | null = null
   /** While closing: called when the last connection has closed. */
   #onLastClose: (() => void) | null = null
@@ -114,18 +118,12 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#dispatch = new CallDispatch(ctx, this.metrics)
     // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.
     this.#guards = new ConnectionGuards(this.#clock, this.#connections, [this.#dispatch.abandonment, this.#pushes, this.#admission, this.#slowConsumers, scan])
-    // Paused on accept: nothing is read before #onAccept moves the socket to
-    // a SocketReader (see readThrough).
-    this.#net = createServer({ noDelay: true, pauseOnConnect: true }, (socket) => this.#onAccept(socket))
-    this.#net.on('error', (err: NodeJS.ErrnoException) => {
-      if (err.code === 'EMFILE' || err.code === 'ENFILE') {
-        this.#admission.outOfDescriptors(err.code)
-        return
-      }
-      // Before listening, #listen reports the error to its caller instead.
-      if (!this.#net.listening) return
-      this.#log.error(`listener error: ${err.message}`, { protocol: protocol.name, code: err.code, address: this.#addressText() })
-    })
+    this.#net = new ServerListener({
+      onSocket: (socket) => this.#onSocket(socket),
+      onStream: (stream) => this.#onStream(stream),
+      outOfDescriptors: (code) => this.#admission.outOfDescriptors(code),
+      listenerError: (err) => this.#log.error(`listener error: ${err.message}`, { protocol: protocol.name, code: err.code, address: this.#addressText() })
+    }, { io: options.io, tls: options.tls !== undefined, log: this.#log, name: protocol.name })
   }
 
   /** The protocol this server speaks. */
@@ -200,33 +198,12 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   }
 
   #listen (port: number, host: string, reusePort: boolean): Promise<AddressInfo> {
-    return new Promise((resolve, reject) => {
-      const where = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
-      this.#listenAddress = where
-      const onListening = (): void => {
-        this.#net.off('error', onError)
-        this.#guards.arm()
-        const idle = this.#options.idleCollection
-        if (idle !== false && this.#stopIdleCollection === null) this.#stopIdleCollection = startIdleCollection(idle)
-        resolve(this.#net.address() as AddressInfo)
-      }
-      const onError = (err: NodeJS.ErrnoException): void => {
-        // The failed listen's callback goes too (a later listen would run it).
-        this.#net.off('listening', onListening)
-        // Not logged: the caller gets it, and decides.
-        reject(new ListenError(err, host, port))
-      }
-      this.#net.once('error', onError)
-      // `reusePort` is not in Node 20's types; `exclusive` keeps a cluster worker from sharing the primary's handle.
-      const listenOptions = reusePort ? { port, host, backlog: 512, reusePort: true, exclusive: true } : { port, host, backlog: 512 }
-      try {
-        this.#net.listen(listenOptions, onListening)
-      } catch (err) {
-        // Thrown at once for options node:net refuses (a bad host type, a listen already under way).
-        this.#net.off('error', onError)
-        this.#net.off('listening', onListening)
-        reject(err)
-      }
+    this.#listenAddress = host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`
+    return this.#net.listen(port, host, reusePort).then((address) => {
+      this.#guards.arm()
+      const idle = this.#options.idleCollection
+      if (idle !== false && this.#stopIdleCollection === null) this.#stopIdleCollection = startIdleCollection(idle)
+      return address
     })
   }
 
@@ -250,7 +227,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       callsInFlight: inFlight,
       inboundBudgetClosed: this.#inbound.closedConnections,
       outboundPauses: this.#outbound.pauses,
-      abandonedRunning: this.#dispatch.abandonedRunning
+      abandonedRunning: this.#dispatch.abandonedRunning,
+      io: this.#net.backend
     })
   }
 
@@ -295,7 +273,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const closed = new Promise<void>((resolve) => {
       const graceMs = options.graceMs ?? 30_000
       const startedAt = this.#clock.now()
-      this.#net.close(() => resolve())
+      this.#net.close(() => {
+        if (this.#connections.size === 0) resolve()
+        else this.#onEmpty = resolve
+      })
       this.#guards.stop()
       for (const sc of this.#connections) {
         if (!sc.ready) sc.connection.destroy()
@@ -368,13 +349,25 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return this.#closing
   }
 
-  #onAccept (accepted: Socket): void {
+  // A peer is let in (or refused, or room is made for it).
+  #admitted (peer: Socket | NativeStream): boolean {
     if (this.#closing !== null) {
-      accepted.destroy()
-      return
+      peer.destroy()
+      return false
     }
-    if (!this.#admission.admit(accepted)) return
+    if (!this.#admission.admit(peer)) return false
     this.#ctx.counters.accepted()
+    return true
+  }
+
+  // A connection of the native transport (plain TCP).
+  #onStream (stream: NativeStream): void {
+    if (this.#admitted(stream)) this.#open(stream, null, null, `${stream.remoteAddress}:${stream.remotePort}`)
+  }
+
+  // A node:net connection: TLS from the first byte, or plain TCP read through a SocketReader.
+  #onSocket (accepted: Socket): void {
+    if (!this.#admitted(accepted)) return
     const remoteAddress = `${accepted.remoteAddress ?? '?'}:${accepted.remotePort ?? 0}`
     let secure: TLSSocket | null
     try {
@@ -389,9 +382,14 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const reader = secure === null ? new SocketReader() : undefined
     const socket = secure ?? readThrough(accepted, reader!)
     const stream = socketStream(socket, socket === accepted || secure !== null ? undefined : reader)
+    this.#open(stream, socket, secure, remoteAddress)
+  }
+
+  // The framed connection over `stream` (`socket`: node:net's, for a set-up's TLS upgrade), then TLS or the set-up.
+  #open (stream: ByteStream & { readonly readPath?: 'onread' | 'data' }, socket: Socket | null, secure: TLSSocket | null, remoteAddress: string): void {
     const connection = new FramedConnection(stream, {
-      socket,
-      readPath: stream.readPath,
+      socket: socket ?? undefined,
+      readPath: stream.readPath ?? 'onread',
       framing: this.#protocol.framing,
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
@@ -484,7 +482,11 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#connections.delete(sc)
     this.#guards.closed(sc, error)
     sc.closedAt = this.#clock.now()
-    if (this.#connections.size === 0) this.#onLastClose?.()
+    if (this.#connections.size === 0) {
+      this.#onLastClose?.()
+      this.#onEmpty?.()
+      this.#onEmpty = null
+    }
     // A frame the decoder refused at its prefix is a bad frame too.
     if (error?.code === ErrorCode.MALFORMED_FRAME && !sc.badFrame) this.#ctx.counters.badFrame(sc.remoteAddress, `${error.message}; closing the connection`, error.code)
     this.#dispatch.connectionClosed(sc, error)

@@ -7,7 +7,11 @@
  * package documents that an install resolves ranges with), and
  * docs/custom-protocols.md's kv server run there with a plain `node`,
  * importing only 'nyala'. The tarball carries what its entry points,
- * its bin and the modules they load by path need, and no tests.
+ * its bin and the modules they load by path need, and no tests; and the
+ * native transport prebuilt by its prepack script (linux-x64), with the C
+ * sources and build.sh for a source build, and no install script: the
+ * prebuilt loads in the installed package and echoes on each backend, and
+ * build.sh rebuilds it there (the fallback where the prebuilt cannot load).
  */
 import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
@@ -59,6 +63,9 @@ function walk (dir: string, prefix = ''): string[] {
 // A build, an install and a type check: more than the suite's default per-file timeout, still bounded.
 t.setTimeout(300_000)
 
+const NATIVE = 'prebuilds/linux-x64/nyala.node'
+const nativeHere = process.platform === 'linux' && process.arch === 'x64'
+
 const npmVersion = spawnSync('npm', ['--version'], { env, encoding: 'utf8', timeout: 30_000 })
 const skip = npmVersion.status === 0 ? false : 'npm is not on the PATH'
 
@@ -86,12 +93,43 @@ t.test('npm pack, then install the tarball into an empty project and run the kv 
     t.notOk(files.includes('dist/reactor/removed-module.js'), 'nothing left in dist/ from before the build')
   })
 
+  t.test('the native transport: prebuilt at pack time, its sources beside it, no install script', async (t) => {
+    t.ok(files.includes(NATIVE), `carries ${NATIVE}, built by prepack`)
+    for (const name of ['transport/native/build.sh', 'transport/native/nyala.h', 'transport/native/addon.c', 'transport/native/epoll.c', 'transport/native/uring.c', 'transport/native/heap.c']) {
+      t.ok(files.includes(name), `carries ${name} (the source build)`)
+    }
+    t.notOk(files.includes('binding.gyp'), 'no binding.gyp (npm would add `node-gyp rebuild` as an install script)')
+    const packed = JSON.parse(readFileSync(join(source, 'package.json'), 'utf8')) as { scripts?: Record<string, string>, gypfile?: boolean }
+    t.same(Object.keys(packed.scripts ?? {}).filter((name) => /^(pre|post)?install$/.test(name)), [], 'no preinstall, install or postinstall script')
+    t.notOk(packed.gypfile, 'not a gyp package')
+  })
+
   const app = join(work, 'app')
   mkdirSync(app)
   writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'kv-app', version: '1.0.0', private: true, type: 'module' }, null, 2))
   const installed = await npm(app, ['install', '--prefer-offline', '--no-audit', '--no-fund', tarball], 120_000)
   const home = join(app, 'node_modules', pkg.name)
   t.ok(existsSync(join(home, 'dist', 'reactor', 'index.js')), `installed ${pkg.name} with its dist/ (${/added \d+ packages?/.exec(installed.output)?.[0] ?? 'npm said nothing'})`)
+
+  t.test('installing ran no script; the prebuilt loads and echoes on each backend; build.sh rebuilds it from the installed sources', { skip: nativeHere ? false : 'the prebuilt is for linux-x64' }, async (t) => {
+    t.notMatch(installed.output, /> (pre|post)?install\b|node-gyp|prebuild/, 'npm ran no install script')
+    t.ok(existsSync(join(home, NATIVE)), `installed ${NATIVE}`)
+    t.ok(existsSync(join(app, 'node_modules', 'node-api-headers', 'include', 'node_api.h')), 'node-api-headers (optional dependency: node_api.h for a source build) installed beside it')
+    const echo = (addon: string): Record<string, unknown> => {
+      const run = spawnSync(process.execPath, [join(root, 'test', 'helpers', 'native-echo.cjs'), addon], { env, encoding: 'utf8', timeout: 60_000 })
+      t.equal(run.status, 0, `native-echo.cjs ran ${run.stderr}`)
+      return JSON.parse(run.stdout.trim() || '{}') as Record<string, unknown>
+    }
+    const prebuilt = echo(join(home, NATIVE)) as { backends?: Record<string, string>, trimHeap?: string }
+    t.equal(prebuilt.backends?.epoll, 'ok', `the prebuilt on ${process.version}: epoll echoes`)
+    // io_uring can be denied (seccomp, kernel.io_uring_disabled): then the open fails, it does not echo wrong.
+    t.match(prebuilt.backends?.io_uring, /^(ok|cannot open: errno \d+)$/, `io_uring: ${prebuilt.backends?.io_uring}`)
+    t.equal(prebuilt.trimHeap, 'boolean', 'trimHeap is there')
+    const out = join(work, 'rebuilt')
+    const build = spawnSync('sh', [join(home, 'transport', 'native', 'build.sh')], { cwd: app, env: { ...env, NYALA_NATIVE_OUT: out }, encoding: 'utf8', timeout: 120_000 })
+    t.equal(build.status, 0, `sh node_modules/${pkg.name}/transport/native/build.sh ${build.stdout}${build.stderr}`)
+    t.equal((echo(join(out, 'nyala.node')) as { backends?: Record<string, string> }).backends?.epoll, 'ok', 'the source-built addon echoes on epoll')
+  })
 
   t.test('every relative import of an installed module, and every module loaded by path, is installed; every benchmark module is one nyala bench loads', async (t) => {
     const modules = walk(home).filter((f) => f.endsWith('.js'))

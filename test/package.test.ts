@@ -92,3 +92,15 @@ t.test('new RetryBudget() needs no clock: it runs on the real one (no deep impor
   t.equal(client.retryStats?.budget?.calls, 0, 'a client takes it as its retry budget')
   client.close()
 })
+
+t.test('the native transport is built at pack time and shipped, never at install; npm test builds it where it can', async (t) => {
+  const manifest = JSON.parse(readFileSync(`${root}/package.json`, 'utf8')) as { files: string[], scripts: Record<string, string>, optionalDependencies?: Record<string, string> }
+  t.ok(manifest.files.includes('prebuilds/'), 'files ships prebuilds/')
+  for (const name of ['transport/native/*.c', 'transport/native/*.h', 'transport/native/build.sh']) t.ok(manifest.files.includes(name), `files ships ${name} (the source build)`)
+  t.match(manifest.scripts.prepack, /sh transport\/native\/build\.sh$/, 'prepack builds prebuilds/linux-x64/nyala.node (and fails without a compiler: a published package carries it)')
+  t.match(manifest.scripts.test, /sh transport\/native\/build\.sh --if-possible/, 'npm test builds it first when it can')
+  t.same(Object.keys(manifest.scripts).filter((name) => /^(pre|post)?install$/.test(name)), [], 'no install script')
+  t.ok(manifest.optionalDependencies?.['node-api-headers'] !== undefined, 'node-api-headers comes along for a source build')
+  t.notOk(existsSync(`${root}/binding.gyp`), 'no binding.gyp (npm would run node-gyp at install)')
+  t.match(readFileSync(`${root}/.gitignore`, 'utf8'), /^prebuilds\/$/m, 'the built binary is not committed')
+})

@@ -3,6 +3,7 @@
  * groups and filters in a hundred lines:
  *
  *   node dist/examples/chat/main.js [--port 7380] [--host 127.0.0.1] [--rate 10] [--address-rate 100]
+ *     [--io auto|io_uring|epoll|node]
  *
  * One command per line: `NICK name`, `JOIN room`, `LEAVE room`,
  * `SAY room text` (answered with how many members received it) and
@@ -24,6 +25,8 @@ import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
 import { ConnectionGroup, ProtocolServer, type CallContext, type ConnectionHandle, type ServerProtocol } from '../../reactor/index.js'
 import { rateLimit } from './rate-limit.js'
+import { IO_FLAG_OPTIONS, ioFromFlags } from '../../bin/io-flag.js'
+import type { IoOption } from '../../transport/io.js'
 
 const NEWLINE = 0x0a
 const MAX_LINE = 4096
@@ -75,6 +78,8 @@ export interface ChatServerOptions {
   addressRate?: number
   /** The rate limit's clock (tests); default Date.now. */
   now?: () => number
+  /** The transport (`ServerOptions.io`); default auto. */
+  io?: IoOption | undefined
 }
 
 /** The chat server: rooms, nicks and the two rate limits of the module comment; `listen` to serve. */
@@ -96,7 +101,7 @@ export function chatServer (options: ChatServerOptions = {}): ProtocolServer {
       if (nicks.get(state.nick) === connection) nicks.delete(state.nick)
     })
   }
-  const server = new ProtocolServer(chatProtocol, { idleTimeoutMs: 0, pushOutputLimit: { hardBytes: 1024 * 1024, softBytes: 256 * 1024, softMs: 10_000 } })
+  const server = new ProtocolServer(chatProtocol, { io: options.io, idleTimeoutMs: 0, pushOutputLimit: { hardBytes: 1024 * 1024, softBytes: 256 * 1024, softMs: 10_000 } })
   server.use(rateLimit({
     callsPerConnection: options.rate ?? DEFAULT_CHAT_RATE,
     callsPerAddress: options.addressRate ?? DEFAULT_CHAT_ADDRESS_RATE,
@@ -151,7 +156,8 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
       port: { type: 'string', default: '7380' },
       host: { type: 'string', default: '127.0.0.1' },
       rate: { type: 'string', default: String(DEFAULT_CHAT_RATE) },
-      'address-rate': { type: 'string', default: String(DEFAULT_CHAT_ADDRESS_RATE) }
+      'address-rate': { type: 'string', default: String(DEFAULT_CHAT_ADDRESS_RATE) },
+      ...IO_FLAG_OPTIONS
     }
   })
   const positive = (flag: string, text: string): number => {
@@ -160,7 +166,14 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
     console.error(`--${flag} must be a positive integer, got ${text}`)
     process.exit(2)
   }
-  const server = chatServer({ rate: positive('rate', values.rate), addressRate: positive('address-rate', values['address-rate']) })
+  let io: IoOption | undefined
+  try {
+    io = ioFromFlags(values)
+  } catch (err) {
+    console.error((err as Error).message)
+    process.exit(2)
+  }
+  const server = chatServer({ rate: positive('rate', values.rate), addressRate: positive('address-rate', values['address-rate']), io })
   const address = await server.listen(Number(values.port), values.host)
   console.log(`listening on ${address.address}:${address.port}`)
   const stop = (): void => { void server.close({ graceMs: 1000 }).then(() => process.exit(0)) }

@@ -6,6 +6,7 @@
  *     [--reactors 1] [--memory-mb 64] [--request-timeout-ms 1000]
  *     [--shutdown-grace-ms 30000]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
+ *     [--io auto|io_uring|epoll|node]
  *
  * With `--tls-cert`, every connection is TLS; `--tls-require-client-cert`
  * asks for a client certificate signed by `--tls-ca` (see docs/security.md).
@@ -38,6 +39,8 @@ import { memcachedProtocol } from './protocol.js'
 import { MemcachedStore } from './store.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../../bin/tls-flags.js'
+import { IO_FLAG_OPTIONS, ioFromFlags } from '../../bin/io-flag.js'
+import type { IoOption } from '../../transport/io.js'
 
 export interface MemcachedServerOptions {
   /** The cache's memory limit in bytes; default 64 MiB. */
@@ -46,6 +49,8 @@ export interface MemcachedServerOptions {
   requestTimeoutMs?: number
   /** TLS from the first byte (`ServerOptions.tls`); default none. */
   tls?: TlsOptions
+  /** The transport (`ServerOptions.io`); default auto. */
+  io?: IoOption | undefined
 }
 
 /** One server and its cache, the commands registered as the routes of the group `memcached`. */
@@ -55,7 +60,8 @@ export function memcachedServer (options: MemcachedServerOptions = {}): Protocol
     requestTimeoutMs: options.requestTimeoutMs ?? 1000,
     // memcached keeps idle connections open (its idle_timeout is 0): client pools hold them between bursts.
     idleTimeoutMs: 0,
-    tls: options.tls
+    tls: options.tls,
+    io: options.io
   })
   // The handlers are synchronous: the group's default workers and queue suffice.
   server.addRoutes('memcached', memcachedHandlers(store, {
@@ -82,7 +88,8 @@ async function main (argv: string[]): Promise<void> {
       'memory-mb': { type: 'string' },
       'request-timeout-ms': { type: 'string' },
       'shutdown-grace-ms': { type: 'string' },
-      ...TLS_FLAG_OPTIONS
+      ...TLS_FLAG_OPTIONS,
+      ...IO_FLAG_OPTIONS
     },
     strict: true
   })
@@ -93,10 +100,11 @@ async function main (argv: string[]): Promise<void> {
   const requestTimeoutMs = positiveInteger('request-timeout-ms', values['request-timeout-ms'], 1000)
   const graceMs = positiveInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
+  const io = ioFromFlags(values)
   // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
   // each one's server collects once it is idle after it grew (its idleCollection option, on by default).
   tuneForkedProcesses()
-  const served = await serveReactors({ reactors, host, port, graceMs, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls }) })
+  const served = await serveReactors({ reactors, host, port, graceMs, build: () => memcachedServer({ memoryBytes, requestTimeoutMs, tls, io }) })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate caches (see examples/memcached/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
   const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }

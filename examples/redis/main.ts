@@ -6,6 +6,7 @@
  *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
  *     [--client-output-buffer-limit-pubsub HARD SOFT SECONDS] [--shutdown-grace-ms 30000]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
+ *     [--io auto|io_uring|epoll|node]
  *
  * With `--tls-cert`, every connection is TLS (`redis-cli --tls --cacert CA`);
  * `--tls-require-client-cert` asks for a client certificate signed by
@@ -48,6 +49,8 @@ import { DEFAULT_MAX_ARGUMENTS, DEFAULT_MAX_FRAME_BYTES, DEFAULT_PROTO_MAX_BULK_
 import { RedisStore } from './store.js'
 import { tuneForkedProcesses } from '../malloc-env.js'
 import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../../bin/tls-flags.js'
+import { IO_FLAG_OPTIONS, ioFromFlags } from '../../bin/io-flag.js'
+import type { IoOption } from '../../transport/io.js'
 
 export interface RedisServerOptions {
   /** The keyspace's memory limit in estimated bytes (see store.ts); default 64 MiB. */
@@ -66,6 +69,8 @@ export interface RedisServerOptions {
   sweepIntervalMs?: number
   /** TLS from the first byte (`ServerOptions.tls`); default none. */
   tls?: TlsOptions
+  /** The transport (`ServerOptions.io`); default auto. */
+  io?: IoOption | undefined
   /**
    * Redis's `client-output-buffer-limit pubsub` (the server's
    * `pushOutputLimit`): a connection that receives messages and has more
@@ -91,6 +96,7 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
     // Redis keeps idle connections open (its timeout is 0): client pools hold them between bursts.
     idleTimeoutMs: 0,
     tls: options.tls,
+    io: options.io,
     pushOutputLimit: { ...DEFAULT_PUBSUB_OUTPUT_LIMIT, ...options.pubsubOutputLimit }
   })
   let port = 0
@@ -179,7 +185,8 @@ async function main (argv: string[]): Promise<void> {
       'max-message-mb': { type: 'string' },
       'max-arguments': { type: 'string' },
       'shutdown-grace-ms': { type: 'string' },
-      ...TLS_FLAG_OPTIONS
+      ...TLS_FLAG_OPTIONS,
+      ...IO_FLAG_OPTIONS
     },
     strict: true
   })
@@ -193,11 +200,12 @@ async function main (argv: string[]): Promise<void> {
   const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
   const graceMs = nonNegativeInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
   const tls = tlsFromFlags(values)
+  const io = ioFromFlags(values)
   // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
   // each one's server collects once it is idle after it grew (its idleCollection option, on by default).
   tuneForkedProcesses()
   const served = await serveReactors({
-    reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit })
+    reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit, io })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

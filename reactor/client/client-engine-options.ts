@@ -16,6 +16,7 @@ import type { LivenessOptions } from '../connection-liveness.js'
 import type { Logger } from '../logger.js'
 import type { PeerSettings } from './peer-connection.js'
 import { DEFAULT_MAX_RESOLVED_ADDRESSES } from './targets.js'
+import { resolveIo, type IoOption } from '../../transport/io.js'
 
 /** What every client made on the engine takes (`ProtocolClientOptions` and KRPC's `ClientOptions` name them). */
 export interface ClientEngineOptions {
@@ -76,6 +77,12 @@ export interface ClientEngineOptions {
   liveness?: LivenessOptions | false
   /** TCP keepalive on every connection, the first probe after this long idle; default 10000 ms; 0: off. */
   keepAliveMs?: number
+  /**
+   * The transport of plain TCP connections to IP addresses (ServerOptions.io
+   * says what each value means; NYALA_IO overrides it): by default node:net.
+   * TLS connections, and addresses given by name, use node:net.
+   */
+  io?: IoOption
   /** Where warnings go (rate-limited); default warnings on stderr, null: nowhere. */
   logger?: Logger | null
   /** Time for deadlines, backoffs and set-up timers; default the real clock (tests pass a `FakeClock`). */
@@ -133,6 +140,7 @@ export function connectionOptionsOf (protocol: ClientProtocol<unknown, unknown>,
     maxOutboundBytes: options.maxOutboundBytes,
     busyPoller,
     keepAliveMs,
+    reactor: options.io === undefined ? null : resolveIo(options.io).reactor,
     // Bad certificates and keys throw here, not at each connect.
     tls: tls === undefined ? undefined : { ...tls, secureContext: tls.secureContext ?? createSecureContext(tls) }
   }

@@ -66,7 +66,7 @@ export function openConnection<Req, Res> (owner: ConnectionOwner<Req, Res>, setu
       ? new RpcError(ErrorCode.NEGOTIATION_FAILED, `${setupName} with ${key} timed out after ${connectMs} ms`)
       : new RpcError(ErrorCode.CONNECT_FAILED, `cannot connect to ${key}: timed out after ${connectMs} ms`))
   }, connectMs)
-  cc.socket.once(tls ? 'secureConnect' : 'connect', () => {
+  cc.whenConnected(() => {
     cc.connected = true
     if (handshake === undefined) ready(clock, cc)
   })

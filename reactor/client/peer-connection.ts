@@ -8,6 +8,9 @@ import type { BusyPoller } from '../../transport/busy-poll.js'
 import { FramedConnection } from '../../transport/framed-connection.js'
 import { SocketReader, type ReadSink } from '../../transport/socket-reader.js'
 import { socketStream } from '../../transport/net-stream.js'
+import type { NativeReactor } from '../../transport/native/reactor.js'
+import type { NativeStream } from '../../transport/native/native-stream.js'
+import { isIP } from 'node:net'
 import type { Balancer, Slot } from '../balancer.js'
 import { CallTable } from '../call-table.js'
 import type { ConnectionLiveness } from '../connection-liveness.js'
@@ -28,6 +31,8 @@ export interface PeerSettings {
   readonly tls: TlsConnectionOptions | undefined
   /** TCP keepalive's idle time before the first probe; 0: off. */
   readonly keepAliveMs: number
+  /** The native transport's reactor plain TCP connections to IP addresses go through (ProtocolClientOptions.io); null: node:net. */
+  readonly reactor?: NativeReactor | null | undefined
 }
 
 /**
@@ -72,8 +77,10 @@ export class PeerConnection<C> {
   readonly slot: Slot
   readonly balancer: Balancer
   readonly connection: FramedConnection
-  /** The socket under the connection (its 'connect' and 'secureConnect' events). */
-  readonly socket: Socket
+  /** The node:net socket under the connection (its 'connect' and 'secureConnect' events); null on the native transport. */
+  readonly socket: Socket | null
+  readonly #native: NativeStream | null = null
+  readonly #tls: boolean
   readonly owner: PeerOwner<C>
   readonly inOrderMatching: boolean
   /** The TCP (or TLS) connection is up. */
@@ -120,6 +127,21 @@ export class PeerConnection<C> {
     this.inOrderMatching = inOrder
     this.#maxId = maxId
     const tls = settings.tls
+    this.#tls = tls !== undefined
+    const reactor = settings.reactor ?? null
+    // The native transport: plain TCP to an address (names go through node:net's lookup), without the first bytes kept.
+    if (reactor !== null && tls === undefined && !keepFirstBytes && isIP(host) !== 0) {
+      const native = this.#native = reactor.connectNow(port, host, settings.keepAliveMs)
+      this.socket = null
+      this.connection = new FramedConnection(native, {
+        readPath: 'onread',
+        framing: settings.framing,
+        maxFrameBytes: settings.maxFrameBytes,
+        maxOutboundBytes: settings.maxOutboundBytes,
+        busyPoller: settings.busyPoller
+      })
+      return
+    }
     // TLS sockets read through 'data' events (onread applies to raw TCP handles only).
     const reader = tls !== undefined ? undefined : keepFirstBytes ? new FirstBytesReader() : new SocketReader()
     this.reader = reader instanceof FirstBytesReader ? reader : undefined
@@ -144,6 +166,12 @@ export class PeerConnection<C> {
       busyPoller: settings.busyPoller
     })
     if (tls !== undefined) socket.once('connect', () => { this.tlsHandshaking = true })
+  }
+
+  /** Calls `then` once connected (TLS: once its handshake is done); never if the connect fails (the connection closes). */
+  whenConnected (then: () => void): void {
+    if (this.#native !== null) this.#native.whenConnected((error) => { if (error === null) then() })
+    else this.socket!.once(this.#tls ? 'secureConnect' : 'connect', then)
   }
 
   /** Calls awaiting an answer. */

@@ -117,7 +117,9 @@ export class KrpcServer {
   constructor (options: KrpcServerOptions = {}) {
     const { authenticate, tls, requireTls, requireClientCert, encryptLoopback } = options
     // KRPC's TLS starts inside negotiation, not at the first byte: the generic server gets no `tls`.
-    this.#server = new ProtocolServer(new KrpcServerProtocol({ authenticate, tls, requireTls, requireClientCert, encryptLoopback }), { ...options, tls: undefined })
+    // Its upgrade needs a node:net socket: with `tls`, connections stay on node:net.
+    if (tls !== undefined && (options.io === 'epoll' || options.io === 'io_uring')) throw new Error(`io '${options.io}' cannot carry KRPC's TLS: use io 'auto' or 'node'`)
+    this.#server = new ProtocolServer(new KrpcServerProtocol({ authenticate, tls, requireTls, requireClientCert, encryptLoopback }), { ...options, tls: undefined, io: tls === undefined ? options.io : 'node' })
     this.#defaults = options
     this.metrics = this.#server.metrics
   }

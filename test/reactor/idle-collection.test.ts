@@ -3,7 +3,8 @@
  * when the process is idle and RSS grew, never while RSS did not grow or
  * before any work, not again until there was work, again after one that
  * left RSS grown (the memory was still held) until one frees or
- * FUTILE_TRIES did not, not at all with NYALA_IDLE_GC=0; the real collection runs without --expose-gc. RSS and
+ * FUTILE_TRIES did not, not at all with NYALA_IDLE_GC=0; each collection is
+ * followed by a trim of the C heap; the real collection runs without --expose-gc. RSS and
  * the collection are stubs; the event-loop utilization is this process's
  * own (a bounded synchronous spin makes an interval busy; idle is below
  * half busy here, so the test runner's own work stays idle). Each stopper is
@@ -85,6 +86,23 @@ t.test('collections that never free stop after FUTILE_TRIES: that RSS is live da
   spin(INTERVAL_MS * 3)
   await sleep(INTERVAL_MS * 5)
   t.equal(collections, FUTILE_TRIES, 'work, but RSS is not 64 MiB above the new level: none')
+})
+
+t.test('each collection is followed by a trim of the C heap, and the RSS after both sets the level', async (t) => {
+  let rss = 100 * MiB
+  const calls: string[] = []
+  // The collection frees the JS garbage but its buffers' heap stays mapped; only the trim returns it.
+  const stop = startIdleCollection({ intervalMs: INTERVAL_MS, idleBelow: 0.5, growthBytes: 64 * MiB, rss: () => rss, collect: () => { calls.push('collect') }, trim: () => { calls.push('trim'); rss = 105 * MiB } }, {})
+  t.teardown(stop)
+  rss = 700 * MiB
+  spin(INTERVAL_MS * 3)
+  for (let i = 0; i < 20 && calls.length < 2; i++) await sleep(INTERVAL_MS / 4)
+  t.same(calls, ['collect', 'trim'], 'collected, then trimmed')
+  await sleep(INTERVAL_MS * 6)
+  t.same(calls, ['collect', 'trim'], 'RSS after the trim is the level: not tried again')
+  spin(INTERVAL_MS * 3)
+  await sleep(INTERVAL_MS * 5)
+  t.same(calls, ['collect', 'trim'], 'work again, but RSS is not 64 MiB above 105 MiB: nothing')
 })
 
 t.test('NYALA_IDLE_GC=0 turns it off', async (t) => {

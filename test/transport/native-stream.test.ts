@@ -1,0 +1,189 @@
+/**
+ * The framed connection over the native transport (epoll and io_uring,
+ * transport/native/) on loopback, with a node:net peer: frames split at
+ * every byte, a large write to a peer that does not read (the kernel takes
+ * part, the rest waits for writability, and arrives whole and in order),
+ * pause and resume, half-close after the flush, reset, and the peer's
+ * close. Skipped, with the reason, where the addon is not built.
+ */
+import t from 'tap'
+import { connect, type Socket } from 'node:net'
+import { once } from 'node:events'
+import { ErrorCode, type RpcError } from '../../codec/errors.js'
+import { krpcFraming } from '../../codec/krpc/frames.js'
+import { FramedConnection } from '../../transport/framed-connection.js'
+import type { NativeReactor, NativeListener } from '../../transport/native/reactor.js'
+import type { NativeStream } from '../../transport/native/native-stream.js'
+import { nativeBackends } from '../helpers/native.js'
+
+function frame (body: string | Buffer): Buffer {
+  const bytes = typeof body === 'string' ? Buffer.from(body, 'latin1') : body
+  const out = Buffer.alloc(4 + bytes.length)
+  out.writeUInt32BE(bytes.length, 0)
+  bytes.copy(out, 4)
+  return out
+}
+
+interface Pair {
+  client: Socket
+  connection: FramedConnection
+  stream: NativeStream
+  frames: string[]
+  closes: Array<RpcError | undefined>
+  listener: NativeListener
+  /** Every stream the listener accepted (the first is `stream`). */
+  accepted: NativeStream[]
+}
+
+/** A native listener, one node:net client, and the server side's framed connection. */
+async function pair (reactor: NativeReactor, onFrame?: (body: string, connection: FramedConnection) => void): Promise<Pair> {
+  let first!: (stream: NativeStream) => void
+  const streamP = new Promise<NativeStream>((resolve) => { first = resolve })
+  const accepted: NativeStream[] = []
+  const listener = await reactor.listen(0, '127.0.0.1', {}, { onStream: (s) => { accepted.push(s); first(s) }, onAcceptError: () => {} })
+  const client = connect(listener.address.port, '127.0.0.1')
+  await once(client, 'connect')
+  const stream = await streamP
+  const connection = new FramedConnection(stream, { framing: krpcFraming, readPath: 'onread' })
+  const frames: string[] = []
+  const closes: Array<RpcError | undefined> = []
+  connection.attach({
+    onFrame: (buf, start, end) => {
+      const body = buf.toString('latin1', start + 4, end)
+      frames.push(body)
+      onFrame?.(body, connection)
+      return true
+    },
+    onClose: (error) => { closes.push(error) }
+  })
+  return { client, connection, stream, frames, closes, listener, accepted }
+}
+
+async function until (check: () => boolean, what: string, turns = 2000): Promise<void> {
+  for (let i = 0; i < turns; i++) {
+    if (check()) return
+    await new Promise((resolve) => setTimeout(resolve, 2))
+  }
+  throw new Error(`timed out waiting for ${what}`)
+}
+
+function done (p: Pair): void {
+  p.client.destroy()
+  p.connection.destroy()
+  for (const s of p.accepted) s.close()
+  p.listener.close()
+}
+
+for (const { backend, reactor, skip } of nativeBackends()) {
+  t.test(`${backend}: the native transport`, { skip }, async (t) => {
+    const r = reactor!
+
+    t.test('frames written a byte at a time arrive whole and in order; answers go back', async (t) => {
+      const p = await pair(r, (body, connection) => { connection.send({ slices: [frame(`re:${body}`)], bytes: body.length + 7 }) })
+      const bodies = ['a', 'hello', 'x'.repeat(300), 'end']
+      const wire = Buffer.concat(bodies.map(frame))
+      const received: Buffer[] = []
+      p.client.on('data', (chunk: Buffer) => received.push(chunk))
+      for (let i = 0; i < wire.length; i++) {
+        p.client.write(wire.subarray(i, i + 1))
+        if (i % 16 === 0) await new Promise((resolve) => setImmediate(resolve))
+      }
+      await until(() => p.frames.length === bodies.length, 'the frames')
+      t.same(p.frames, bodies)
+      const answers = Buffer.concat(bodies.map((b) => frame(`re:${b}`)))
+      await until(() => Buffer.concat(received).length >= answers.length, 'the answers')
+      t.ok(Buffer.concat(received).equals(answers), 'every answer, in order')
+      t.same(p.closes, [])
+      done(p)
+    })
+
+    t.test('a large write to a peer that does not read: the rest waits for writability, then arrives whole', async (t) => {
+      const p = await pair(r)
+      p.client.pause()
+      const big = Buffer.alloc(8 << 20)
+      for (let i = 0; i < big.length; i++) big[i] = i % 251
+      let drains = 0
+      p.connection.onDrain = () => { drains++ }
+      p.connection.send({ slices: [frame(big)], bytes: big.length + 4 })
+      await until(() => p.connection.isBackedUp, 'the queue to back up')
+      t.ok(p.stream.writableLength > 0, 'the stream holds what the kernel refused')
+      t.ok(p.stream.writeQueueBytes > 0, 'and counts it as not taken')
+      const received: Buffer[] = []
+      p.client.on('data', (chunk: Buffer) => received.push(chunk))
+      p.client.resume()
+      await until(() => received.reduce((n, c) => n + c.length, 0) >= big.length + 4, 'the whole write', 5000)
+      const all = Buffer.concat(received)
+      t.equal(all.readUInt32BE(0), big.length)
+      t.ok(all.subarray(4).equals(big), 'every byte, in order')
+      t.ok(drains > 0, 'the connection heard the stream turn writable')
+      t.equal(p.stream.writableLength, 0)
+      done(p)
+    })
+
+    t.test('paused, nothing is delivered; resumed, everything is', async (t) => {
+      const p = await pair(r)
+      p.connection.pauseReading()
+      p.client.write(Buffer.concat([frame('one'), frame('two')]))
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      t.same(p.frames, [], 'no frame while paused')
+      p.connection.resumeReading()
+      await until(() => p.frames.length === 2, 'the frames')
+      t.same(p.frames, ['one', 'two'])
+      done(p)
+    })
+
+    t.test('half-close: the queued answer goes out, then FIN', async (t) => {
+      const p = await pair(r)
+      const received: Buffer[] = []
+      p.client.on('data', (chunk: Buffer) => received.push(chunk))
+      const ended = once(p.client, 'end')
+      p.connection.send({ slices: [frame('bye')], bytes: 7 })
+      p.connection.endAfterFlush()
+      await ended
+      t.ok(Buffer.concat(received).equals(frame('bye')))
+      await until(() => p.closes.length === 1, 'the close')
+      done(p)
+    })
+
+    t.test('reset: the peer sees ECONNRESET', async (t) => {
+      const p = await pair(r)
+      const error = once(p.client, 'error')
+      p.connection.reset()
+      const [err] = await error as [NodeJS.ErrnoException]
+      t.equal(err.code, 'ECONNRESET')
+      done(p)
+    })
+
+    t.test("the peer's close closes the connection, and the peer's reset too", async (t) => {
+      const p = await pair(r)
+      p.client.end()
+      await until(() => p.closes.length === 1, 'the close')
+      t.equal(p.closes[0]?.code, ErrorCode.CONNECTION_CLOSED)
+      done(p)
+      const q = await pair(r)
+      q.client.resetAndDestroy()
+      await until(() => q.closes.length === 1, 'the close after a reset')
+      t.equal(q.closes[0]?.code, ErrorCode.CONNECTION_CLOSED)
+      done(q)
+    })
+
+    t.test('a client connection through the reactor', async (t) => {
+      const server = await pair(r, (body, connection) => { connection.send({ slices: [frame(`re:${body}`)], bytes: body.length + 7 }) })
+      const stream = await r.connect(server.listener.address.port, '127.0.0.1')
+      const frames: string[] = []
+      const client = new FramedConnection(stream, { framing: krpcFraming })
+      client.attach({ onFrame: (buf, start, end) => { frames.push(buf.toString('latin1', start + 4, end)); return true }, onClose: () => {} })
+      // The pair's own node:net client stays idle; this one goes through the reactor to the same listener.
+      await until(() => server.accepted.length === 2, 'the second accept')
+      const far = new FramedConnection(server.accepted[1]!, { framing: krpcFraming })
+      far.attach({ onFrame: (buf, start, end) => { far.send({ slices: [frame(`re:${buf.toString('latin1', start + 4, end)}`)], bytes: end - start + 3 }); return true }, onClose: () => {} })
+      client.send({ slices: [frame('ping')], bytes: 8 })
+      await until(() => frames.length === 1, 'the answer')
+      t.same(frames, ['re:ping'])
+      await t.rejects(r.connect(1, '127.0.0.1'), { code: 'ECONNREFUSED' }, 'a refused connect rejects with the errno')
+      client.destroy()
+      far.destroy()
+      done(server)
+    })
+  })
+}
