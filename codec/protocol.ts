@@ -307,6 +307,15 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * id (DNS over TCP lets a client repeat an id, RFC 7766).
    */
   readonly duplicateIds?: 'close' | 'allow'
+  /**
+   * `'concurrent'` (default): a connection's calls run as workers take
+   * them, several at once. `'sequential'`: one at a time per connection,
+   * in arrival order, each after the previous one was answered (a
+   * session: PostgreSQL, Redis's MULTI, an MQTT session); pipelined bytes
+   * are still read. A route group may say otherwise
+   * (`RouteGroupOptions.execution`). See docs/scheduling.md.
+   */
+  readonly execution?: 'concurrent' | 'sequential'
   /** The largest frame accepted; the server's `maxMessageBytes` option overrides it. Default 50 MiB. */
   readonly maxFrameBytes?: number
   /**

@@ -36,6 +36,9 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   #resolveClosed: () => void = noop
   #writable = true
   #checkArmed = false
+  /** Reading held by `pauseReading`, and by the session order (the two share the connection's application hold). */
+  #paused = false
+  #orderHeld = false
   /** Marked a session by `markSession`. */
   #session = false
   /** The groups it belongs to: it leaves them when it closes. Internal. */
@@ -116,11 +119,20 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   }
 
   pauseReading (): void {
+    this.#paused = true
     this.#sc?.connection.holdReading()
   }
 
   resumeReading (): void {
-    this.#sc?.connection.releaseReading()
+    this.#paused = false
+    if (!this.#orderHeld) this.#sc?.connection.releaseReading()
+  }
+
+  /** Stops reading while the connection's sequential calls are at their bound (session-order.ts), or reads again unless `pauseReading` holds it. Internal. */
+  holdForOrder (stop: boolean): void {
+    this.#orderHeld = stop
+    if (stop) this.#sc?.connection.holdReading()
+    else if (!this.#paused) this.#sc?.connection.releaseReading()
   }
 
   // Past the high watermark: watch the bytes fall, on each 'drain' of the

@@ -111,7 +111,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#outbound = budgets.outbound
     this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit, () => this.#outbound.isOver)
     this.metrics.limitCounters = () => ctx.counters.limitCounters(this.#inbound.closedConnections, this.#outbound.pauses)
-    this.#dispatch = new CallDispatch(ctx, this.metrics)
+    this.#dispatch = new CallDispatch(ctx, this.metrics, this.#admission.maxConnections)
     // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.
     this.#guards = new ConnectionGuards(this.#clock, this.#connections, [this.#dispatch.abandonment, this.#pushes, this.#admission, this.#slowConsumers, scan])
     // Paused on accept: nothing is read before #onAccept moves the socket to
