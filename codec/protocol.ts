@@ -229,13 +229,13 @@ export type AnswerSlices = Uint8Array[] | null
  * `'in-order'` protocols, answers that wait for an earlier one (their
  * handlers finished first) follow the push.
  */
-export interface ConnectionHandle {
+export interface ConnectionHandle<State = unknown> {
   /** `ip:port` of the peer. */
   readonly remoteAddress: string
   /** Who the connection's set-up said the peer is; '' without one. */
   readonly user: string
-  /** The protocol's own state of the connection (`ServerProtocol.connectionState`). */
-  readonly state: unknown
+  /** The protocol's own state of the connection (`ServerProtocol.connectionState`; undefined while it is being made). */
+  readonly state: State
   /** Resolves once the connection has closed (never rejects). */
   readonly closed: Promise<void>
   /** True once the connection has closed. */
@@ -322,7 +322,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * The connection's set-up, if the protocol has one; its result is the
    * connection's peer identity (`user`) for the calls that follow.
    */
-  handshake?: (remoteAddress: string, connection: ConnectionHandle) => Handshake<{
+  handshake?: (remoteAddress: string, connection: ConnectionHandle<State>) => Handshake<{
     /** The peer's identity for its calls (`ctx.user`); left out, the one TLS gave (its certificate's CN) or ''. */
     user?: string
   }>
@@ -333,7 +333,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * `connection` is the connection's handle (`ctx.connection`), which the
    * state may keep to push to it later.
    */
-  connectionState?: (remoteAddress: string, connection: ConnectionHandle) => State
+  connectionState?: (remoteAddress: string, connection: ConnectionHandle<State>) => State
   /**
    * Reads the head of the frame `buf[start, end)` into `head`. Return null
    * to go on, or an error to close the connection (the stream can no

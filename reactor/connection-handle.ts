@@ -42,7 +42,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   /** Marked a session by `markSession`. */
   #session = false
   /** The groups it belongs to: it leaves them when it closes. Internal. */
-  readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
+  readonly groups = new Set<{ delete (member: ConnectionHandle<any>): boolean }>() // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly #check = (): void => this.#checkWritable()
 
   constructor (sc: ConnectionRecord, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {

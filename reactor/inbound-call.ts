@@ -33,7 +33,7 @@ export interface CallContext<State = unknown> {
   /** The protocol's own state of the connection (`ServerProtocol.connectionState`; RESP: the client's name); undefined without one. */
   readonly connectionState: State
   /** The call's connection, for pushes, closing and flow control; it may be kept after the call (see `ConnectionHandle`). */
-  readonly connection: ConnectionHandle
+  readonly connection: ConnectionHandle<State>
   /**
    * Sends one part of a streamed answer now, before the final answer (the
    * handler's result), encoded with the protocol's `encodePart`: in the
