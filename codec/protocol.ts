@@ -258,6 +258,18 @@ export interface ConnectionHandle<State = unknown> {
    */
   markSession: (session?: boolean) => void
   /**
+   * Gives this connection an idle timeout of its own, in place of the
+   * server's `idleTimeoutMs`, from now on: closed (after the protocol's
+   * `lastWords('idle')`) once `ms` pass without activity. 0: never closed
+   * for idleness (a session that may sit quiet: psql, an MQTT client with
+   * keep-alive 0). `inboundOnly`: only bytes from the peer count, not
+   * pushes or answers going out (MQTT's keep-alive: 1.5 × the client's
+   * value). A call in flight always counts as activity. Checked at an
+   * eighth of `ms` (at least 10 ms): the close comes up to ms/8 late.
+   * Callable from `connectionState`, `handshake` or a handler.
+   */
+  setIdleTimeout: (ms: number, options?: { inboundOnly?: boolean }) => void
+  /**
    * Encodes `message` with the protocol's `encodePush` and queues it (at
    * once when the socket is free, coalesced with the turn's other frames).
    * False when the connection is closed, or closed by this send for going
@@ -265,8 +277,13 @@ export interface ConnectionHandle<State = unknown> {
    * when the protocol has no `encodePush`.
    */
   send: (message: unknown) => boolean
-  /** Sends the queued bytes, then ends the connection; nothing more is read. `reason` is logged and reported to close listeners. */
-  close: (reason?: string) => void
+  /**
+   * Sends the queued bytes, then ends the connection; nothing more is
+   * read. `reason` is logged and reported to close listeners. With
+   * `{ reset: true }` the connection is dropped at once with a TCP reset
+   * (the peer sees ECONNRESET; nothing queued is sent).
+   */
+  close: (reason?: string | { reason?: string, reset?: boolean }) => void
   /** False once `bufferedBytes` passed the high watermark, true again (with a `'drain'` event) once it fell to the low one. */
   readonly writable: boolean
   /** Bytes queued for the peer and not taken by the kernel yet (answers waiting for their turn included). */
@@ -391,4 +408,17 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * Without it, `ctx.write` is refused.
    */
   encodePart?: (call: AnsweredCall<Data>, part: unknown, out: FrameSink) => void
+  /**
+   * The protocol's words before a close the server decides itself, sent
+   * after what is already queued, then the connection ends (PostgreSQL's
+   * FATAL, an MQTT 5 DISCONNECT). `reason`: `'idle'` (the server's
+   * `idleTimeoutMs`, or the connection's own `setIdleTimeout`),
+   * `'frame-timeout'` (a frame not complete within `frameTimeoutMs`),
+   * `'slow-frame'` (below `minFrameBytesPerSecond`), `'inbound-budget'`
+   * (the server's inbound buffers passed their budget), `'age'`
+   * (`maxConnectionAgeMs`), `'shutdown'` (`close()`). Null or `[]`: none.
+   * At most 64 KiB, flushed within 1 s (then the connection is destroyed
+   * anyway); not asked for a connection still in set-up. Must not throw.
+   */
+  lastWords?: (reason: 'idle' | 'frame-timeout' | 'slow-frame' | 'inbound-budget' | 'age' | 'shutdown', state: State) => AnswerSlices
 }

@@ -5,6 +5,7 @@ import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { PushOutputLimit } from './push-output-limit.js'
 import type { ServerContext } from './server-context.js'
 import type { ConnectionRecord } from './connection-record.js'
+import { IdleTimer } from './idle-timer.js'
 
 export type { WriteWatermarks } from './server-options.js'
 
@@ -39,6 +40,8 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   /** Reading held by `pauseReading`, and by the session order (the two share the connection's application hold). */
   #paused = false
   #orderHeld = false
+  /** Its own idle timeout (`setIdleTimeout`); null while the server's applies. */
+  #idle: IdleTimer | null = null
   /** Marked a session by `markSession`. */
   #session = false
   /** The groups it belongs to: it leaves them when it closes. Internal. */
@@ -75,6 +78,15 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     this.#session = session
   }
 
+  setIdleTimeout (ms: number, options: { inboundOnly?: boolean } = {}): void {
+    const sc = this.#sc
+    if (sc === null) return
+    if (!(Number.isFinite(ms) && ms >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `setIdleTimeout needs a number of ms of at least 0, got ${ms}`)
+    // The server's idle close no longer applies to this connection.
+    sc.scan.ownIdle = true
+    ;(this.#idle ??= new IdleTimer(this.#ctx, sc)).set(ms, options.inboundOnly === true)
+  }
+
   /** The protocol that encodes its pushes (groups encode once per protocol). Internal. */
   get protocol (): ServerProtocol {
     return this.#ctx.protocol
@@ -97,15 +109,22 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     return sent
   }
 
-  // What is queued goes out, then the connection ends.
-  close (reason?: string): void {
+  // What is queued goes out, then the connection ends; with `reset`, an RST at once.
+  close (how?: string | { reason?: string, reset?: boolean }): void {
     const sc = this.#sc
     if (sc === null) return
     const connection = sc.connection
     if (connection.isClosed) return
-    if (reason !== undefined) this.#ctx.log.info(`closing ${sc.remoteAddress}: ${reason}`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+    const reason = typeof how === 'string' ? how : how?.reason
+    const reset = typeof how === 'object' && how.reset === true
+    if (reason !== undefined) this.#ctx.log.info(`closing ${sc.remoteAddress}${reset ? ' with a reset' : ''}: ${reason}`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+    const error = new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`)
+    if (reset) {
+      connection.reset(error)
+      return
+    }
     sc.answers.requestClose(-1)
-    connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`))
+    connection.endAfterFlush(error)
   }
 
   get writable (): boolean {
@@ -172,6 +191,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     this.#user = sc.peer.user
     this.#state = sc.state
     this.#sc = null
+    this.#idle?.stop()
     sc.connection.onDrain = null
     for (const group of this.groups) group.delete(this)
     this.groups.clear()

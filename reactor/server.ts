@@ -35,6 +35,7 @@ import {
 import { TlsAccept } from './tls-accept.js'
 import { startIdleCollection } from './idle-collection.js'
 import { ListenError } from './listen-error.js'
+import { sayLastWords } from './last-words.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -310,8 +311,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const finish = (flush = true): void => {
         this.#dispatch.whenDrained(null)
         for (const sc of [...this.#connections]) {
-          if (flush) sc.connection.endAfterFlush()
-          else sc.connection.flushAndDestroy()
+          // Drained: the protocol's last words ('shutdown'), if it has any, then the end.
+          if (flush) {
+            if (!sayLastWords(this.#ctx, sc, 'shutdown')) sc.connection.endAfterFlush()
+          } else sc.connection.flushAndDestroy()
         }
         if (this.#connections.size === 0 && graceTimer !== null) {
           this.#clock.clearTimer(graceTimer)
