@@ -28,8 +28,18 @@ export interface Handshake<T> {
    * Takes each whole frame the peer sends during the set-up (a copy it may
    * keep) and says what comes next; bytes after the frame wait while a
    * returned promise is pending. A throw or a rejection fails the set-up.
+   * `pipelined`: bytes the peer sent behind this frame that have already
+   * arrived (it did not wait for an answer): PostgreSQL refuses data sent
+   * behind an SSLRequest (CVE-2021-23214).
    */
-  onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  onFrame: (frame: Buffer, pipelined: number) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  /**
+   * Where the set-up's frames end, when not where the protocol's do
+   * (PostgreSQL's untyped start-up packets before its typed messages);
+   * a step may switch it (`HandshakeStep.framing`). Once the set-up is
+   * done, the protocol's `framing` reads the rest.
+   */
+  framing?: Framing | ScanFraming | undefined
   /**
    * Largest frame accepted while the handshake runs (checked as early as
    * the framing allows, like `maxFrameBytes`, which applies again once it
@@ -58,6 +68,14 @@ export interface HandshakeStep<T> {
   done?: T | undefined
   /** The set-up failed: what is queued is sent, then the connection closes with this error. */
   error?: RpcError | undefined
+  /**
+   * The set-up is over without a failure and without a session: `send`
+   * goes out, then the connection ends (PostgreSQL's CancelRequest, a
+   * health probe). Nothing is logged as a failed negotiation.
+   */
+  close?: boolean | undefined
+  /** Frames after this one are read with this framing (until `done`, when the protocol's own takes over). */
+  framing?: Framing | ScanFraming | undefined
 }
 
 /** A connection's stream after a handshake's `upgrade` (TLS over its socket). */
@@ -339,7 +357,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * The connection's set-up, if the protocol has one; its result is the
    * connection's peer identity (`user`) for the calls that follow.
    */
-  handshake?: (remoteAddress: string, connection: ConnectionHandle<State>) => Handshake<{
+  handshake?: (remoteAddress: string, connection: ConnectionHandle) => Handshake<{
     /** The peer's identity for its calls (`ctx.user`); left out, the one TLS gave (its certificate's CN) or ''. */
     user?: string
   }>
@@ -350,7 +368,7 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * `connection` is the connection's handle (`ctx.connection`), which the
    * state may keep to push to it later.
    */
-  connectionState?: (remoteAddress: string, connection: ConnectionHandle<State>) => State
+  connectionState?: (remoteAddress: string, connection: ConnectionHandle) => State
   /**
    * Reads the head of the frame `buf[start, end)` into `head`. Return null
    * to go on, or an error to close the connection (the stream can no
@@ -390,9 +408,11 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * The protocol's words for a request the server answers itself (see
    * `RefusalReason`): the answer's bytes, an empty array for no answer, or
    * null to close the connection instead. `detail` is the handler's error
-   * (`failed`) or the `InvalidRequest`'s detail (`invalid`).
+   * (`failed`) or the `InvalidRequest`'s detail (`invalid`). `state` is the
+   * connection's (`connectionState`; undefined without one): PostgreSQL's
+   * refusal depends on whether the session is in a transaction.
    */
-  refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
+  refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown, state?: State) => AnswerSlices
   /**
    * Encodes a message the server sends unasked (`ctx.connection.send`,
    * `ConnectionGroup.send`: a publish/subscribe message, a notification)

@@ -71,7 +71,7 @@ export class CallDispatch {
   /** `onCallEnd` observers; null while there is none (the common case costs one check per call). */
   #observers: CallEndObserver[] | null = null
   /** Sequential groups: each connection's calls one at a time (session-order.ts). */
-  readonly #sessions: SessionOrder
+  readonly #sessions: SessionOrder<InboundCall>
 
   /** `maxSessions`: the connections the server admits (a sequential group's default workers). */
   constructor (ctx: ServerContext<ConnectionRecord>, metrics: ServerMetrics, maxSessions: number) {
@@ -286,7 +286,7 @@ export class CallDispatch {
     this.#counters.callFailed()
     if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
     const answers = sc.answers
-    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail))
+    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail, sc.state))
     return !sc.connection.isClosed && !answers.closing
   }
 
@@ -466,7 +466,7 @@ export class CallDispatch {
     if (this.#observers !== null && owned) this.#ended(call, answers === undefined ? 'closed' : reason, answers === undefined ? 'the connection closed before the answer was sent' : message, detail)
     if (answers !== undefined) {
       this.#counters.callFailed()
-      this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail))
+      this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail, call.connectionState))
       if (call.closeAfter) this.#order.closeAfter(answers)
     }
     if (call.session !== null) this.#sessions.left(call)

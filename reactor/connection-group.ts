@@ -3,9 +3,6 @@ import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import { ServerConnectionHandle } from './connection-handle.js'
 
-/** The `data` argument of `ConnectionGroup.add`: optional when the group's member data may be undefined. */
-type MemberData<Member> = undefined extends Member ? [data?: Member] : [data: Member]
-
 /**
  * A set of connections that receive the same pushes: a channel's
  * subscribers, a room, every connection of a tenant. `send` encodes a
@@ -24,10 +21,11 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
 
   /**
    * Adds `connection` (a handle the server gave: `ctx.connection`) with its
-   * `data`; a member already in the group gets the new data. A closed
+   * `data` (optional when `Member` admits undefined); a member already in
+   * the group gets the new data. A closed
    * connection is not added. Returns the group.
    */
-  add (connection: ConnectionHandle<State>, ...data: MemberData<Member>): this {
+  add (connection: ConnectionHandle<State>, ...data: undefined extends Member ? [data?: Member] : [data: Member]): this {
     const member = asServerHandle(connection)
     if (member.isClosed) return this
     this.#members.set(member, data[0] as Member)

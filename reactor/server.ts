@@ -12,13 +12,13 @@ import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
-import { FramedConnection, type Handshake } from '../transport/framed-connection.js'
+import { FramedConnection } from '../transport/framed-connection.js'
 import { CallDispatch, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
 import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type Watermarks } from './connection-handle.js'
 import type { CallEndObserver, Filter } from './filters.js'
 import { PushOutputLimit } from './push-output-limit.js'
 import { ServerMetrics } from './metrics.js'
-import type { Logger, RateLimitedLog } from './logger.js'
+import type { Logger } from './logger.js'
 import { ConnectionRecord } from './connection-record.js'
 import type { InboundBudget } from '../transport/inbound-budget.js'
 import type { OutboundBudget } from './outbound-budget.js'
@@ -29,13 +29,14 @@ import { ConnectionScan } from './connection-scan.js'
 import { ServerContext, type ResolvedServerOptions } from './server-context.js'
 import { SlowConsumerWatch } from './slow-consumer.js'
 import {
-  DEFAULT_MAX_NEGOTIATION_BYTES, tlsHandshakeTimeoutOf, writeWatermarksOf,
+  tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
 import { startIdleCollection } from './idle-collection.js'
 import { ListenError } from './listen-error.js'
 import { sayLastWords } from './last-words.js'
+import { ConnectionSetUp } from './connection-set-up.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -72,8 +73,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   readonly #watermarks: Watermarks
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  // Peers choose how often this happens: rate-limited.
-  readonly #logNegotiationFailed: RateLimitedLog
+  /** The protocol's set-up of each new connection (connection-set-up.ts). */
+  readonly #setUp: ConnectionSetUp
   /** Where #listen was asked to listen, for messages. */
   #listenAddress: string | null = null
   readonly #net: NetServer
@@ -99,10 +100,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#log = ctx.log
     this.#connections = ctx.connections
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    this.#logNegotiationFailed = ctx.rateLimitedLog()
     const scan = new ConnectionScan(ctx)
     this.#admission = new Admission(ctx)
     this.#negotiating = this.#admission.negotiating
+    this.#setUp = new ConnectionSetUp(ctx, this.#negotiating)
     this.#slowConsumers = new SlowConsumerWatch(ctx)
     this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
@@ -424,7 +425,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onClose: (error) => this.#onClose(sc, error)
     })
     if (secure === null) {
-      this.#setUp(sc, remoteAddress)
+      this.#setUp.start(sc, remoteAddress)
       return
     }
     // In its TLS handshake the connection counts as negotiating (admission, eviction, close()).
@@ -432,47 +433,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#tls!.handshake(sc, secure, (user) => {
       this.#negotiating.delete(sc)
       if (user !== '') sc.setPeer(user, sc.handle!)
-      this.#setUp(sc, remoteAddress)
-    })
-  }
-
-  // The protocol's set-up of a new connection (none: ready at once).
-  #setUp (sc: ConnectionRecord, remoteAddress: string): void {
-    const connection = sc.connection
-    const setUp = this.#protocol.handshake
-    if (setUp === undefined) {
-      sc.markReady()
-      return
-    }
-    this.#negotiating.add(sc)
-    const protocolHandshake = setUp(remoteAddress, sc.handle!)
-    const handshake: Handshake<{ user?: string }> = {
-      ...protocolHandshake,
-      maxFrameBytes: Math.min(protocolHandshake.maxFrameBytes ?? Infinity, this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES),
-      onFrame: (frame) => {
-        const step = protocolHandshake.onFrame(frame)
-        const record = (s: Awaited<typeof step>): typeof s => {
-          if (s.done !== undefined) {
-            sc.markReady()
-            sc.setPeer(s.done.user ?? sc.peer.user, sc.handle!)
-            this.#negotiating.delete(sc)
-          }
-          return s
-        }
-        return step instanceof Promise ? step.then(record) : record(step)
-      }
-    }
-    const timer = this.#clock.setTimer(() => {
-      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `negotiation with ${remoteAddress} timed out after ${this.#options.negotiationTimeoutMs} ms`))
-    }, this.#options.negotiationTimeoutMs)
-    connection.handshake(handshake).then(() => {
-      this.#clock.clearTimer(timer)
-    }, (error: RpcError) => {
-      this.#clock.clearTimer(timer)
-      const fields = { protocol: this.#protocol.name, remote: remoteAddress, code: error.code }
-      // A peer that hangs up before set-up (a port probe, a health check) is no fault of anyone's.
-      if (error.code === ErrorCode.CONNECTION_CLOSED) this.#log.info(`negotiation with ${remoteAddress} failed: ${error.message}`, fields)
-      else this.#logNegotiationFailed.log(this.#ctx.warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
+      this.#setUp.start(sc, remoteAddress)
     })
   }
 

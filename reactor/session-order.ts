@@ -9,7 +9,14 @@
 // connection is not read until its queue falls to half.
 import Denque from 'denque'
 import type { RefusalReason } from '../codec/protocol.js'
-import type { InboundCall } from './inbound-call.js'
+
+/** What the session order needs of a call (an `InboundCall`). */
+export interface SequencedCall {
+  /** Its connection's sequential calls while it is one of them; null otherwise. */
+  session: SessionQueue | null
+  /** It asked to close its connection after its answer. */
+  readonly closeAfter: boolean
+}
 
 /** The default bound of one connection's waiting calls (`ServerOptions.sessionQueueLength`). */
 export const DEFAULT_SESSION_QUEUE_LENGTH = 256
@@ -23,8 +30,8 @@ export interface SessionReads {
 /** One connection's sequential calls: the one running (entered the pool or its handler) and those waiting behind it. */
 export class SessionQueue {
   /** The call that entered its group's pool (queued there or running); null when none. */
-  running: InboundCall | null = null
-  readonly waiting = new Denque<InboundCall>()
+  running: SequencedCall | null = null
+  readonly waiting = new Denque<SequencedCall>()
   /** Reading is stopped because `waiting` reached its bound. */
   holding = false
   /** `SessionOrder.left` is starting the next call (a synchronous answer re-enters it). */
@@ -41,21 +48,21 @@ export class SessionQueue {
  * once when the session has none in the pool), and the next one once the
  * head is released (answered, refused, or abandoned).
  */
-export class SessionOrder {
+export class SessionOrder<C extends SequencedCall> {
   readonly #maxWaiting: number
   /** Hands a call to its group: the pool's `submit`, or its handler at once without a pool. */
-  readonly #start: (call: InboundCall) => void
+  readonly #start: (call: C) => void
   /** Answers a call that will not run (its connection closed, or a call before it closed the connection). */
-  readonly #refuse: (call: InboundCall, reason: RefusalReason, message: string) => void
+  readonly #refuse: (call: C, reason: RefusalReason, message: string) => void
 
-  constructor (maxWaiting: number, start: (call: InboundCall) => void, refuse: (call: InboundCall, reason: RefusalReason, message: string) => void) {
+  constructor (maxWaiting: number, start: (call: C) => void, refuse: (call: C, reason: RefusalReason, message: string) => void) {
     this.#maxWaiting = maxWaiting
     this.#start = start
     this.#refuse = refuse
   }
 
   /** A sequential call arrived on `session`'s connection: it starts now, or waits for the ones before it. */
-  enter (session: SessionQueue, call: InboundCall): void {
+  enter (session: SessionQueue, call: C): void {
     call.session = session
     if (session.running === null) {
       session.running = call
@@ -71,7 +78,7 @@ export class SessionOrder {
   }
 
   /** `call` left its connection (answered, refused, abandoned): the next waiting one starts. */
-  left (call: InboundCall): void {
+  left (call: C): void {
     const session = call.session!
     call.session = null
     if (session.running !== call) return
@@ -93,7 +100,7 @@ export class SessionOrder {
         session.reads.holdForOrder(false)
       }
       session.running = next
-      this.#start(next)
+      this.#start(next as C)
     }
     session.starting = false
   }
@@ -104,7 +111,7 @@ export class SessionOrder {
     while (waiting.length > 0) {
       const call = waiting.shift()!
       call.session = null
-      this.#refuse(call, 'shutdown', why)
+      this.#refuse(call as C, 'shutdown', why)
     }
   }
 }

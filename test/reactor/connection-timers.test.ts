@@ -21,7 +21,8 @@ async function pass (clock: FakeClock, ms: number, stepMs = 100): Promise<void> 
 interface Session { handle: ConnectionHandle | null, name: string }
 
 /** Lines with pushes, last words (`-BYE reason name`), and a handler `idle ms [inbound]` that sets the connection's idle timeout. */
-function sessionLines (onState?: (handle: ConnectionHandle) => void): ServerProtocol<string, string | undefined, Session> {
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+function sessionLines (onState?: (handle: ConnectionHandle) => void): ServerProtocol<string, string | undefined, any> {
   return {
     ...(linesProtocol() as unknown as ServerProtocol<string, string | undefined, Session>),
     connectionState: (_remote, handle) => { onState?.(handle); return { handle, name: 'anon' } },
@@ -36,7 +37,7 @@ const handlers = {
     ctx.connection.setIdleTimeout(Number(ms), { inboundOnly: inbound === 'inbound' })
     return 'ok'
   },
-  name: (arg: string, ctx: { connectionState: Session }) => { ctx.connectionState.name = arg; return 'ok' },
+  name: (arg: string, ctx: { connectionState: unknown }) => { (ctx.connectionState as Session).name = arg; return 'ok' },
   ping: () => 'pong'
 }
 
