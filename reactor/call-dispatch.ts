@@ -73,7 +73,6 @@ export class CallDispatch {
   /** Sequential groups: each connection's calls one at a time (session-order.ts). */
   readonly #sessions: SessionOrder<InboundCall>
 
-  /** `maxSessions`: the connections the server admits (a sequential group's default workers). */
   constructor (ctx: ServerContext<ConnectionRecord>, metrics: ServerMetrics, maxSessions: number) {
     const protocol = ctx.protocol
     this.#protocol = protocol
@@ -98,7 +97,9 @@ export class CallDispatch {
     this.#writer = new AnswerWriter(protocol, ctx.log)
     this.#order = protocol.ordering === 'in-order' ? new InOrderAnswers(this.#writer) : new ByIdAnswers(this.#writer, duplicateIds === 'allow')
     this.#abandonment = new Abandonment(ctx, () => this.#routes.groups(), this.#reject)
-    this.#sessions = new SessionOrder(atLeastOne(ctx.options.sessionQueueLength ?? DEFAULT_SESSION_QUEUE_LENGTH, 'sessionQueueLength'), (call) => this.#start(call), this.#reject)
+    // A sequential call's turn: into its group's pool, or to its handler at once without one. `maxSessions`: a sequential group's default workers.
+    this.#sessions = new SessionOrder(atLeastOne(ctx.options.sessionQueueLength ?? DEFAULT_SESSION_QUEUE_LENGTH, 'sessionQueueLength'),
+      (call) => { const pool = (call.route as Route).group.service; if (pool === null) this.#runHandler(call); else pool.submit(call) }, this.#reject)
   }
 
   /** When answers may leave (in request order, or by id): each connection's `answers` are made with it. */
@@ -343,13 +344,6 @@ export class CallDispatch {
     return false
   }
 
-  // A sequential call's turn came: into its group's pool, or its handler at once without one.
-  #start (call: InboundCall): void {
-    const service = (call.route as Route).group.service
-    if (service === null) this.#runHandler(call)
-    else service.submit(call, call === this.#submitting ? this.#lastNow : undefined)
-  }
-
   // Runs the call's handler; the returned promise (async handlers only)
   // settles when the call is answered, which releases its worker.
   #runHandler (call: InboundCall): Promise<void> | undefined {
@@ -454,8 +448,7 @@ export class CallDispatch {
     this.#release(call, settledAt)
     if (inTurn) order.answered(answers, call)
     if (call.closeAfter) order.closeAfter(answers)
-    // Sequential: the connection's next call starts once this one is answered.
-    if (call.session !== null) this.#sessions.left(call)
+    if (call.session !== null) this.#sessions.left(call) // sequential: the connection's next call
     if (this.#drained !== null) this.checkDrained()
   }
 
@@ -464,13 +457,12 @@ export class CallDispatch {
     const owned = call.owner !== null
     const answers = this.#release(call)
     if (this.#observers !== null && owned) this.#ended(call, answers === undefined ? 'closed' : reason, answers === undefined ? 'the connection closed before the answer was sent' : message, detail)
-    if (answers !== undefined) {
-      this.#counters.callFailed()
-      this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail, call.connectionState))
-      if (call.closeAfter) this.#order.closeAfter(answers)
-    }
+    if (answers === undefined) { if (call.session !== null) this.#sessions.left(call); return }
+    this.#counters.callFailed()
+    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail, call.connectionState))
+    if (call.closeAfter) this.#order.closeAfter(answers)
     if (call.session !== null) this.#sessions.left(call)
-    if (answers !== undefined && this.#drained !== null) this.checkDrained()
+    if (this.#drained !== null) this.checkDrained()
   }
 
   // Ends the call's life on its connection; undefined when the connection is gone.
