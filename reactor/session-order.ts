@@ -95,11 +95,12 @@ export class SessionOrder<C extends SequencedCall> {
     const waiting = session.waiting
     while (session.running === null && waiting.length > 0) {
       const next = waiting.shift()!
+      // Running first: reading again may deliver frames at once, and they must queue behind it.
+      session.running = next
       if (session.holding && waiting.length <= this.#maxWaiting >> 1) {
         session.holding = false
         session.reads.holdForOrder(false)
       }
-      session.running = next
       this.#start(next as C)
     }
     session.starting = false
