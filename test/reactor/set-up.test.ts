@@ -47,7 +47,8 @@ interface PgState { tx: 'I' | 'T' }
 /** What each step saw, for the assertions. */
 interface Seen { pipelined: number[], steps: string[] }
 
-function pgLike (seen: Seen): ServerProtocol<string, string, PgState> {
+/** `slow`: the start-up step answers through a promise (an authenticator that looks the user up), so the bytes behind it wait and are read with the framing it switched to. */
+function pgLike (seen: Seen, slow = false): ServerProtocol<string, string, PgState> {
   return {
     name: 'pg-like',
     ordering: 'in-order',
@@ -55,7 +56,7 @@ function pgLike (seen: Seen): ServerProtocol<string, string, PgState> {
     connectionState: () => ({ tx: 'I' }),
     handshake: () => ({
       framing: untyped,
-      onFrame: (frame, pipelined): HandshakeStep<{ user?: string }> => {
+      onFrame: (frame, pipelined): HandshakeStep<{ user?: string }> | Promise<HandshakeStep<{ user?: string }>> => {
         seen.pipelined.push(pipelined)
         if (frame.length >= 5 && frame[0] === 0x70) { // 'p': a typed password message
           seen.steps.push(`password ${frame.toString('latin1', 5)}`)
@@ -75,7 +76,8 @@ function pgLike (seen: Seen): ServerProtocol<string, string, PgState> {
         if (code === PROTOCOL_3) {
           const wantsPassword = frame.toString('latin1', 8) === 'password'
           seen.steps.push(wantsPassword ? 'startup, password' : 'startup')
-          return wantsPassword ? { send: [[message('R', 'password?')]], framing: typed } : { send: [[message('R', 'ok')]], done: {} }
+          const step: HandshakeStep<{ user?: string }> = wantsPassword ? { send: [[message('R', 'password?')]], framing: typed } : { send: [[message('R', 'ok')]], done: {} }
+          return slow ? new Promise(resolve => setTimeout(() => resolve(step), 10)) : step
         }
         return { error: new RpcError(ErrorCode.MALFORMED_FRAME, 'unknown start-up code') }
       }
@@ -92,10 +94,10 @@ function pgLike (seen: Seen): ServerProtocol<string, string, PgState> {
   }
 }
 
-async function serve (t: Test, seen: Seen): Promise<{ port: number, warnings: string[], open: () => Promise<Peer> }> {
+async function serve (t: Test, seen: Seen, slow = false): Promise<{ port: number, warnings: string[], open: () => Promise<Peer> }> {
   const warnings: string[] = []
   const logger = { warn: (m: string) => { warnings.push(m) }, info: () => {}, error: (m: string) => { warnings.push(m) }, debug: () => {} }
-  const server = new ProtocolServer(pgLike(seen), { logger })
+  const server = new ProtocolServer(pgLike(seen, slow), { logger })
   server.addRoutes('pg', {
     Q: (query: string, ctx) => { if (query === 'BEGIN') ctx.connectionState.tx = 'T'; return `${ctx.user || 'trust'}: ${query}` }
   })
@@ -161,4 +163,14 @@ t.test('data pipelined behind an SSLRequest is refused; a CancelRequest closes w
   t.same(seen.steps, ['ssl', 'cancel', 'startup, password', 'password wrong'])
   t.equal(warnings.length, 1, `only the bad password is a failure: ${warnings.join(' | ')}`)
   t.match(warnings[0], /bad password/)
+})
+
+t.test('an asynchronous step that switches the framing: the bytes held behind it are read with the new one', async (t) => {
+  const seen: Seen = { pipelined: [], steps: [] }
+  const { open } = await serve(t, seen, true)
+  const peer = await open()
+  peer.socket.write(Buffer.concat([packet(PROTOCOL_3, 'password'), message('p', 'secret'), message('Q', 'SELECT 2')]))
+  await peer.until(() => peer.text.includes('alice: SELECT 2'), 'answered')
+  t.same(seen.steps, ['startup, password', 'password secret'])
+  t.same(seen.pipelined, [24, 13], 'each frame saw the bytes behind it, held ones included')
 })
