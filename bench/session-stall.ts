@@ -8,7 +8,9 @@
  *
  *   node dist/bench/session-stall.js [--sessions 12] [--sleep-ms 500] [--rounds 5]
  *
- * Prints one JSON line per mode: `{ execution, sessions, sleepMs, quickMs: [...], medianMs }`.
+ * Prints one JSON line per mode: `{ execution, sessions, sleepMs, quickMs: [...], medianMs,
+ * quickRefused, sleepersRefused }`: the quick request's latency each round (a refusal, `busy`,
+ * comes fast too: see `quickRefused`), and the sleepers' requests refused over all rounds.
  */
 import { connect, type Socket } from 'node:net'
 import { once } from 'node:events'
@@ -38,8 +40,9 @@ async function open (port: number): Promise<Socket> {
   return socket
 }
 
-async function answer (socket: Socket): Promise<void> {
-  await once(socket, 'data')
+async function answer (socket: Socket): Promise<string> {
+  const [data] = await once(socket, 'data') as [Buffer]
+  return data.toString('latin1')
 }
 
 for (const execution of ['concurrent', 'sequential'] as const) {
@@ -52,6 +55,8 @@ for (const execution of ['concurrent', 'sequential'] as const) {
   const sleepers = await Promise.all(Array.from({ length: sessions }, () => open(port)))
   const quick = await open(port)
   const quickMs: number[] = []
+  let quickRefused = 0
+  let sleepersRefused = 0
   for (let round = 0; round < rounds; round++) {
     const slept = sleepers.map(answer)
     for (const socket of sleepers) socket.write(`sleep ${sleepMs}\n`)
@@ -59,12 +64,12 @@ for (const execution of ['concurrent', 'sequential'] as const) {
     const start = performance.now()
     const got = answer(quick)
     quick.write('quick 1\n')
-    await got
+    if ((await got).startsWith('-ERR')) quickRefused++
     quickMs.push(Math.round((performance.now() - start) * 10) / 10)
-    await Promise.all(slept)
+    for (const text of await Promise.all(slept)) if (text.startsWith('-ERR')) sleepersRefused++
   }
   for (const socket of [...sleepers, quick]) socket.destroy()
   await server.close({ graceMs: 0 })
   const sorted = [...quickMs].sort((a, b) => a - b)
-  console.log(JSON.stringify({ execution, sessions, sleepMs, quickMs, medianMs: sorted[Math.floor(sorted.length / 2)] }))
+  console.log(JSON.stringify({ execution, sessions, sleepMs, quickMs, medianMs: sorted[Math.floor(sorted.length / 2)], quickRefused, sleepersRefused }))
 }
