@@ -8,11 +8,12 @@ import type { ServicePool } from './service-pool.js'
 import { InboundCall } from './inbound-call.js'
 import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter } from './filters.js'
 import type { ServerMetrics } from './metrics.js'
-import { checkFilters, makeRouteGroup, type RouteGroupParts } from './route-group.js'
+import { MAX_SESSION_WORKERS, checkFilters, makeRouteGroup, type RouteGroupParts } from './route-group.js'
+import { DEFAULT_SESSION_QUEUE_LENGTH, SessionOrder, SessionQueue } from './session-order.js'
 import { RouteTable, type CallExecutor, type Route, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
 import type { ServerContext } from './server-context.js'
 import type { ServerCounters } from './server-counters.js'
-import { groupDefaultsOf, type GroupDefaults } from './server-options.js'
+import { atLeastOne, groupDefaultsOf, type GroupDefaults } from './server-options.js'
 import type { ConnectionRecord } from './connection-record.js'
 
 export type { Handler } from './filters.js'
@@ -69,8 +70,10 @@ export class CallDispatch {
   readonly #filters: Filter[] = []
   /** `onCallEnd` observers; null while there is none (the common case costs one check per call). */
   #observers: CallEndObserver[] | null = null
+  /** Sequential groups: each connection's calls one at a time (session-order.ts). */
+  readonly #sessions: SessionOrder<InboundCall>
 
-  constructor (ctx: ServerContext<ConnectionRecord>, metrics: ServerMetrics) {
+  constructor (ctx: ServerContext<ConnectionRecord>, metrics: ServerMetrics, maxSessions: number) {
     const protocol = ctx.protocol
     this.#protocol = protocol
     this.#ctx = ctx
@@ -81,6 +84,8 @@ export class CallDispatch {
       defaults: this.#defaults,
       pooled: ctx.options.scheduler !== 'direct',
       metrics,
+      execution: protocol.execution ?? 'concurrent',
+      sessionWorkers: Math.min(maxSessions, MAX_SESSION_WORKERS),
       clock: ctx.clock,
       run: this.#run,
       runElsewhere: (call, worker, executor, service) => this.#runElsewhere(call, worker, executor, service),
@@ -92,6 +97,9 @@ export class CallDispatch {
     this.#writer = new AnswerWriter(protocol, ctx.log)
     this.#order = protocol.ordering === 'in-order' ? new InOrderAnswers(this.#writer) : new ByIdAnswers(this.#writer, duplicateIds === 'allow')
     this.#abandonment = new Abandonment(ctx, () => this.#routes.groups(), this.#reject)
+    // A sequential call's turn: into its group's pool, or to its handler at once without one. `maxSessions`: a sequential group's default workers.
+    this.#sessions = new SessionOrder(atLeastOne(ctx.options.sessionQueueLength ?? DEFAULT_SESSION_QUEUE_LENGTH, 'sessionQueueLength'),
+      (call) => { const pool = (call.route as Route).group.service; if (pool === null) this.#runHandler(call); else pool.submit(call) }, this.#reject)
   }
 
   /** When answers may leave (in request order, or by id): each connection's `answers` are made with it. */
@@ -244,7 +252,8 @@ export class CallDispatch {
     call.seq = seq
     sc.inFlight.set(key, call)
     this.#submitting = call
-    if (group.service === null) this.#runHandler(call)
+    if (group.sequential) this.#sessions.enter(sc.sequence ??= new SessionQueue(sc.handle!), call)
+    else if (group.service === null) this.#runHandler(call)
     else group.service.submit(call, this.#lastNow)
     this.#submitting = null
     return !sc.connection.isClosed && !answers.closing
@@ -253,6 +262,7 @@ export class CallDispatch {
   /** The connection closed: its calls' signals abort; handlers still running are watched for abandonment. */
   connectionClosed (sc: ConnectionRecord, error: RpcError | undefined): void {
     if (sc.inFlight.size === 0) return
+    if (sc.sequence !== null) this.#sessions.closed(sc.sequence)
     const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
     for (const call of sc.inFlight.values()) {
       call.abort(reason)
@@ -277,7 +287,7 @@ export class CallDispatch {
     this.#counters.callFailed()
     if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
     const answers = sc.answers
-    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail))
+    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail, sc.state))
     return !sc.connection.isClosed && !answers.closing
   }
 
@@ -404,6 +414,7 @@ export class CallDispatch {
     if (answers === null || answers.connection.isClosed) {
       if (answers !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
       this.#release(call)
+      if (call.session !== null) this.#sessions.left(call)
       return
     }
     const order = this.#order
@@ -422,6 +433,7 @@ export class CallDispatch {
     this.#release(call, settledAt)
     if (inTurn) order.answered(answers, call)
     if (call.closeAfter) order.closeAfter(answers)
+    if (call.session !== null) this.#sessions.left(call) // sequential: the connection's next call
     if (this.#drained !== null) this.checkDrained()
   }
 
@@ -430,10 +442,11 @@ export class CallDispatch {
     const owned = call.owner !== null
     const answers = this.#release(call)
     if (this.#observers !== null && owned) this.#ended(call, answers === undefined ? 'closed' : reason, answers === undefined ? 'the connection closed before the answer was sent' : message, detail)
-    if (answers === undefined) return
+    if (answers === undefined) { if (call.session !== null) this.#sessions.left(call); return }
     this.#counters.callFailed()
-    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail))
+    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail, call.connectionState))
     if (call.closeAfter) this.#order.closeAfter(answers)
+    if (call.session !== null) this.#sessions.left(call)
     if (this.#drained !== null) this.checkDrained()
   }
 

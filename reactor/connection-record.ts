@@ -7,13 +7,14 @@ import { CallTable } from './call-table.js'
 import { ScanRecord } from './connection-scan.js'
 import type { CallPeer, InboundCall } from './inbound-call.js'
 import { PushRecord } from './push-output-limit.js'
+import type { SessionQueue, SessionReads } from './session-order.js'
 
 /**
  * A connection's public handle as the server holds it (a
  * `ServerConnectionHandle`, which holds the ConnectionRecord in turn): handed
  * out as `ctx.connection`, and told when the connection closes.
  */
-export interface ServerHandle extends ConnectionHandle {
+export interface ServerHandle extends ConnectionHandle, SessionReads {
   /** The connection closed: the handle lets go of it. */
   connectionClosed: (error: RpcError | undefined) => void
 }
@@ -37,6 +38,8 @@ export class ConnectionRecord implements FrameCandidate {
   readonly scan: ScanRecord
   /** What the push output limit follows of it (push-output-limit.ts). */
   readonly push = new PushRecord()
+  /** Its sequential calls (session-order.ts), once it has had one; null before. */
+  sequence: SessionQueue | null = null
   /** Closed by a bad frame (already counted). */
   badFrame = false
   /** When the connection closed; -1 while open. */

@@ -13,12 +13,19 @@ import type { ServerMetrics } from './metrics.js'
 import type { CallExecutor, Route, RouteDefinition, RouteGroup, RouteGroupOptions, RouteHandlers } from './route-table.js'
 import type { GroupDefaults } from './server-options.js'
 
+/** The most workers a sequential group gets by default (each parked worker costs a slot and a callback). */
+export const MAX_SESSION_WORKERS = 65_536
+
 /** What a group is built with: the server's defaults, and how the call dispatch runs and refuses its calls. */
 export interface RouteGroupParts {
   readonly defaults: GroupDefaults
   /** Every group queues on workers (the server's `scheduling: 'pooled'`); else only groups with an executor do. */
   readonly pooled: boolean
   readonly metrics: ServerMetrics
+  /** The protocol's `execution`, for groups that do not say. */
+  readonly execution: 'concurrent' | 'sequential'
+  /** The workers of a sequential group by default: one per connection the server admits (`maxConnections`, at most MAX_SESSION_WORKERS). */
+  readonly sessionWorkers: number
   readonly clock: Clock
   /** Runs a call on one of the group's workers, in this process. */
   readonly run: (call: InboundCall, worker: number) => Promise<void> | void
@@ -39,7 +46,11 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
     definitions.set(method, definition as RouteDefinition)
   }
   const pooled = parts.pooled || executor !== null
-  const workers = executor !== null ? executor.workers : options.workers ?? defaults.workers
+  const execution = options.execution ?? parts.execution
+  if (execution !== 'concurrent' && execution !== 'sequential') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `group ${name}: execution must be 'concurrent' or 'sequential', got ${String(execution)}`)
+  const sequential = execution === 'sequential'
+  // A sequential group's pool holds at most one call per connection: by default every session has a slot, so none waits for another's slow call.
+  const workers = executor !== null ? executor.workers : options.workers ?? (sequential ? parts.sessionWorkers : defaults.workers)
   let service: ServicePool | null = null
   const metrics = parts.metrics.addService(name, [...definitions.keys()], {
     workers: pooled ? workers : 0,
@@ -66,6 +77,7 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
     metrics,
     service,
     executor,
+    sequential,
     abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
     maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,
     abandoned: 0,

@@ -52,6 +52,15 @@ export interface RouteGroupOptions<Req = any, Res = any, State = any> {
   executor?: CallExecutor<any>
   /** Filters around this group's handlers, inside the server's own (`ProtocolServer.use`); the first is outermost. */
   filters?: Array<Filter<Req, Res, State>>
+  /**
+   * `'sequential'`: one connection's calls of this group run one at a time,
+   * in arrival order, each after the previous one was answered (a session:
+   * PostgreSQL, Redis, MQTT); only a connection's head call enters the
+   * group's queue, so `workers` counts sessions and defaults to
+   * `maxConnections`. `'concurrent'`: every call enters the queue at once.
+   * Default: the protocol's `execution`, else `'concurrent'`. See docs/scheduling.md.
+   */
+  execution?: 'concurrent' | 'sequential'
 }
 
 /** A registered group of routes: its queue and workers, its metrics, its filters. Internal. */
@@ -62,6 +71,8 @@ export interface RouteGroup {
   /** null in `direct` mode. */
   readonly service: ServicePool | null
   readonly executor: CallExecutor | null
+  /** Its calls run one at a time per connection (`execution: 'sequential'`). */
+  readonly sequential: boolean
   readonly abandonAfterMs: number
   readonly maxAbandoned: number
   /** Abandoned handlers that have not settled yet. */

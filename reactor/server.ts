@@ -12,13 +12,13 @@ import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
-import { FramedConnection, type Handshake } from '../transport/framed-connection.js'
+import { FramedConnection } from '../transport/framed-connection.js'
 import { CallDispatch, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
 import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type Watermarks } from './connection-handle.js'
 import type { CallEndObserver, Filter } from './filters.js'
 import { PushOutputLimit } from './push-output-limit.js'
 import { ServerMetrics } from './metrics.js'
-import type { Logger, RateLimitedLog } from './logger.js'
+import type { Logger } from './logger.js'
 import { ConnectionRecord } from './connection-record.js'
 import type { InboundBudget } from '../transport/inbound-budget.js'
 import type { OutboundBudget } from './outbound-budget.js'
@@ -29,7 +29,7 @@ import { ConnectionScan } from './connection-scan.js'
 import { ServerContext, type ResolvedServerOptions } from './server-context.js'
 import { SlowConsumerWatch } from './slow-consumer.js'
 import {
-  DEFAULT_MAX_NEGOTIATION_BYTES, tlsHandshakeTimeoutOf, writeWatermarksOf,
+  tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
@@ -37,6 +37,8 @@ import { startIdleCollection } from './idle-collection.js'
 import { ServerListener } from './server-listener.js'
 import type { NativeStream } from '../transport/native/native-stream.js'
 import type { ByteStream } from '../transport/byte-stream.js'
+import { sayLastWords } from './last-words.js'
+import { ConnectionSetUp } from './connection-set-up.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -73,8 +75,8 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   readonly #watermarks: Watermarks
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  // Peers choose how often this happens: rate-limited.
-  readonly #logNegotiationFailed: RateLimitedLog
+  /** The protocol's set-up of each new connection (connection-set-up.ts). */
+  readonly #setUp: ConnectionSetUp
   /** Where #listen was asked to listen, for messages. */
   #listenAddress: string | null = null
   readonly #net: ServerListener
@@ -102,10 +104,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#log = ctx.log
     this.#connections = ctx.connections
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    this.#logNegotiationFailed = ctx.rateLimitedLog()
     const scan = new ConnectionScan(ctx)
     this.#admission = new Admission(ctx)
     this.#negotiating = this.#admission.negotiating
+    this.#setUp = new ConnectionSetUp(ctx, this.#negotiating)
     this.#slowConsumers = new SlowConsumerWatch(ctx)
     this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
@@ -115,7 +117,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#outbound = budgets.outbound
     this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit, () => this.#outbound.isOver)
     this.metrics.limitCounters = () => ctx.counters.limitCounters(this.#inbound.closedConnections, this.#outbound.pauses)
-    this.#dispatch = new CallDispatch(ctx, this.metrics)
+    this.#dispatch = new CallDispatch(ctx, this.metrics, this.#admission.maxConnections)
     // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.
     this.#guards = new ConnectionGuards(this.#clock, this.#connections, [this.#dispatch.abandonment, this.#pushes, this.#admission, this.#slowConsumers, scan])
     this.#net = new ServerListener({
@@ -291,8 +293,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const finish = (flush = true): void => {
         this.#dispatch.whenDrained(null)
         for (const sc of [...this.#connections]) {
-          if (flush) sc.connection.endAfterFlush()
-          else sc.connection.flushAndDestroy()
+          // Drained: the protocol's last words ('shutdown'), if it has any, then the end.
+          if (flush) {
+            if (!sayLastWords(this.#ctx, sc, 'shutdown')) sc.connection.endAfterFlush()
+          } else sc.connection.flushAndDestroy()
         }
         if (this.#connections.size === 0 && graceTimer !== null) {
           this.#clock.clearTimer(graceTimer)
@@ -420,7 +424,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onClose: (error) => this.#onClose(sc, error)
     })
     if (secure === null) {
-      this.#setUp(sc, remoteAddress)
+      this.#setUp.start(sc, remoteAddress)
       return
     }
     // In its TLS handshake the connection counts as negotiating (admission, eviction, close()).
@@ -428,47 +432,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#tls!.handshake(sc, secure, (user) => {
       this.#negotiating.delete(sc)
       if (user !== '') sc.setPeer(user, sc.handle!)
-      this.#setUp(sc, remoteAddress)
-    })
-  }
-
-  // The protocol's set-up of a new connection (none: ready at once).
-  #setUp (sc: ConnectionRecord, remoteAddress: string): void {
-    const connection = sc.connection
-    const setUp = this.#protocol.handshake
-    if (setUp === undefined) {
-      sc.markReady()
-      return
-    }
-    this.#negotiating.add(sc)
-    const protocolHandshake = setUp(remoteAddress, sc.handle!)
-    const handshake: Handshake<{ user?: string }> = {
-      ...protocolHandshake,
-      maxFrameBytes: Math.min(protocolHandshake.maxFrameBytes ?? Infinity, this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES),
-      onFrame: (frame) => {
-        const step = protocolHandshake.onFrame(frame)
-        const record = (s: Awaited<typeof step>): typeof s => {
-          if (s.done !== undefined) {
-            sc.markReady()
-            sc.setPeer(s.done.user ?? sc.peer.user, sc.handle!)
-            this.#negotiating.delete(sc)
-          }
-          return s
-        }
-        return step instanceof Promise ? step.then(record) : record(step)
-      }
-    }
-    const timer = this.#clock.setTimer(() => {
-      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `negotiation with ${remoteAddress} timed out after ${this.#options.negotiationTimeoutMs} ms`))
-    }, this.#options.negotiationTimeoutMs)
-    connection.handshake(handshake).then(() => {
-      this.#clock.clearTimer(timer)
-    }, (error: RpcError) => {
-      this.#clock.clearTimer(timer)
-      const fields = { protocol: this.#protocol.name, remote: remoteAddress, code: error.code }
-      // A peer that hangs up before set-up (a port probe, a health check) is no fault of anyone's.
-      if (error.code === ErrorCode.CONNECTION_CLOSED) this.#log.info(`negotiation with ${remoteAddress} failed: ${error.message}`, fields)
-      else this.#logNegotiationFailed.log(this.#ctx.warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
+      this.#setUp.start(sc, remoteAddress)
     })
   }
 
