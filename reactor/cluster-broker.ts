@@ -86,7 +86,8 @@ export class ClusterBroker {
           grant: (reactor, id) => this.#push(reactor, ['grant', name, id]),
           refuse: (reactor, id, reason) => this.#push(reactor, ['refuse', name, id, reason]),
           recall: (reactor) => this.#push(reactor, ['recall', name]),
-          calm: (reactor) => this.#push(reactor, ['calm', name])
+          calm: (reactor) => this.#push(reactor, ['calm', name]),
+          lend: (reactor, n) => this.#push(reactor, ['lend', name, n])
         }
       })
       this.#brokers.set(name, broker)

@@ -22,6 +22,7 @@ export type FromBroker =
   | ['refuse', string, number, 'full' | 'evicted' | 'expired']
   | ['recall', string]
   | ['calm', string]
+  | ['lend', string, number]
 
 /** The IPC message that carries a batch of either. */
 export const SCHED_MESSAGE = 'nyala:sched'
@@ -32,6 +33,7 @@ export interface TokenReceiver {
   refuse: (id: number, reason: 'full' | 'evicted' | 'expired') => void
   recall: () => void
   calm: () => void
+  lend: (n: number) => void
   lost: () => void
 }
 
@@ -83,6 +85,7 @@ export class SharedScheduling {
         case 'refuse': pool.refuse(op[2], op[3]); break
         case 'recall': pool.recall(); break
         case 'calm': pool.calm(); break
+        case 'lend': pool.lend(op[2]); break
       }
     }
   }

@@ -18,7 +18,8 @@
  * - While the queue is not empty every reactor is `recall`ed: it gives its
  *   idle tokens back and every token it frees after, and each token given
  *   back is granted to the earliest deadline queued, whichever reactor owns
- *   it. When the queue empties, reactors are told `calm` and keep tokens again.
+ *   it. When the queue empties, reactors are told `calm` and keep tokens
+ *   again, and the free tokens are `lend`t back to their contributors.
  * - A reactor that leaves (it died) takes its contribution: its tokens and
  *   its queued entries are gone, and the rest is granted as usual.
  */
@@ -38,6 +39,8 @@ export interface BrokerOutput {
   recall: (reactor: number) => void
   /** Nothing waits any longer: keep tokens again. */
   calm: (reactor: number) => void
+  /** `n` free tokens go back to `reactor` to park, so its next calls run without asking. */
+  lend: (reactor: number, n: number) => void
 }
 
 export interface TokenBrokerOptions {
@@ -60,6 +63,8 @@ export interface TokenBrokerStats {
   /** Queued entries dropped because their reactor left. */
   orphaned: number
   recalls: number
+  /** Free tokens lent back to their contributors when the queue emptied. */
+  lent: number
 }
 
 interface Entry {
@@ -87,7 +92,7 @@ export class TokenBroker {
   #free = 0
   #expiryTimer: TimerHandle | undefined
   #expiryAt = Infinity
-  readonly #stats: TokenBrokerStats = { wanted: 0, grantedFree: 0, grantedQueued: 0, overflows: 0, evictions: 0, expired: 0, orphaned: 0, recalls: 0 }
+  readonly #stats: TokenBrokerStats = { wanted: 0, grantedFree: 0, grantedQueued: 0, overflows: 0, evictions: 0, expired: 0, orphaned: 0, recalls: 0, lent: 0 }
 
   constructor (options: TokenBrokerOptions) {
     this.#discipline = options.discipline
@@ -231,11 +236,28 @@ export class TokenBroker {
     this.#out.recall(reactor)
   }
 
+  /**
+   * The queue emptied: recalled members keep tokens again, and the free
+   * tokens go back to the members that hold fewer than they contributed
+   * (once per calm, so a closing reactor giving its tokens back is not lent
+   * them again): after an overload, the uncontended path needs no message.
+   */
   #calmAll (): void {
+    let calmed = false
     for (const [reactor, member] of this.#members) {
       if (!member.recalled) continue
       member.recalled = false
+      calmed = true
       this.#out.calm(reactor)
+    }
+    if (!calmed) return
+    for (const [reactor, member] of this.#members) {
+      const n = Math.min(this.#free, member.workers - member.held)
+      if (n <= 0) continue
+      this.#free -= n
+      member.held += n
+      this.#stats.lent += n
+      this.#out.lend(reactor, n)
     }
   }
 

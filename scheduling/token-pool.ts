@@ -209,6 +209,11 @@ export class TokenPool<T extends Queued> {
     this.#recalled = false
   }
 
+  /** The broker lends `n` tokens back: they park here (a closing pool gives them back). */
+  lend (n: number): void {
+    for (let i = 0; i < n; i++) this.#tokenFree(this.#freeIds.pop() ?? this.#newId())
+  }
+
   /** The broker is gone (its process died): the items waiting for it are answered 'shutdown'; idle tokens stay usable. */
   lost (): void {
     this.#lost = true

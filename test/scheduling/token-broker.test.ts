@@ -10,7 +10,7 @@ import fc from 'fast-check'
 import { FakeClock } from '../../scheduling/clock.js'
 import { TokenBroker, type BrokerRefusal } from '../../scheduling/token-broker.js'
 
-type Said = ['grant', number, number] | ['refuse', number, number, BrokerRefusal] | ['recall', number] | ['calm', number]
+type Said = ['grant', number, number] | ['refuse', number, number, BrokerRefusal] | ['recall', number] | ['calm', number] | ['lend', number, number]
 
 function harness (discipline: 'edf' | 'fifo' = 'edf') {
   const clock = new FakeClock(1000)
@@ -22,7 +22,8 @@ function harness (discipline: 'edf' | 'fifo' = 'edf') {
       grant: (r, id) => said.push(['grant', r, id]),
       refuse: (r, id, reason) => said.push(['refuse', r, id, reason]),
       recall: (r) => said.push(['recall', r]),
-      calm: (r) => said.push(['calm', r])
+      calm: (r) => said.push(['calm', r]),
+      lend: (r, n) => said.push(['lend', r, n])
     }
   })
   const take = (): Said[] => said.splice(0)
@@ -72,6 +73,23 @@ t.test('a token given back goes to the earliest deadline queued, whichever react
   t.same(take(), [['grant', B, 1], ['calm', A], ['calm', B]], 'the queue empties: everyone keeps tokens again')
   t.equal(broker.free, 0)
   t.equal(broker.held(A) + broker.held(B), 2)
+})
+
+t.test('when the queue empties, free tokens are lent back to the reactors that hold fewer than they brought', async (t) => {
+  const { broker, take } = harness()
+  broker.join(A, 2, 5)
+  broker.join(B, 2, 5)
+  broker.want(B, 1, 1500)
+  take()
+  broker.give(A, 2) // A's idle tokens, recalled
+  t.same(take(), [['grant', B, 1], ['calm', A], ['calm', B], ['lend', A, 1]])
+  t.equal(broker.free, 0)
+  t.equal(broker.held(A), 1)
+  t.equal(broker.held(B), 3)
+  broker.give(B, 1) // no calm happened: nothing is lent, the token stays free
+  t.same(take(), [])
+  t.equal(broker.free, 1)
+  t.equal(broker.stats.lent, 1)
 })
 
 t.test('full: the latest deadline anywhere is refused, evicting a queued entry of another reactor', async (t) => {
@@ -169,6 +187,8 @@ t.test('any sequence: tokens add up, and every want of a member still there is a
         if (s[0] === 'grant') {
           if (!open.delete(`${s[1]}:${s[2]}`)) throw new Error(`grant of an unknown entry ${s[1]}:${s[2]}`)
           holding.set(s[1], (holding.get(s[1]) ?? 0) + 1)
+        } else if (s[0] === 'lend') {
+          holding.set(s[1], (holding.get(s[1]) ?? 0) + s[2])
         } else if (s[0] === 'refuse') {
           if (!open.delete(`${s[1]}:${s[2]}`)) throw new Error(`refusal of an unknown entry ${s[1]}:${s[2]}`)
         }

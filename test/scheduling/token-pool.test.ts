@@ -150,6 +150,17 @@ t.test('close gives idle tokens back, drains what is granted, and answers the re
   t.equal(clock.pendingTimers, 0)
 })
 
+t.test('lent tokens park here; a closing pool gives them straight back', async (t) => {
+  const { pool, said } = harness(0)
+  pool.lend(2)
+  t.equal(pool.idleWorkers, 2)
+  t.same(said, [])
+  void pool.close(0)
+  t.same(said, [['give', 2]])
+  pool.lend(1)
+  t.same(said.at(-1), ['give', 1])
+})
+
 t.test('a lost broker: waiting calls are answered shutdown, new ones without a token are refused', async (t) => {
   const { pool, rejected } = harness(0)
   pool.submit({ name: 'a', deadline: 100 })
@@ -173,7 +184,8 @@ function cluster (workers: number, queueLength: number) {
       grant: (r, id) => mail.push(() => pools.get(r)?.grant(id)),
       refuse: (r, id, reason) => mail.push(() => pools.get(r)?.refuse(id, reason)),
       recall: (r) => mail.push(() => pools.get(r)?.recall()),
-      calm: (r) => mail.push(() => pools.get(r)?.calm())
+      calm: (r) => mail.push(() => pools.get(r)?.calm()),
+      lend: (r, n) => mail.push(() => pools.get(r)?.lend(n))
     }
   })
   const make = (r: number): TokenPool<Job> => {
