@@ -90,7 +90,7 @@ async function serve (t: Test): Promise<{ run: Run, endpoint: string, metrics: s
   return { run, endpoint, metrics }
 }
 
-t.test('a call on one reactor with an earlier deadline evicts the latest queued call of the other, and runs first', async (t) => {
+t.test('a call on one reactor with an earlier deadline evicts the latest queued call of the other and runs first; a queued call expires', async (t) => {
   const { run, endpoint, metrics } = await serve(t)
   const [x, y] = await onEachReactor(t, endpoint)
   const sleepX = x!.client.service(CalculatorService)
@@ -111,6 +111,14 @@ t.test('a call on one reactor with an earlier deadline evicts the latest queued 
     "X's earlier call evicted Y's latest across reactors")
   t.ok(ended.indexOf('earlyX') < ended.indexOf('lateY'), `the earlier deadline ran first (${ended.join(', ')})`)
   t.equal(await metric(metrics, 'nyala_rpcs_evicted_total', 'Sleep'), 1)
+
+  // Expiry in the shared queue: both tokens busy again, a call of X with a short deadline waits and expires there.
+  const again = [sleepX.Sleep({ sleep_micros: 1_500_000 }, { timeoutMs: 30_000 }), sleepY.Sleep({ sleep_micros: 1_500_000 }, { timeoutMs: 30_000 })].map(outcome)
+  await until('both tokens busy', run, async () => (await metric(metrics, 'nyala_service_idle_workers')) === 0 ? true : undefined)
+  const short = await outcome(sleepX.Sleep({ sleep_micros: 1000 }, { timeoutMs: 300 }))
+  t.not(short, 'ok', 'the short call did not run')
+  t.same(await Promise.all(again), ['ok', 'ok'])
+  t.equal(await metric(metrics, 'nyala_rpcs_timed_out_in_queue_total', 'Sleep'), 1, 'it expired in the shared queue')
 })
 
 t.test('a reactor killed while the other has calls queued: those calls are run or refused, never left waiting', async (t) => {
