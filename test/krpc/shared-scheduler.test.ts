@@ -13,7 +13,8 @@ import { Client } from '../../reactor/krpc/client.js'
 import { CalculatorService } from '../../examples/calculator/index.js'
 import { ReactorService } from '../helpers/reactor-service.js'
 
-t.setTimeout(120_000)
+// Three Node processes start per test through the TypeScript loader; slow on a busy machine.
+t.setTimeout(300_000)
 
 const ROOT = fileURLToPath(new URL('../../', import.meta.url))
 const HELPER = fileURLToPath(new URL('../helpers/shared-scheduler-server.ts', import.meta.url))
