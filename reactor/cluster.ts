@@ -61,12 +61,7 @@ export interface ReactorsOptions {
   distribution?: 'round-robin' | 'reusePort'
   /** Supervision events (a reactor died, restarts), with fields; default: warnings and errors on stderr; `null` silences them. */
   logger?: Logger | null
-  /**
-   * One scheduler per service shared by all reactors (docs/scheduling.md,
-   * 'Several reactors: one scheduler'): workers and queue slots of every
-   * reactor pooled, the earliest deadline anywhere served first and the
-   * latest refused. Default true; false gives each reactor its own.
-   */
+  /** One scheduler per service shared by all reactors (docs/scheduling.md, 'Several reactors: one scheduler'); default true, false: one each. */
   sharedScheduler?: boolean
 }
 
@@ -206,9 +201,8 @@ class ClusterReactors implements Reactors {
   readonly #slots: Slot[] = []
   readonly #pending = new Map<number, Pending>()
   readonly #supervisor = supervisorMetrics(() => this.#slots.filter(s => s.worker !== null).length)
-  /** The scheduler the reactors share; null when each has its own. */
+  /** The scheduler the reactors share (null: each has its own), and the reactors by cluster worker id for its answers. */
   readonly #broker: ClusterBroker | null
-  /** Reactors by cluster worker id, for the broker's answers. */
   readonly #byId = new Map<number, Worker>()
   #address: { host: string, port: number } | null = null
   #nextId = 1
@@ -221,12 +215,11 @@ class ClusterReactors implements Reactors {
     this.#log = resolveLogger(options.logger)
     this.#backoff = options.restartBackoff ?? DEFAULT_BACKOFF
     this.distribution = options.distribution ?? (reusePortSupported() ? 'reusePort' : 'round-robin')
-    this.#broker = options.sharedScheduler === false
-      ? null
-      : new ClusterBroker((reactor, message) => {
-        const worker = this.#byId.get(reactor)
-        if (worker !== undefined) send(worker, message)
-      })
+    const toReactor = (reactor: number, message: ToReactor): void => {
+      const worker = this.#byId.get(reactor)
+      if (worker !== undefined) send(worker, message)
+    }
+    this.#broker = options.sharedScheduler === false ? null : new ClusterBroker(toReactor)
   }
 
   get address (): { host: string, port: number } {
@@ -393,9 +386,8 @@ class ClusterReactors implements Reactors {
   }
 
   #onReactorExit (slot: Slot, worker: Worker, code: number | null, signal: string | null): void {
-    // Whatever it held of the shared scheduler is reclaimed, whoever it was.
     this.#byId.delete(worker.id)
-    this.#broker?.leave(worker.id)
+    this.#broker?.leave(worker.id) // what it held of the shared scheduler is reclaimed
     if (slot.worker !== worker) return
     slot.worker = null
     slot.listening = false
