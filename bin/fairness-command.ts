@@ -6,11 +6,15 @@ import { discipline, intOption } from './options.js'
 export const FAIRNESS_USAGE = `  nyala fairness [--queue edf|fifo|edf,fifo] [--clients 18] [--workers 3]
               [--queue-length 10] [--sleep-ms 100] [--deadline-ms 8000]
               [--run-seconds 5] [--backoff exp|linear|exp,linear] [--json]
-      A fairness test (docs/scheduling.md): an in-process server with few
-      workers and more clients than it can serve, each looping on Sleep
-      with retries that keep the deadline. Prints per-client successes,
-      min/average, Jain's index, TOO_BUSY answers and latency percentiles,
-      one block per queue x backoff combination, all in the same run.
+              [--reactors 1] [--no-shared-scheduler]
+      A fairness test (docs/scheduling.md): a server with few workers and
+      more clients than it can serve, each looping on Sleep with retries
+      that keep the deadline. Prints per-client successes, min/average,
+      Jain's index, TOO_BUSY answers and latency percentiles, one block per
+      queue x backoff combination, all in the same run. --reactors N (N > 1)
+      serves from N reactor processes, each with --workers and
+      --queue-length, sharing one scheduler (--no-shared-scheduler: one
+      each); --clients then defaults to 18 x N.
 `
 
 export async function fairness (args: string[]): Promise<number> {
@@ -25,6 +29,8 @@ export async function fairness (args: string[]): Promise<number> {
       'deadline-ms': { type: 'string' },
       'run-seconds': { type: 'string' },
       backoff: { type: 'string', default: 'exp' },
+      reactors: { type: 'string' },
+      'no-shared-scheduler': { type: 'boolean', default: false },
       json: { type: 'boolean', default: false }
     },
     strict: true
@@ -36,8 +42,12 @@ export async function fairness (args: string[]): Promise<number> {
     if (!(n >= 0) || !Number.isFinite(n)) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--${name} must be a number >= 0, got '${value}'`)
     return n
   }
+  const reactors = intOption(values.reactors, 'reactors', d.reactors)!
+  if (reactors < 1) throw new RpcError('RPC_ERR_INVALID_ARGUMENT', `--reactors must be at least 1, got ${reactors}`)
   const base = {
-    clients: intOption(values.clients, 'clients', d.clients)!,
+    reactors,
+    sharedScheduler: !values['no-shared-scheduler'],
+    clients: intOption(values.clients, 'clients', d.clients * reactors)!,
     workers: intOption(values.workers, 'workers', d.workers)!,
     queueLength: intOption(values['queue-length'], 'queue-length', d.queueLength)!,
     sleepMs: number(values['sleep-ms'], 'sleep-ms', d.sleepMs),

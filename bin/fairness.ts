@@ -13,6 +13,7 @@ import { Server } from '../reactor/krpc/server.js'
 import { ExponentialBackoff, LinearBackoff } from '../scheduling/retry.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
 import { CalculatorService, calculatorHandlers } from '../examples/calculator/index.js'
+import { serveFairness, type FairnessServer } from './fairness-cluster.js'
 
 export interface FairnessOptions {
   queue: QueueDiscipline
@@ -23,11 +24,17 @@ export interface FairnessOptions {
   deadlineMs: number
   runSeconds: number
   backoff: 'exp' | 'linear'
+  /** Reactor processes; 1 serves in this process. Each has `workers` and `queueLength`. */
+  reactors: number
+  /** With several reactors: one scheduler shared by all (default), or one each. */
+  sharedScheduler: boolean
 }
 
 export interface FairnessResult {
   queue: QueueDiscipline
   backoff: 'exp' | 'linear'
+  reactors: number
+  sharedScheduler: boolean
   /** Successful logical requests per client. */
   successes: number[]
   /** TOO_BUSY answers received (attempts, not logical requests). */
@@ -41,7 +48,7 @@ export interface FairnessResult {
 }
 
 export const DEFAULT_FAIRNESS: FairnessOptions = {
-  queue: 'edf', clients: 18, workers: 3, queueLength: 10, sleepMs: 100, deadlineMs: 8000, runSeconds: 5, backoff: 'exp'
+  queue: 'edf', clients: 18, workers: 3, queueLength: 10, sleepMs: 100, deadlineMs: 8000, runSeconds: 5, backoff: 'exp', reactors: 1, sharedScheduler: true
 }
 
 /** Jain's index: (Σx)² / (n·Σx²). */
@@ -59,10 +66,26 @@ export function quantile (sorted: readonly number[], q: number): number {
   return sorted[rank - 1]!
 }
 
-export async function runFairness (options: FairnessOptions): Promise<FairnessResult> {
+/** The server of one run: in this process, or in `reactors` processes. */
+async function startServer (options: FairnessOptions): Promise<FairnessServer> {
+  if (options.reactors > 1) return await serveFairness(options)
   const server = new Server({ workers: options.workers, queueLength: options.queueLength, queue: options.queue })
     .addService(CalculatorService, calculatorHandlers)
   const { port } = await server.listen(0)
+  return {
+    port,
+    tooBusy: async () => {
+      // Every ERROR_SERVER_TOO_BUSY the server answered: refused, evicted, or expired in the queue.
+      const sleep = server.metrics.snapshot()[CalculatorService.fullName]?.methods.Sleep
+      return sleep === undefined ? 0 : sleep.queueOverflows + sleep.evictions + sleep.timedOutInQueue
+    },
+    close: () => server.close({ graceMs: 0 })
+  }
+}
+
+export async function runFairness (options: FairnessOptions): Promise<FairnessResult> {
+  const server = await startServer(options)
+  const port = server.port
   const endpoint = `127.0.0.1:${port}`
   const stop = new AbortController()
   // Every client's calls listen on it.
@@ -103,14 +126,14 @@ export async function runFairness (options: FairnessOptions): Promise<FairnessRe
     clearTimeout(stopper)
   }
   for (const client of clients) client.close()
-  // Every ERROR_SERVER_TOO_BUSY the server answered: refused, evicted, or expired in the queue.
-  const sleep = server.metrics.snapshot()[CalculatorService.fullName]?.methods.Sleep
-  const tooBusy = sleep === undefined ? 0 : sleep.queueOverflows + sleep.evictions + sleep.timedOutInQueue
-  await server.close({ graceMs: 0 })
+  const tooBusy = await server.tooBusy()
+  await server.close()
   latencies.sort((a, b) => a - b)
   return {
     queue: options.queue,
     backoff: options.backoff,
+    reactors: options.reactors,
+    sharedScheduler: options.sharedScheduler,
     successes,
     tooBusy,
     otherErrors,
@@ -134,7 +157,7 @@ export function formatFairness (r: FairnessResult): string {
   const avg = total / r.successes.length
   const min = Math.min(...r.successes)
   return [
-    `queue=${r.queue} backoff=${r.backoff}`,
+    `queue=${r.queue} backoff=${r.backoff}${r.reactors > 1 ? ` reactors=${r.reactors} scheduler=${r.sharedScheduler ? 'shared' : 'per-reactor'}` : ''}`,
     `  successes: ${r.successes.join(' ')}`,
     `  total ${total}, min ${min}, average ${avg.toFixed(2)}, min/average ${(avg === 0 ? 0 : min / avg).toFixed(2)}, Jain's index ${r.jain.toFixed(4)}`,
     `  TOO_BUSY answers ${r.tooBusy}, failed logical requests ${r.otherErrors}`,

@@ -18,7 +18,7 @@ import { isIoOption } from '../transport/io.js'
 export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--max-message-bytes N]
               [--negotiation-timeout-ms N] [--idle-timeout-ms N]
               [--workers 10] [--queue-length 50] [--queue edf|fifo]
-              [--metrics-port P] [--threads N] [--reactors N]
+              [--metrics-port P] [--threads N] [--reactors N] [--no-shared-scheduler]
               [--max-connection-age-ms N] [--busy-poll-us N] [--verbose]
               [--io auto|io_uring|epoll|node]
               [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
@@ -40,7 +40,9 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       threads (docs/threads.md) instead of on the event loop.
       --reactors N serves from N processes sharing the port (default: the
       available parallelism; 1 = this process only), supervised and
-      restarted with backoff; metrics are summed over them. Connections
+      restarted with backoff; metrics are summed over them. They share one
+      scheduler per service (one EDF queue, the workers of all; see
+      docs/scheduling.md); --no-shared-scheduler gives each its own. Connections
       older than --max-connection-age-ms are drained and closed so clients
       rebalance. See docs/cluster.md. --busy-poll-us N keeps the event
       loop polling N µs after each read or send instead of sleeping: lower
@@ -91,6 +93,7 @@ export async function serve (args: string[]): Promise<number> {
       'metrics-port': { type: 'string' },
       threads: { type: 'string' },
       reactors: { type: 'string' },
+      'no-shared-scheduler': { type: 'boolean', default: false },
       'max-connection-age-ms': { type: 'string' },
       'busy-poll-us': { type: 'string' },
       io: { type: 'string' },
@@ -199,6 +202,7 @@ export async function serve (args: string[]): Promise<number> {
       port,
       build,
       ...(maxConnectionAgeMs === undefined ? {} : { maxConnectionAgeMs }),
+      ...(values['no-shared-scheduler'] ? { sharedScheduler: false } : {}),
       ...(shutdownGraceMs === undefined ? {} : { graceMs: shutdownGraceMs }),
       exec: REACTOR_ENTRY,
       args: ['serve', ...args],

@@ -7,22 +7,27 @@
  * when it gets SIGTERM or SIGINT, or when the primary is gone.
  */
 import { ListenError, type ServesReactor as Server } from './server.js'
+import { installSharedScheduling, SCHED_MESSAGE, type FromBroker, type SharedScheduling, type ToBroker } from './cluster-tokens.js'
 
 // Environment of a reactor process, set by the primary.
 export const ENV_SLOT = 'NYALA_REACTOR'
 export const ENV_DISTRIBUTION = 'NYALA_REACTOR_DISTRIBUTION'
 export const ENV_PORT = 'NYALA_REACTOR_PORT'
+/** '1': the reactors share one scheduler per service (reactor/cluster-tokens.ts). */
+export const ENV_SHARED = 'NYALA_REACTOR_SHARED_SCHEDULER'
 
 export type ToReactor =
   | { type: 'nyala:reactor-usage', id: number }
   | { type: 'nyala:reactor-metrics', id: number }
   | { type: 'nyala:reactor-close' }
+  | { type: typeof SCHED_MESSAGE, ops: FromBroker[] }
 
 export type FromReactor =
   | { type: 'nyala:reactor-listening', host: string, port: number }
   | { type: 'nyala:reactor-failed', message: string, listen?: { code: string, host: string, port: number, message: string } }
   | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
   | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
+  | { type: typeof SCHED_MESSAGE, ops: ToBroker[] }
 
 /**
  * What a reactor reads of `serveReactors`' options (`ReactorsOptions` in
@@ -62,8 +67,14 @@ export function runReactor (options: ReactorOptions): Promise<never> {
     if (server === null || !listening) process.exit(0)
     server.close(options.graceMs === undefined ? {} : { graceMs: options.graceMs }).then(() => process.exit(0), () => process.exit(1))
   }
+  // Set up before build(): the server's service pools join the shared scheduler as they are made.
+  let scheduling: SharedScheduling | null = null
+  if (process.env[ENV_SHARED] === '1') scheduling = installSharedScheduling((ops) => send({ type: SCHED_MESSAGE, ops }))
   process.on('message', (message: ToReactor) => {
     switch (message?.type) {
+      case SCHED_MESSAGE:
+        scheduling?.receive(message.ops)
+        break
       case 'nyala:reactor-usage':
         send({ type: 'nyala:reactor-usage', id: message.id, usage: process.resourceUsage() })
         break
@@ -85,7 +96,10 @@ export function runReactor (options: ReactorOptions): Promise<never> {
   // that died leaves its reactors without a channel: they drain and exit.
   process.on('SIGTERM', close)
   process.on('SIGINT', close)
-  process.on('disconnect', close)
+  process.on('disconnect', () => {
+    scheduling?.lost()
+    close()
+  })
 
   const start = async (): Promise<void> => {
     server = await options.build()

@@ -21,7 +21,9 @@ import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { ListenError, type ServesReactor as Server } from './server.js'
 import { resolveLogger, type Logger } from './logger.js'
-import { ENV_DISTRIBUTION, ENV_PORT, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
+import { ENV_DISTRIBUTION, ENV_PORT, ENV_SHARED, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
+import { ClusterBroker } from './cluster-broker.js'
+import { SCHED_MESSAGE } from './cluster-tokens.js'
 
 /** Options of `serveReactors`: the processes, the address they share, and their supervision. */
 export interface ReactorsOptions {
@@ -59,6 +61,8 @@ export interface ReactorsOptions {
   distribution?: 'round-robin' | 'reusePort'
   /** Supervision events (a reactor died, restarts), with fields; default: warnings and errors on stderr; `null` silences them. */
   logger?: Logger | null
+  /** One scheduler per service shared by all reactors (docs/scheduling.md, 'Several reactors: one scheduler'); default true, false: one each. */
+  sharedScheduler?: boolean
 }
 
 /** The serving processes, seen from the primary (or from the one process with `reactors: 1`). */
@@ -197,6 +201,9 @@ class ClusterReactors implements Reactors {
   readonly #slots: Slot[] = []
   readonly #pending = new Map<number, Pending>()
   readonly #supervisor = supervisorMetrics(() => this.#slots.filter(s => s.worker !== null).length)
+  /** The scheduler the reactors share (null: each has its own), and the reactors by cluster worker id for its answers. */
+  readonly #broker: ClusterBroker | null
+  readonly #byId = new Map<number, Worker>()
   #address: { host: string, port: number } | null = null
   #nextId = 1
   #started: { resolve: () => void, reject: (err: Error) => void } | null = null
@@ -208,6 +215,11 @@ class ClusterReactors implements Reactors {
     this.#log = resolveLogger(options.logger)
     this.#backoff = options.restartBackoff ?? DEFAULT_BACKOFF
     this.distribution = options.distribution ?? (reusePortSupported() ? 'reusePort' : 'round-robin')
+    const toReactor = (reactor: number, message: ToReactor): void => {
+      const worker = this.#byId.get(reactor)
+      if (worker !== undefined) send(worker, message)
+    }
+    this.#broker = options.sharedScheduler === false ? null : new ClusterBroker(toReactor)
   }
 
   get address (): { host: string, port: number } {
@@ -300,8 +312,9 @@ class ClusterReactors implements Reactors {
     slot.listening = false
     slot.moving = false
     slot.port = port
-    const worker = cluster.fork({ [ENV_SLOT]: String(slot.index), [ENV_DISTRIBUTION]: this.distribution, [ENV_PORT]: String(port) })
+    const worker = cluster.fork({ [ENV_SLOT]: String(slot.index), [ENV_DISTRIBUTION]: this.distribution, [ENV_PORT]: String(port), [ENV_SHARED]: this.#broker === null ? '0' : '1' })
     slot.worker = worker
+    this.#byId.set(worker.id, worker)
     slot.startedAt = Date.now()
     worker.on('message', (message: FromReactor) => this.#onReactorMessage(slot, worker, message))
     // IPC errors (a channel closed under a send) surface as the exit below.
@@ -325,6 +338,9 @@ class ClusterReactors implements Reactors {
 
   #onReactorMessage (slot: Slot, worker: Worker, message: FromReactor): void {
     switch (message?.type) {
+      case SCHED_MESSAGE:
+        this.#broker?.receive(worker.id, message.ops)
+        return
       case 'nyala:reactor-listening': {
         if (this.#address !== null && message.port !== this.#address.port && this.#closing === null) {
           // Round-robin with port 0: the primary's handle for port 0 closed
@@ -370,6 +386,8 @@ class ClusterReactors implements Reactors {
   }
 
   #onReactorExit (slot: Slot, worker: Worker, code: number | null, signal: string | null): void {
+    this.#byId.delete(worker.id)
+    this.#broker?.leave(worker.id) // what it held of the shared scheduler is reclaimed
     if (slot.worker !== worker) return
     slot.worker = null
     slot.listening = false
@@ -419,6 +437,7 @@ class ClusterReactors implements Reactors {
     if (this.#slots.some(s => s.worker !== null)) return
     const closed = this.#closed
     this.#closed = null
+    this.#broker?.close()
     closed()
   }
 

@@ -7,6 +7,7 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RefusalReason } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { ServicePool } from './service-pool.js'
+import { sharedScheduling } from './cluster-tokens.js'
 import type { Filter } from './filters.js'
 import type { InboundCall } from './inbound-call.js'
 import type { ServerMetrics } from './metrics.js'
@@ -59,10 +60,14 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
   })
   if (pooled) {
     const run = executor === null ? parts.run : (call: InboundCall, worker: number) => parts.runElsewhere(call, worker, executor, service!)
+    const queueLength = options.queueLength ?? defaults.queueLength
+    const discipline = options.queue ?? defaults.queue
     service = new ServicePool({
       workers,
-      queueLength: options.queueLength ?? defaults.queueLength,
-      discipline: options.queue ?? defaults.queue,
+      queueLength,
+      discipline,
+      // In a reactor of several sharing one scheduler, in-loop workers join it (threads stay this reactor's own).
+      connect: executor === null ? sharedScheduling()?.connect(name, workers, queueLength, discipline) : undefined,
       clock: parts.clock,
       run,
       reject: parts.reject,

@@ -2,6 +2,7 @@ import Denque from 'denque'
 import type { RefusalReason } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
 import { DeadlineQueue, type QueueDiscipline } from '../scheduling/service-queue.js'
+import { TokenPool, type TokenLink } from '../scheduling/token-pool.js'
 import { WorkerPool, type RejectReason } from '../scheduling/worker-pool.js'
 import type { InboundCall } from './inbound-call.js'
 import type { MethodMetrics } from './metrics.js'
@@ -27,6 +28,12 @@ export interface ServicePoolOptions {
    * normal while they work (see `progressed`).
    */
   holdWindowMs?: number | undefined
+  /**
+   * Set when the reactors of a server share one scheduler (reactor/cluster-scheduler.ts):
+   * the workers are tokens of the shared pool and the queue is the broker's
+   * (scheduling/token-pool.ts); absent, the pool is this process's own.
+   */
+  connect?: ((pool: TokenPool<InboundCall>) => TokenLink) | undefined
 }
 
 /**
@@ -51,7 +58,7 @@ export interface ServicePoolOptions {
  * room it left, after the pool has taken its next call.
  */
 export class ServicePool {
-  readonly pool: WorkerPool<InboundCall>
+  readonly pool: WorkerPool<InboundCall> | TokenPool<InboundCall>
   readonly #clock: Clock
   readonly #held = new Denque<InboundCall>()
   readonly #burstLimit: number
@@ -76,17 +83,19 @@ export class ServicePool {
     this.#holdWindowMs = options.holdWindowMs
     this.#metrics = options.metrics
     const reject = options.reject
-    this.pool = new WorkerPool<InboundCall>({
+    const common = {
       workers: options.workers,
-      queue: new DeadlineQueue<InboundCall>({ maxLength: options.queueLength, discipline: options.discipline }),
       clock: options.clock,
       run: options.run,
-      describe: (call) => `${call.service}.${call.method} request from ${call.remoteAddress}`,
-      reject: (call, reason, message) => {
+      describe: (call: InboundCall) => `${call.service}.${call.method} request from ${call.remoteAddress}`,
+      reject: (call: InboundCall, reason: RejectReason, message: string) => {
         this.#count(call, reason)
         reject(call, reason === 'full' || reason === 'evicted' ? 'busy' : reason, message)
       }
-    })
+    }
+    this.pool = options.connect !== undefined
+      ? new TokenPool<InboundCall>({ ...common, connect: options.connect })
+      : new WorkerPool<InboundCall>({ ...common, queue: new DeadlineQueue<InboundCall>({ maxLength: options.queueLength, discipline: options.discipline }) })
   }
 
   /** Calls held back by burst absorption now. */

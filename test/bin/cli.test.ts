@@ -56,6 +56,17 @@ t.test('fairness --json prints the documented shape', async t => {
   t.same(Object.keys(result.latencyMs as object).sort(), ['p50', 'p99', 'p999', 'p9999'])
 })
 
+t.test('fairness --reactors 2 runs the clients against nyala serve --reactors 2, sharing one scheduler', async t => {
+  const run = nyala(['fairness', '--json', '--reactors', '2', '--run-seconds', '0.4', '--clients', '4', '--workers', '1', '--queue-length', '1', '--sleep-ms', '5', '--deadline-ms', '1000'])
+  t.equal(await run.exit, 0, run.stderr())
+  const result = JSON.parse(run.stdout()) as Record<string, unknown>
+  t.equal(result.reactors, 2)
+  t.equal(result.sharedScheduler, true)
+  t.equal((result.successes as number[]).length, 4)
+  t.ok((result.successes as number[]).reduce((a, b) => a + b, 0) > 0, 'calls were served')
+  t.type(result.tooBusy, 'number')
+})
+
 t.test('fairness with two queues prints one row each, in one run', async t => {
   const run = nyala(['fairness', '--json', '--queue', 'edf,fifo', '--run-seconds', '0.2', '--clients', '2', '--workers', '1', '--queue-length', '1', '--sleep-ms', '2'])
   t.equal(await run.exit, 0, run.stderr())
