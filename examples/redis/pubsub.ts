@@ -40,9 +40,20 @@ type Members = ConnectionHandle | Set<ConnectionHandle>
 /** A pattern, compiled, with its subscribers (one object: a PUBLISH walks them all). */
 class PatternEntry extends GlobPattern {
   members: Members
+  /** The channel matched last (null: none yet) and whether it matched: PUBLISHes to one channel match each pattern once. */
+  lastChannel: string | null = null
+  lastMatch = false
   constructor (pattern: string, members: Members) {
     super(pattern)
     this.members = members
+  }
+
+  matchesChannel (channel: string): boolean {
+    if (channel === this.lastChannel) return this.lastMatch
+    const match = this.matches(channel)
+    this.lastChannel = channel
+    this.lastMatch = match
+    return match
   }
 }
 
@@ -139,23 +150,53 @@ export class PubSub {
       receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
     }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
-    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept).
+    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept). A run of
+    // patterns with the same lone subscriber (a connection's patterns sit side by side in the map) goes out as one push:
+    // each `pmessage` whole, its head and a small tail copied, one after the other in the slab.
     let slab = EMPTY
     let used = 0
+    let run: ConnectionHandle | null = null
+    let runFrom = 0
+    let runCount = 0
     for (const entry of this.#patterns.values()) {
-      if (!entry.matches(channel)) continue
+      if (!entry.matchesChannel(channel)) continue
       tail ??= encodeTail(channel, message)
       const pattern = entry.source
-      const length = pmessageHeadLength(pattern)
-      if (used + length > slab.length) {
-        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+      const headLength = pmessageHeadLength(pattern)
+      const target = entry.members
+      if (!(target instanceof Set) && tail.length === 1 && tail[0]!.length <= COPIED_TAIL_BYTES) {
+        const small = tail[0]!
+        const length = headLength + small.length
+        if (target !== run || used + length > slab.length) {
+          if (run !== null) receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
+          if (used + length > slab.length) {
+            slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+            used = 0
+          }
+          run = target
+          runFrom = used
+          runCount = 0
+        }
+        writePmessageHead(slab, used, pattern)
+        slab.set(small, used + headLength)
+        used += length
+        runCount++
+        continue
+      }
+      if (run !== null) {
+        receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
+        run = null
+      }
+      if (used + headLength > slab.length) {
+        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, headLength))
         used = 0
       }
       writePmessageHead(slab, used, pattern)
-      const head = slab.subarray(used, used + length)
-      used += length
-      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
+      const head = slab.subarray(used, used + headLength)
+      used += headLength
+      receivers += sendTo(target, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
     }
+    if (run !== null) receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
     return receivers
   }
 
@@ -245,6 +286,8 @@ function encodeTail (channel: string, message: Buffer): Uint8Array[] {
 const PMESSAGE_PREFIX = Buffer.from('*4\r\n$8\r\npmessage\r\n$', 'latin1')
 /** The size of the slabs a PUBLISH writes its matching patterns' heads into. */
 const HEAD_SLAB_BYTES = 64 * 1024
+/** A `message`'s tail (channel and message) up to this size is copied after each `pmessage` head of a run; a larger one is shared. */
+const COPIED_TAIL_BYTES = 512
 
 /** The size of a `pmessage`'s head for `pattern` (latin1): the array's size, the kind, the pattern. */
 function pmessageHeadLength (pattern: string): number {
@@ -253,15 +296,26 @@ function pmessageHeadLength (pattern: string): number {
 
 /** Writes a `pmessage`'s head for `pattern` at `out[at]` (pmessageHeadLength bytes). */
 function writePmessageHead (out: Buffer, at: number, pattern: string): void {
-  PMESSAGE_PREFIX.copy(out, at)
+  out.set(PMESSAGE_PREFIX, at)
   at += PMESSAGE_PREFIX.length
-  at += out.write(String(pattern.length), at, 'latin1')
+  const length = pattern.length
+  if (length < 10) {
+    out[at++] = 0x30 + length
+  } else if (length < 100) {
+    out[at++] = 0x30 + Math.floor(length / 10)
+    out[at++] = 0x30 + length % 10
+  } else {
+    at += latin1Write.call(out, String(length), at)
+  }
   out[at++] = 0x0d
   out[at++] = 0x0a
-  at += out.write(pattern, at, 'latin1')
+  at += latin1Write.call(out, pattern, at)
   out[at++] = 0x0d
   out[at] = 0x0a
 }
+
+// Buffer's own latin1 writer, without `write`'s argument checks (as resp.ts uses it).
+const latin1Write = (Buffer.prototype as unknown as { latin1Write: (s: string, at: number) => number }).latin1Write
 
 /** What the Pub/Sub handlers need of their call: its connection, streamed parts, and the connection's state. */
 export interface PubSubCallContext {
