@@ -1,4 +1,4 @@
-import type { ConnectionHandle } from '../../reactor/index.js'
+import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
 import { GlobPattern, compiledGlob } from './glob.js'
 import { EncodedPush, Raw, SLICE_BULK_BYTES, error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
@@ -14,7 +14,10 @@ import { Subscriptions } from './subscriptions.js'
  * PUBLISH encodes the channel and message once, the `message` or
  * `pmessage` head once per channel or matching pattern (the patterns'
  * heads side by side in slabs of that PUBLISH), and queues the same
- * slices on every subscriber. What
+ * bytes on every subscriber (a channel's or pattern's subscribers, from
+ * the second on, are a `ConnectionGroup`, which encodes once for all); a
+ * run of matching patterns with the same lone subscriber goes out as one
+ * push. What
  * one connection is subscribed to is kept in its `ConnectionState`
  * (`Subscriptions`); while it has any, the connection is in subscribed
  * mode: only the commands in `SUBSCRIBED_MODE_COMMANDS` run, the others
@@ -32,10 +35,11 @@ import { Subscriptions } from './subscriptions.js'
 
 /**
  * The subscribers of one channel or pattern: the connection itself while
- * it is the only one (most channels have one subscriber, and a set costs
- * more than the subscription), a set from the second on.
+ * it is the only one (most channels have one subscriber, and a group costs
+ * more than the subscription), a `ConnectionGroup` from the second on (it
+ * encodes a message once for all its members).
  */
-type Members = ConnectionHandle | Set<ConnectionHandle>
+type Members = ConnectionHandle | ConnectionGroup
 
 /** A pattern, compiled, with its subscribers (one object: a PUBLISH walks them all). */
 class PatternEntry extends GlobPattern {
@@ -75,7 +79,7 @@ export class PubSub {
     if (connection.isClosed) return null
     const subscriptions: Subscriptions = new Subscriptions(connection, () => { this.unsubscribeAll(state) })
     connection.once('close', subscriptions.onClose)
-    // A subscriber waits quietly for its messages: the server keeps it at its connection limit (not in a ConnectionGroup here).
+    // A subscriber waits quietly for its messages: the server keeps it at its connection limit (a lone subscriber is in no ConnectionGroup).
     connection.markSession()
     state.subscriptions = subscriptions
     return subscriptions
@@ -164,7 +168,7 @@ export class PubSub {
       const pattern = entry.source
       const headLength = pmessageHeadLength(pattern)
       const target = entry.members
-      if (!(target instanceof Set) && tail.length === 1 && tail[0]!.length <= COPIED_TAIL_BYTES) {
+      if (!(target instanceof ConnectionGroup) && tail.length === 1 && tail[0]!.length <= COPIED_TAIL_BYTES) {
         const small = tail[0]!
         const length = headLength + small.length
         if (target !== run || used + length > slab.length) {
@@ -211,7 +215,7 @@ export class PubSub {
   /** The channel's subscribers, patterns not counted (PUBSUB NUMSUB). */
   subscribers (channel: string): number {
     const members = this.#channels.get(channel)
-    return members === undefined ? 0 : members instanceof Set ? members.size : 1
+    return members === undefined ? 0 : members instanceof ConnectionGroup ? members.size : 1
   }
 
   /** Patterns with at least one subscriber (PUBSUB NUMPAT: Redis 7 counts each pattern once). */
@@ -246,29 +250,28 @@ export class PubSub {
 
 /** `members` with `connection` added (it is not one of them). */
 function joined (members: Members, connection: ConnectionHandle): Members {
-  if (members instanceof Set) return members.add(connection)
-  return new Set([members, connection])
+  if (members instanceof ConnectionGroup) return members.add(connection)
+  return new ConnectionGroup().add(members).add(connection)
 }
 
 /**
  * `members` without `connection`: null when none is left, the lone member
- * when one is. A set being walked by a PUBLISH stays valid: the walk goes
- * on over it (a Set allows deletes while iterated).
+ * when one is. (A group also loses a member by itself when its connection
+ * closes, before the registry hears of it: what is left decides.)
  */
 function without (members: Members, connection: ConnectionHandle): Members | null {
-  if (!(members instanceof Set)) return members === connection ? null : members
+  if (!(members instanceof ConnectionGroup)) return members === connection ? null : members
   members.delete(connection)
   if (members.size > 1) return members
   const [last] = members
+  members.clear()
   return last ?? null
 }
 
-/** Queues `push` on every member; how many took it (not closed, nor closed by it for their push limit). */
+/** Queues `push` on every member, encoded once; how many took it (not closed, nor closed by it for their push limit). */
 function sendTo (members: Members, push: EncodedPush): number {
-  if (!(members instanceof Set)) return members.send(push) ? 1 : 0
-  let sent = 0
-  for (const member of members) if (member.send(push)) sent++
-  return sent
+  if (!(members instanceof ConnectionGroup)) return members.send(push) ? 1 : 0
+  return members.send(push)
 }
 
 /** The channel and the message as the two bulk strings that end a `message` and a `pmessage`: one buffer, or three slices when the message is large (not copied). */
