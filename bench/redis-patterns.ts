@@ -4,7 +4,7 @@
  * every round (the machine's speed drifts; only runs close in time
  * compare):
  *
- *   npx tsc -p tsconfig.json && node dist/bench/redis-patterns.js [--rounds 3] [--patterns 100000] [--channels 100000] [--hostile-rounds 1] [--hostile-length 100000] [--example dist/examples/redis/main.js]
+ *   npx tsc -p tsconfig.json && node dist/bench/redis-patterns.js [--rounds 3] [--patterns 100000] [--channels 100000] [--hostile-rounds 1] [--hostile-length 100000] [--subscribers 2000] [--example dist/examples/redis/main.js]
  *
  * Scenarios, each timed from the bench's side of a raw socket:
  * - hostile: one connection PSUBSCRIBEs `*` + 50 000 `a` + `b`, another
@@ -15,6 +15,9 @@
  *   all match the channel (each of its first 9 bytes written as itself,
  *   `?`, `[x]` or `\x`, then `*`), another PUBLISHes to it 5 times: the
  *   median time to PUBLISH's reply, the subscriber reading everything;
+ * - channel fan-out: `--subscribers` connections SUBSCRIBE one channel,
+ *   another PUBLISHes to it 5 times: the median time to PUBLISH's reply,
+ *   every subscriber reading everything;
  * - the memory of a subscription: what `--patterns` PSUBSCRIBEs and
  *   `--channels` SUBSCRIBEs (distinct channels, one connection) add, per
  *   subscription: redis-server's `used_memory` (INFO), the example's V8
@@ -207,7 +210,7 @@ async function settledMemory (server: Server): Promise<{ bytes: number, rss: num
   return server.memory()
 }
 
-interface RoundResult { hostileMs?: number, fanoutMs: number, patternBytes: number, patternRss: number, patternBytesAfterFanout: number, channelBytes: number, channelRss: number }
+interface RoundResult { hostileMs?: number, fanoutMs: number, channelFanoutMs: number, patternBytes: number, patternRss: number, patternBytesAfterFanout: number, channelBytes: number, channelRss: number }
 
 /** Waits until the server has no pattern and no subscriber of `channel` left (the closed connections' subscriptions are gone). */
 async function drained (server: Server, channel: string): Promise<void> {
@@ -221,9 +224,33 @@ async function drained (server: Server, channel: string): Promise<void> {
   admin.close()
 }
 
-async function round (server: Server, patterns: string[], channels: string[], hostileLength: number): Promise<RoundResult> {
+/** The median time PUBLISH takes to answer with `subscribers` connections subscribed to its channel, each reading every message. */
+async function channelFanout (server: Server, subscribers: number): Promise<number> {
+  const subs: Conn[] = []
+  try {
+    for (let i = 0; i < subscribers; i++) subs.push(await Conn.open(server.port))
+    for (const sub of subs) sub.socket.write(encode(['SUBSCRIBE', 'fan']))
+    for (const sub of subs) await sub.until(1)
+    const pub = await Conn.open(server.port)
+    const times: number[] = []
+    for (let i = 0; i < PUBLISHES; i++) {
+      const start = performance.now()
+      const reply = await pub.call(['PUBLISH', 'fan', 'hello'])
+      times.push(performance.now() - start)
+      if (reply.toString('latin1') !== `:${subscribers}\r\n`) throw new Error(`PUBLISH answered ${reply.toString('latin1')}`)
+      for (const sub of subs) await sub.until(i + 2)
+    }
+    pub.close()
+    return median(times)
+  } finally {
+    for (const sub of subs) sub.close()
+  }
+}
+
+async function round (server: Server, patterns: string[], channels: string[], hostileLength: number, subscribers: number): Promise<RoundResult> {
   const result: Partial<RoundResult> = {}
   if (hostileLength > 0) result.hostileMs = await hostile(server, hostileLength)
+  result.channelFanoutMs = await channelFanout(server, subscribers)
   // Channels, on a connection of their own.
   await drained(server, channels[0]!)
   const base = await settledMemory(server)
@@ -284,6 +311,7 @@ async function main (): Promise<void> {
       'hostile-length': { type: 'string', default: '100000' },
       example: { type: 'string', default: DEFAULT_EXAMPLE },
       'max-minutes': { type: 'string', default: '30' },
+      subscribers: { type: 'string', default: '2000' },
       serve: { type: 'string' }
     },
     strict: true
@@ -295,8 +323,9 @@ async function main (): Promise<void> {
   const hostileRounds = Number(values['hostile-rounds'])
   const hostileLength = Number(values['hostile-length'])
   const maxMinutes = Number(values['max-minutes'])
-  if (![rounds, patternCount, channelCount, maxMinutes].every((n) => Number.isInteger(n) && n >= 1) || !Number.isInteger(hostileRounds) || hostileRounds < 0 || !Number.isInteger(hostileLength) || hostileLength < 2 || hostileLength % 2 !== 0 || patternCount > 4 ** 9) {
-    throw new RangeError('--rounds, --patterns (at most 262144), --channels and --max-minutes take positive integers, --hostile-rounds a non-negative one, --hostile-length an even one')
+  const subscribers = Number(values.subscribers)
+  if (![rounds, patternCount, channelCount, maxMinutes, subscribers].every((n) => Number.isInteger(n) && n >= 1) || !Number.isInteger(hostileRounds) || hostileRounds < 0 || !Number.isInteger(hostileLength) || hostileLength < 2 || hostileLength % 2 !== 0 || patternCount > 4 ** 9) {
+    throw new RangeError('--rounds, --patterns (at most 262144), --channels, --subscribers and --max-minutes take positive integers, --hostile-rounds a non-negative one, --hostile-length an even one')
   }
   process.once('SIGTERM', () => { void stopAll().then(() => process.exit(143)) })
   const deadline = setTimeout(() => {
@@ -308,7 +337,7 @@ async function main (): Promise<void> {
     const example = await startExample(values.example)
     const patterns = Array.from({ length: patternCount }, (_, i) => patternOf(i))
     const channels = Array.from({ length: channelCount }, (_, i) => `channel:${i}`)
-    console.log(`example ${values.example}; ${patternCount} patterns, ${channelCount} channels, ${rounds} rounds (${hostileRounds} with the hostile pattern, channel of ${hostileLength} a); ratio = example / redis`)
+    console.log(`example ${values.example}; ${patternCount} patterns, ${channelCount} channels, ${subscribers} subscribers of one channel, ${rounds} rounds (${hostileRounds} with the hostile pattern, channel of ${hostileLength} a); ratio = example / redis`)
     const ratios = new Map<string, number[]>()
     const add = (key: string, r: number, e: number): string => {
       ratios.set(key, [...(ratios.get(key) ?? []), e / r])
@@ -317,11 +346,12 @@ async function main (): Promise<void> {
     for (let i = 0; i < rounds; i++) {
       const order = i % 2 === 0 ? [redis, example] : [example, redis]
       const results: Partial<Record<'redis' | 'example', RoundResult>> = {}
-      for (const server of order) results[server.name] = await round(server, patterns, channels, i < hostileRounds ? hostileLength : 0)
+      for (const server of order) results[server.name] = await round(server, patterns, channels, i < hostileRounds ? hostileLength : 0, subscribers)
       const r = results.redis!
       const e = results.example!
       const lines = [
         add('fan-out ms', r.fanoutMs, e.fanoutMs),
+        add(`channel fan-out to ${subscribers} subscribers ms`, r.channelFanoutMs, e.channelFanoutMs),
         add('pattern B (used_memory | heap)', r.patternBytes, e.patternBytes),
         add('pattern B RSS', r.patternRss, e.patternRss),
         add('pattern B after the fan-out (used_memory | heap)', r.patternBytesAfterFanout, e.patternBytesAfterFanout),

@@ -15,6 +15,15 @@
  * `remote` { protocol: 'redis', name: the first word (ERR, WRONGTYPE…) };
  * an error inside an array (EXEC) is an RpcError element.
  *
+ * Large array replies: `commandCompact(...args)` decodes an array reply as
+ * a `RedisArrayReply` (reply-array.ts), the reply's bytes and one offset
+ * per element, each element decoded when asked for (`at(i)`, `bytes(i)`
+ * without a copy, `string(i)`): an LRANGE of millions of elements without
+ * an object per element.
+ *
+ *   const list = await redis.commandCompact('LRANGE', 'big', 0, -1) as RedisArrayReply
+ *   list.length; list.string(0); for (const item of list) { ... }
+ *
  * Pub/Sub: `subscribe(...channels)` and `psubscribe(...patterns)` give a
  * `Subscription` (subscription.ts) on a connection of its own, as RESP2
  * requires: a subscribed connection runs nothing else.
@@ -24,10 +33,12 @@
  */
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { ProtocolClient, type ClientEndpoint, type ProtocolCallOptions, type ProtocolClientOptions } from '../../reactor/index.js'
+import type { CompactReply, RedisArrayReply } from './reply-array.js'
 import { RedisCommand, redisClientProtocol, type RedisArg, type RedisReply } from './resp-client.js'
 import { Subscription, type SubscriptionOptions } from './subscription.js'
 
 export { RedisCommand, decodeValue, redisClientProtocol, redisError, type RedisArg, type RedisReply } from './resp-client.js'
+export { RedisArrayReply, decodeCompact, type CompactReply } from './reply-array.js'
 export { Subscription, type SubscriptionMessage, type SubscriptionOptions } from './subscription.js'
 
 export interface SetOptions {
@@ -47,7 +58,8 @@ export interface RedisClientOptions extends ProtocolClientOptions {
 
 /** Redis commands over a `ProtocolClient` (see the module comment). */
 export class RedisClient {
-  readonly client: ProtocolClient<RedisCommand, RedisReply>
+  /** The client under it: a `RedisArrayReply` comes back only for a `compact` command. */
+  readonly client: ProtocolClient<RedisCommand, RedisReply | RedisArrayReply>
   readonly #options: RedisClientOptions
   readonly #subscriptions = new Set<Subscription>()
   #closed = false
@@ -70,7 +82,23 @@ export class RedisClient {
     } catch (err) {
       return Promise.reject(err)
     }
-    return this.client.call(command, options)
+    return this.client.call(command, options) as Promise<RedisReply>
+  }
+
+  /** Any command: its reply, an array as a `RedisArrayReply` (no object per element until one is asked for). */
+  commandCompact (...args: RedisArg[]): Promise<CompactReply> {
+    return this.commandCompactWith(args)
+  }
+
+  /** As `commandCompact`, with per-call options (deadline, signal). */
+  commandCompactWith (args: readonly RedisArg[], options?: ProtocolCallOptions): Promise<CompactReply> {
+    let command: RedisCommand
+    try {
+      command = new RedisCommand(args, true)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+    return this.client.call(command, options) as Promise<CompactReply>
   }
 
   async get (key: RedisArg): Promise<Buffer | null> {

@@ -1,4 +1,4 @@
-import type { ConnectionHandle } from '../../reactor/index.js'
+import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
 import { GlobPattern, compiledGlob } from './glob.js'
 import { EncodedPush, Raw, SLICE_BULK_BYTES, error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
@@ -14,7 +14,10 @@ import { Subscriptions } from './subscriptions.js'
  * PUBLISH encodes the channel and message once, the `message` or
  * `pmessage` head once per channel or matching pattern (the patterns'
  * heads side by side in slabs of that PUBLISH), and queues the same
- * slices on every subscriber. What
+ * bytes on every subscriber (a channel's or pattern's subscribers, from
+ * the second on, are a `ConnectionGroup`, which encodes once for all); a
+ * run of matching patterns with the same lone subscriber goes out as one
+ * push. What
  * one connection is subscribed to is kept in its `ConnectionState`
  * (`Subscriptions`); while it has any, the connection is in subscribed
  * mode: only the commands in `SUBSCRIBED_MODE_COMMANDS` run, the others
@@ -32,17 +35,29 @@ import { Subscriptions } from './subscriptions.js'
 
 /**
  * The subscribers of one channel or pattern: the connection itself while
- * it is the only one (most channels have one subscriber, and a set costs
- * more than the subscription), a set from the second on.
+ * it is the only one (most channels have one subscriber, and a group costs
+ * more than the subscription), a `ConnectionGroup` from the second on (it
+ * encodes a message once for all its members).
  */
-type Members = ConnectionHandle | Set<ConnectionHandle>
+type Members = ConnectionHandle | ConnectionGroup
 
 /** A pattern, compiled, with its subscribers (one object: a PUBLISH walks them all). */
 class PatternEntry extends GlobPattern {
   members: Members
+  /** The channel matched last (null: none yet) and whether it matched: PUBLISHes to one channel match each pattern once. */
+  lastChannel: string | null = null
+  lastMatch = false
   constructor (pattern: string, members: Members) {
     super(pattern)
     this.members = members
+  }
+
+  matchesChannel (channel: string): boolean {
+    if (channel === this.lastChannel) return this.lastMatch
+    const match = this.matches(channel)
+    this.lastChannel = channel
+    this.lastMatch = match
+    return match
   }
 }
 
@@ -64,7 +79,7 @@ export class PubSub {
     if (connection.isClosed) return null
     const subscriptions: Subscriptions = new Subscriptions(connection, () => { this.unsubscribeAll(state) })
     connection.once('close', subscriptions.onClose)
-    // A subscriber waits quietly for its messages: the server keeps it at its connection limit (not in a ConnectionGroup here).
+    // A subscriber waits quietly for its messages: the server keeps it at its connection limit (a lone subscriber is in no ConnectionGroup).
     connection.markSession()
     state.subscriptions = subscriptions
     return subscriptions
@@ -139,23 +154,53 @@ export class PubSub {
       receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
     }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
-    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept).
+    // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept). A run of
+    // patterns with the same lone subscriber (a connection's patterns sit side by side in the map) goes out as one push:
+    // each `pmessage` whole, its head and a small tail copied, one after the other in the slab.
     let slab = EMPTY
     let used = 0
+    let run: ConnectionHandle | null = null
+    let runFrom = 0
+    let runCount = 0
     for (const entry of this.#patterns.values()) {
-      if (!entry.matches(channel)) continue
+      if (!entry.matchesChannel(channel)) continue
       tail ??= encodeTail(channel, message)
       const pattern = entry.source
-      const length = pmessageHeadLength(pattern)
-      if (used + length > slab.length) {
-        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+      const headLength = pmessageHeadLength(pattern)
+      const target = entry.members
+      if (!(target instanceof ConnectionGroup) && tail.length === 1 && tail[0]!.length <= COPIED_TAIL_BYTES) {
+        const small = tail[0]!
+        const length = headLength + small.length
+        if (target !== run || used + length > slab.length) {
+          if (run !== null) receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
+          if (used + length > slab.length) {
+            slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, length))
+            used = 0
+          }
+          run = target
+          runFrom = used
+          runCount = 0
+        }
+        writePmessageHead(slab, used, pattern)
+        slab.set(small, used + headLength)
+        used += length
+        runCount++
+        continue
+      }
+      if (run !== null) {
+        receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
+        run = null
+      }
+      if (used + headLength > slab.length) {
+        slab = Buffer.allocUnsafe(Math.max(HEAD_SLAB_BYTES, headLength))
         used = 0
       }
       writePmessageHead(slab, used, pattern)
-      const head = slab.subarray(used, used + length)
-      used += length
-      receivers += sendTo(entry.members, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
+      const head = slab.subarray(used, used + headLength)
+      used += headLength
+      receivers += sendTo(target, new EncodedPush(tail.length === 1 ? [head, tail[0]!] : [head, ...tail]))
     }
+    if (run !== null) receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
     return receivers
   }
 
@@ -170,7 +215,7 @@ export class PubSub {
   /** The channel's subscribers, patterns not counted (PUBSUB NUMSUB). */
   subscribers (channel: string): number {
     const members = this.#channels.get(channel)
-    return members === undefined ? 0 : members instanceof Set ? members.size : 1
+    return members === undefined ? 0 : members instanceof ConnectionGroup ? members.size : 1
   }
 
   /** Patterns with at least one subscriber (PUBSUB NUMPAT: Redis 7 counts each pattern once). */
@@ -205,29 +250,28 @@ export class PubSub {
 
 /** `members` with `connection` added (it is not one of them). */
 function joined (members: Members, connection: ConnectionHandle): Members {
-  if (members instanceof Set) return members.add(connection)
-  return new Set([members, connection])
+  if (members instanceof ConnectionGroup) return members.add(connection)
+  return new ConnectionGroup().add(members).add(connection)
 }
 
 /**
  * `members` without `connection`: null when none is left, the lone member
- * when one is. A set being walked by a PUBLISH stays valid: the walk goes
- * on over it (a Set allows deletes while iterated).
+ * when one is. (A group also loses a member by itself when its connection
+ * closes, before the registry hears of it: what is left decides.)
  */
 function without (members: Members, connection: ConnectionHandle): Members | null {
-  if (!(members instanceof Set)) return members === connection ? null : members
+  if (!(members instanceof ConnectionGroup)) return members === connection ? null : members
   members.delete(connection)
   if (members.size > 1) return members
   const [last] = members
+  members.clear()
   return last ?? null
 }
 
-/** Queues `push` on every member; how many took it (not closed, nor closed by it for their push limit). */
+/** Queues `push` on every member, encoded once; how many took it (not closed, nor closed by it for their push limit). */
 function sendTo (members: Members, push: EncodedPush): number {
-  if (!(members instanceof Set)) return members.send(push) ? 1 : 0
-  let sent = 0
-  for (const member of members) if (member.send(push)) sent++
-  return sent
+  if (!(members instanceof ConnectionGroup)) return members.send(push) ? 1 : 0
+  return members.send(push)
 }
 
 /** The channel and the message as the two bulk strings that end a `message` and a `pmessage`: one buffer, or three slices when the message is large (not copied). */
@@ -245,6 +289,8 @@ function encodeTail (channel: string, message: Buffer): Uint8Array[] {
 const PMESSAGE_PREFIX = Buffer.from('*4\r\n$8\r\npmessage\r\n$', 'latin1')
 /** The size of the slabs a PUBLISH writes its matching patterns' heads into. */
 const HEAD_SLAB_BYTES = 64 * 1024
+/** A `message`'s tail (channel and message) up to this size is copied after each `pmessage` head of a run; a larger one is shared. */
+const COPIED_TAIL_BYTES = 512
 
 /** The size of a `pmessage`'s head for `pattern` (latin1): the array's size, the kind, the pattern. */
 function pmessageHeadLength (pattern: string): number {
@@ -253,15 +299,26 @@ function pmessageHeadLength (pattern: string): number {
 
 /** Writes a `pmessage`'s head for `pattern` at `out[at]` (pmessageHeadLength bytes). */
 function writePmessageHead (out: Buffer, at: number, pattern: string): void {
-  PMESSAGE_PREFIX.copy(out, at)
+  out.set(PMESSAGE_PREFIX, at)
   at += PMESSAGE_PREFIX.length
-  at += out.write(String(pattern.length), at, 'latin1')
+  const length = pattern.length
+  if (length < 10) {
+    out[at++] = 0x30 + length
+  } else if (length < 100) {
+    out[at++] = 0x30 + Math.floor(length / 10)
+    out[at++] = 0x30 + length % 10
+  } else {
+    at += latin1Write.call(out, String(length), at)
+  }
   out[at++] = 0x0d
   out[at++] = 0x0a
-  at += out.write(pattern, at, 'latin1')
+  at += latin1Write.call(out, pattern, at)
   out[at++] = 0x0d
   out[at] = 0x0a
 }
+
+// Buffer's own latin1 writer, without `write`'s argument checks (as resp.ts uses it).
+const latin1Write = (Buffer.prototype as unknown as { latin1Write: (s: string, at: number) => number }).latin1Write
 
 /** What the Pub/Sub handlers need of their call: its connection, streamed parts, and the connection's state. */
 export interface PubSubCallContext {

@@ -1,13 +1,17 @@
 /**
  * RESP2, client side: commands as arrays of bulk strings out, replies in
  * (`redisClientProtocol`, the `ClientProtocol` that `RedisClient` and
- * `Subscription` run on). Replies decode as `RedisReply` (see client.ts).
+ * `Subscription` run on). Replies decode as `RedisReply` (see client.ts),
+ * or compact (reply-array.ts) for a command made `compact`.
  */
 import type { ClientProtocol } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { FrameScanner } from '../../codec/frame-decoder.js'
 import type { FrameSink } from '../../codec/frame-sink.js'
 import { CR, LF } from './resp.js'
+import { decodeCompact, redisError, type RedisArrayReply } from './reply-array.js'
+
+export { redisError }
 
 /** A reply, decoded. */
 export type RedisReply = string | number | bigint | Buffer | null | RpcError | readonly RedisReply[]
@@ -26,8 +30,10 @@ export class RedisCommand {
   /** The frame's size: `*N\r\n` and `$len\r\n…\r\n` per argument. */
   readonly bytes: number
   readonly large: boolean
+  /** Whether an array reply is decoded compact (a `RedisArrayReply`, see reply-array.ts) rather than as an array. */
+  readonly compact: boolean
 
-  constructor (args: readonly RedisArg[]) {
+  constructor (args: readonly RedisArg[], compact = false) {
     if (args.length === 0) throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a Redis command needs at least its name')
     const buffers = args.map(toBuffer)
     let bytes = headerBytes(buffers.length)
@@ -39,6 +45,7 @@ export class RedisCommand {
     this.args = buffers
     this.bytes = bytes
     this.large = large
+    this.compact = compact
   }
 }
 
@@ -101,25 +108,6 @@ function indexOfLf (buf: Buffer, from: number, end: number): number {
   return at < 0 ? -1 : from + at
 }
 
-// Where the bulk string at p (its `$`) ends when its header, data and CRLF
-// are all in buf[p, end) with a plain length; 0 when not (the scanner's
-// general path then reads it, whatever its state); -1 when its data is not
-// followed by CRLF.
-function wholeBulk (buf: Buffer, p: number, end: number): number {
-  let q = p + 1
-  let n = 0
-  const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
-  for (; q < digitsEnd; q++) {
-    const c = buf[q]!
-    if (c < ZERO || c > NINE) break
-    n = n * 10 + (c - ZERO)
-  }
-  if (q === p + 1 || q + 1 >= end || buf[q] !== CR || buf[q + 1] !== LF) return 0
-  const stop = q + 2 + n + 2
-  if (stop > end) return 0
-  return buf[stop - 2] === CR && buf[stop - 1] === LF ? stop : -1
-}
-
 /**
  * Finds where one reply ends, resuming where it stopped when the reply
  * comes back longer (a reply split over many reads is looked at once in
@@ -157,14 +145,40 @@ export class ReplyScanner implements FrameScanner {
           if (p >= end) return this.#more(p, start, 0)
           const type = buf[p]!
           if (type === DOLLAR) {
-            // The common case first: a bulk string whose header and data are all here.
-            const stop = wholeBulk(buf, p, end)
-            if (stop > 0) {
+            // The common case first: bulk strings whose headers and data are all here, one after the other in an array.
+            const left = this.#left
+            const depth = left.length - 1
+            let remaining = depth < 0 ? 1 : left[depth]!
+            const first = p
+            // In line (a call per element costs as much as the rest): `$`, digits, CRLF, the data, CRLF.
+            while (remaining > 0 && p < end && buf[p] === DOLLAR) {
+              let q = p + 1
+              let n = 0
+              const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
+              let c = 0
+              for (; q < digitsEnd; q++) {
+                c = buf[q]!
+                if (c < ZERO || c > NINE) break
+                n = n * 10 + (c - ZERO)
+              }
+              if (q === p + 1 || c !== CR || q + 1 >= end || buf[q + 1] !== LF) break
+              const stop = q + 4 + n
+              if (stop > end) break
+              if (buf[stop - 2] !== CR || buf[stop - 1] !== LF) return malformed('a bulk string not ended by CRLF')
               p = stop
-              if (this.#valueEnded()) return this.#frameEnded(p, start)
+              remaining--
+            }
+            if (p !== first) {
+              if (depth < 0) return this.#frameEnded(p, start)
+              left[depth] = remaining
+              // The innermost array ended: it is a value of the one around it.
+              if (remaining === 0) {
+                left.pop()
+                if (depth === 0 || this.#valueEnded()) return this.#frameEnded(p, start)
+              }
               break
             }
-            if (stop < 0) return malformed('a bulk string not ended by CRLF')
+            // Not whole here: the general path reads it, whatever its state.
           }
           if (type === DOLLAR || type === STAR) {
             this.#phase = IN_LENGTH
@@ -274,12 +288,6 @@ export class ReplyScanner implements FrameScanner {
   }
 }
 
-/** The RpcError of an error reply: Redis's text, its first word as the name. */
-export function redisError (text: string): RpcError {
-  const space = text.indexOf(' ')
-  const name = space < 0 ? text : text.slice(0, space)
-  return new RpcError(ErrorCode.REMOTE, text, { remote: { protocol: 'redis', code: 0, name, fatal: false } })
-}
 
 /** Where the value `decodeAt` decoded last ends (no tuple made per value). */
 let decodedEnd = 0
@@ -339,8 +347,8 @@ const RETRYABLE_ERRORS: ReadonlySet<string> = new Set(['BUSY', 'LOADING', 'TRYAG
 const READ_ONLY: ReadonlySet<string> = new Set(['GET', 'MGET', 'EXISTS', 'STRLEN', 'TTL', 'PTTL', 'TYPE', 'LRANGE', 'LLEN',
   'SMEMBERS', 'SCARD', 'HGET', 'HGETALL', 'ZRANGE', 'ZCARD', 'PING', 'ECHO', 'DBSIZE', 'KEYS'])
 
-/** RESP2, client side. */
-export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply> {
+/** RESP2, client side: replies decode as `RedisReply`, a `compact` command's array reply as a `RedisArrayReply`. */
+export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply | RedisArrayReply> {
   return {
     name: 'redis',
     framing: { scanner: () => new ReplyScanner() },
@@ -360,7 +368,7 @@ export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply>
       }
       putLatin1(out, head)
     },
-    decodeAnswer: (_command, buf, start) => decodeAt(buf, start),
+    decodeAnswer: (command, buf, start, end) => command.compact ? decodeCompact(buf, start, end) : decodeAt(buf, start),
     retryable: (error, command) => error.remote !== undefined
       ? RETRYABLE_ERRORS.has(error.remote.name)
       : READ_ONLY.has(command.args[0]!.toString('latin1').toUpperCase())

@@ -14,6 +14,7 @@ import { RpcError } from '../../codec/errors.js'
 import { RedisClient, type SubscriptionMessage } from '../../examples/redis/client.js'
 import { parseMemory, redisServer, takePubsubLimit } from '../../examples/redis/main.js'
 import { PubSub } from '../../examples/redis/pubsub.js'
+import type { Subscriptions } from '../../examples/redis/subscriptions.js'
 import { ConnectionState } from '../../examples/redis/resp.js'
 import type { ConnectionHandle } from '../../reactor/index.js'
 import { startListening } from '../helpers/listening-child.js'
@@ -491,4 +492,66 @@ t.test('a subscribed connection is marked a session (kept at maxConnections) unt
   pubsub.subscribe(pubsub.subscriptionsOf(state, handle)!, 'c')
   pubsub.unsubscribeAll(state)
   t.notOk(handle.isSession, 'RESET (or its close) unmarks it')
+})
+
+t.test('a PUBLISH to many patterns of one subscriber sends few pushes, each pmessage whole and in order, counted', async (t) => {
+  const pubsub = new PubSub()
+  interface Push { slices: Uint8Array[] }
+  const peer = (id: number): { subscriptions: Subscriptions, pushes: Push[], bytes: () => string, refuse: () => void } => {
+    const pushes: Push[] = []
+    let accept = true
+    const h = { isClosed: false, markSession: () => {}, once: () => h, off: () => h, send: (push: Push) => { if (accept) pushes.push(push); return accept } }
+    const subscriptions = pubsub.subscriptionsOf(new ConnectionState(id), h as unknown as ConnectionHandle)!
+    return { subscriptions, pushes, bytes: () => Buffer.concat(pushes.flatMap((p) => p.slices)).toString('latin1'), refuse: () => { accept = false } }
+  }
+  const a = peer(1)
+  const b = peer(2)
+  // Distinct patterns that all match the channel: each of its first 6 bytes as itself, `?`, `[x]` or `\x`, then `*`.
+  const channel = 'abcdefghijklmnop'
+  const patterns = Array.from({ length: 4096 }, (_, i) => {
+    let out = ''
+    for (let k = 0; k < 6; k++) {
+      const c = channel[k]!
+      const variant = (i >> (2 * k)) & 3
+      out += variant === 0 ? c : variant === 1 ? '?' : variant === 2 ? `[${c}]` : `\\${c}`
+    }
+    return out + '*'
+  })
+  t.equal(new Set(patterns).size, 4096)
+  const aSubs = a.subscriptions
+  const bSubs = b.subscriptions
+  pubsub.subscribe(aSubs, channel)
+  for (let i = 0; i < patterns.length; i++) {
+    pubsub.psubscribe(aSubs, patterns[i]!)
+    // One of b's patterns between a's: a's run is broken there.
+    if (i === 999) pubsub.psubscribe(bSubs, 'abc*')
+  }
+  pubsub.psubscribe(bSubs, '*')
+  const pmessage = (pattern: string, message: string): string =>
+    `*4\r\n$8\r\npmessage\r\n$${pattern.length}\r\n${pattern}\r\n$${channel.length}\r\n${channel}\r\n$${message.length}\r\n${message}\r\n`
+  const aExpected = `*3\r\n$7\r\nmessage\r\n$${channel.length}\r\n${channel}\r\n$2\r\nhi\r\n` + patterns.map((p) => pmessage(p, 'hi')).join('')
+  const bExpected = pmessage('abc*', 'hi') + pmessage('*', 'hi')
+  for (let round = 0; round < 2; round++) {
+    // The second time, each pattern's match is the one remembered: the same answer.
+    a.pushes.length = 0
+    b.pushes.length = 0
+    t.equal(pubsub.publish(channel, Buffer.from('hi')), 1 + patterns.length + 2, 'PUBLISH counts the channel and every matching pattern')
+    t.equal(a.bytes(), aExpected, 'a: the message, then every pmessage whole, in subscription order')
+    t.equal(b.bytes(), bExpected)
+    // One push for the message, one per 64 KiB slab, one more where b's pattern broke the run: not one per pattern.
+    const most = 1 + Math.ceil(aExpected.length / (64 * 1024)) + 2
+    t.ok(a.pushes.length <= most, `${a.pushes.length} pushes for ${patterns.length + 1} messages (${aExpected.length} bytes), at most ${most}`)
+  }
+  // Another channel: the remembered matches are not its.
+  a.pushes.length = 0
+  b.pushes.length = 0
+  t.equal(pubsub.publish('zzz', Buffer.from('x')), 1, 'only `*` matches zzz')
+  t.equal(a.pushes.length, 0)
+  // A large message is not copied per pattern; still whole and counted.
+  const large = 'L'.repeat(2000)
+  t.equal(pubsub.publish(channel, Buffer.from(large)), 1 + patterns.length + 2)
+  t.equal(a.bytes(), `*3\r\n$7\r\nmessage\r\n$${channel.length}\r\n${channel}\r\n$2000\r\n${large}\r\n` + patterns.map((p) => pmessage(p, large)).join(''))
+  // A subscriber that refuses its pushes (closed, or over its limit) is not counted.
+  a.refuse()
+  t.equal(pubsub.publish(channel, Buffer.from('hi')), 2, 'only b\'s two patterns counted')
 })
