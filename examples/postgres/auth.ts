@@ -63,14 +63,14 @@ export class ScramExchange {
 
   /** The client-first-message; returns the server-first-message. */
   first (message: string): string | ScramError {
-    const gs2 = /^([ny])(?:,[^,]*)?,([^,]*),(.*)$/.exec(message)
-    if (gs2 === null) {
-      if (message.startsWith('p=')) return new ScramError('08P01', 'malformed SCRAM message', 'The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.')
-      return new ScramError('08P01', 'malformed SCRAM message', 'Unexpected channel-binding flag "' + message[0] + '".')
-    }
-    const commaAfterFlag = message.indexOf(',', message.indexOf(',') + 1)
-    this.#gs2Header = message.slice(0, commaAfterFlag + 1)
-    this.#clientFirstBare = gs2[3]!
+    // gs2-header: a channel-binding flag (n or y; p= is refused: none is offered), an optional authzid, then the bare message.
+    const flagEnd = message.indexOf(',')
+    const authzEnd = flagEnd < 0 ? -1 : message.indexOf(',', flagEnd + 1)
+    const flag = message.slice(0, flagEnd)
+    if (message.startsWith('p=')) return new ScramError('08P01', 'malformed SCRAM message', 'The client selected SCRAM-SHA-256 without channel binding, but the SCRAM message includes channel binding data.')
+    if (authzEnd < 0 || (flag !== 'n' && flag !== 'y')) return new ScramError('08P01', 'malformed SCRAM message', `Unexpected channel-binding flag "${message[0] ?? ''}".`)
+    this.#gs2Header = message.slice(0, authzEnd + 1)
+    this.#clientFirstBare = message.slice(authzEnd + 1)
     const attrs = attributes(this.#clientFirstBare)
     const clientNonce = attrs.get('r')
     if (clientNonce === undefined || clientNonce.length === 0) return new ScramError('08P01', 'malformed SCRAM message', 'Could not parse client nonce.')

@@ -160,7 +160,14 @@ export function evaluate (expr: Expr, ctx: EvalContext, types: Array<TypeName | 
     case 'cast': {
       const value = evaluate(expr.expr, ctx, types)
       if (value === null) return null
-      return expr.type === 'text' ? String(value) : toInt(value, expr.type)
+      if (expr.type === 'text') return String(value)
+      try {
+        return toInt(value, expr.type)
+      } catch (error) {
+        // A constant that does not convert is reported at the constant, as PostgreSQL does at parse time.
+        if (error instanceof SqlError && expr.expr.kind === 'string') throw new SqlError(error.code, error.message, error.detail, expr.expr.at)
+        throw error
+      }
     }
     case 'add': {
       const type = staticType(expr, types)

@@ -25,6 +25,8 @@ function keyOf (expr: Expr, ctx: EvalContext, types: Array<TypeName | undefined>
 /** Runs a statement that is not a transaction command (pg_sleep already slept) against the session's view of the table. */
 export function execute (statement: Statement, params: Value[], types: Array<TypeName | undefined>, view: KvView): Result {
   const ctx: EvalContext = { params, row: null }
+  const table = statement.kind === 'select' || statement.kind === 'insert' || statement.kind === 'update' || statement.kind === 'delete' ? statement.table : undefined
+  if (table !== undefined && table.name !== 'kv') throw new SqlError('42P01', `relation "${table.name}" does not exist`, undefined, table.at)
   switch (statement.kind) {
     case 'select': {
       const columns = columnsOf(statement, types)!

@@ -6,9 +6,9 @@
  *     [--password SECRET] [--user NAME=SECRET ...]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
  *
- * Without `--password` or `--user`, every user is trusted; with them,
- * clients authenticate with SCRAM-SHA-256 (`--password` is the password of
- * every user, `--user` of one). With `--tls-cert`, an SSLRequest is
+ * A user named with `--user NAME=SECRET` authenticates with SCRAM-SHA-256;
+ * every other user too with `--password` (their common password), else is
+ * trusted (no password asked), as a `trust` line of pg_hba.conf. With `--tls-cert`, an SSLRequest is
  * answered `S` and the connection continues in TLS; without, `N`.
  *
  * Prints `listening on HOST:PORT` once it serves; SIGINT/SIGTERM close it.
@@ -26,9 +26,9 @@ import type { Shared } from './session.js'
 import { tlsHandshake } from './tls.js'
 
 export interface PostgresServerOptions {
-  /** Users and their passwords (SCRAM-SHA-256); absent: every user is trusted. */
+  /** Users and their passwords (SCRAM-SHA-256); the users not listed are trusted, unless `password` is given. */
   users?: Record<string, string> | Map<string, string>
-  /** A password for any user name (with `users`, for the users not listed). */
+  /** The password of every user not in `users`; absent: they are trusted. */
   password?: string
   /** TLS after an SSLRequest (answered `S`); default none (answered `N`). */
   tls?: TlsOptions
@@ -40,23 +40,12 @@ export interface PostgresServerOptions {
 
 /** One server and its in-memory table. */
 export function postgresServer (options: PostgresServerOptions = {}): ProtocolServer {
-  let users: Map<string, ScramSecret> | null = null
+  // Secrets are derived once, here (PBKDF2), never per connection.
   const entries = options.users instanceof Map ? [...options.users] : Object.entries(options.users ?? {})
-  if (entries.length > 0 || options.password !== undefined) {
-    users = new Map(entries.map(([user, password]) => [user, scramSecret(password)]))
-    if (options.password !== undefined) {
-      const shared = scramSecret(options.password)
-      users = new Proxy(users, {
-        get (target, prop) {
-          if (prop === 'get') return (user: string) => target.get(user) ?? shared
-          const value = Reflect.get(target, prop, target) as unknown
-          return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value
-        }
-      })
-    }
-  }
+  const secrets = new Map<string, ScramSecret>(entries.map(([user, password]) => [user, scramSecret(password)]))
+  const everyone = options.password === undefined ? null : scramSecret(options.password)
   const shared: Shared = {
-    users,
+    secretFor: (user) => secrets.get(user) ?? everyone,
     serverVersion: options.serverVersion ?? '15.0 (nyala)',
     sessions: new Map(),
     table: new KvTable(),

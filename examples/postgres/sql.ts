@@ -28,11 +28,14 @@ export type Expr =
 export interface SelectItem { expr: Expr, name: string }
 
 export type Statement =
-  | { kind: 'select', items: SelectItem[], from: boolean, where: Expr | null, ordered: boolean }
-  | { kind: 'insert', rows: Array<[Expr, Expr]> }
-  | { kind: 'update', value: Expr, where: Expr | null }
-  | { kind: 'delete', where: Expr | null }
+  | { kind: 'select', items: SelectItem[], from: boolean, where: Expr | null, ordered: boolean, table?: TableRef }
+  | { kind: 'insert', rows: Array<[Expr, Expr]>, table: TableRef }
+  | { kind: 'update', value: Expr, where: Expr | null, table: TableRef }
+  | { kind: 'delete', where: Expr | null, table: TableRef }
   | { kind: 'begin' } | { kind: 'commit' } | { kind: 'rollback' }
+
+/** The table a statement names (only `kv` exists: another is 42P01 when the statement runs). */
+export interface TableRef { name: string, at: number }
 
 /** A syntax error: PostgreSQL's message and the 1-based position of the token. */
 export class SqlSyntaxError {
@@ -44,7 +47,10 @@ export class SqlSyntaxError {
   }
 }
 
-interface Token { type: 'word' | 'quoted' | 'int' | 'numeric' | 'string' | 'param' | 'op' | 'end', text: string, at: number }
+interface Token { type: 'word' | 'quoted' | 'int' | 'numeric' | 'string' | 'param' | 'op' | 'end', text: string, at: number, raw?: string }
+
+// Words that cannot name a table (the parse fails at them, as PostgreSQL's grammar does).
+const RESERVED = new Set(['select', 'from', 'where', 'order', 'by', 'values', 'set', 'insert', 'update', 'delete', 'into', 'as', 'null', 'and', 'or', 'not'])
 
 const TYPE_NAMES: Record<string, 'int4' | 'int8' | 'text'> = { int: 'int4', int4: 'int4', integer: 'int4', int8: 'int8', bigint: 'int8', text: 'text' }
 
@@ -59,7 +65,7 @@ function tokenize (sql: string): Token[] | SqlSyntaxError {
     if (/[A-Za-z_]/.test(c)) {
       let j = i + 1
       while (j < sql.length && /[A-Za-z0-9_$]/.test(sql[j]!)) j++
-      tokens.push({ type: 'word', text: sql.slice(i, j).toLowerCase(), at })
+      tokens.push({ type: 'word', text: sql.slice(i, j).toLowerCase(), at, raw: sql.slice(i, j) })
       i = j
     } else if (/[0-9]/.test(c) || (c === '.' && /[0-9]/.test(sql[i + 1] ?? ''))) {
       let j = i
@@ -132,7 +138,7 @@ class Parser {
       case 'select': return this.select()
       case 'insert': return this.insert()
       case 'update': return this.update()
-      case 'delete': this.word('from'); this.table(); return { kind: 'delete', where: this.where() }
+      case 'delete': { this.word('from'); const table = this.table(); return { kind: 'delete', where: this.where(), table } }
       case 'begin': this.optionalWork(); return { kind: 'begin' }
       case 'start': this.word('transaction'); return { kind: 'begin' }
       case 'commit': case 'end': this.optionalWork(); return { kind: 'commit' }
@@ -143,10 +149,10 @@ class Parser {
 
   optionalWork (): void { if (this.isWord('work') || this.isWord('transaction')) this.#pos++ }
 
-  table (): void {
+  table (): TableRef {
     const t = this.peek()
-    if ((t.type === 'word' || t.type === 'quoted') && t.text === 'kv') { this.#pos++; return }
-    this.fail()
+    if (t.type === 'quoted' || (t.type === 'word' && !RESERVED.has(t.text))) { this.#pos++; return { name: t.text, at: t.at } }
+    return this.fail()
   }
 
   where (): Expr | null {
@@ -184,9 +190,10 @@ class Parser {
     let from = false
     let where: Expr | null = null
     let ordered = false
+    let table: TableRef | undefined
     if (this.isWord('from')) {
       this.#pos++
-      this.table()
+      table = this.table()
       from = true
       where = this.where()
       if (this.isWord('order')) {
@@ -201,12 +208,12 @@ class Parser {
       // SELECT * without FROM.
       throw new SqlSyntaxError('SELECT * with no tables specified is not valid', 8)
     }
-    return { kind: 'select', items, from, where, ordered }
+    return { kind: 'select', items, from, where, ordered, table }
   }
 
   insert (): Statement {
     this.word('into')
-    this.table()
+    const table = this.table()
     if (this.isOp('(')) {
       this.#pos++
       const k = this.next()
@@ -226,17 +233,17 @@ class Parser {
       this.op(')')
       rows.push([k, v])
     } while (this.isOp(',') && this.next() !== undefined)
-    return { kind: 'insert', rows }
+    return { kind: 'insert', rows, table }
   }
 
   update (): Statement {
-    this.table()
+    const table = this.table()
     this.word('set')
     const column = this.next()
     if (column.text !== 'v') this.fail(column)
     this.op('=')
     const value = this.expr()
-    return { kind: 'update', value, where: this.where() }
+    return { kind: 'update', value, where: this.where(), table }
   }
 
   expr (): Expr {
@@ -291,7 +298,7 @@ function tokenText (token: Token): string {
   switch (token.type) {
     case 'string': return `'${token.text.replaceAll('\'', '\'\'')}'`
     case 'quoted': return `"${token.text}"`
-    default: return token.text
+    default: return token.raw ?? token.text
   }
 }
 

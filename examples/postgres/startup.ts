@@ -11,8 +11,8 @@ import { CANCEL_REQUEST_CODE, MessageReader, MessageWriter, PROTOCOL_3_0, writeE
 
 /** What the sessions of one server share: the users, the cancel keys, the server's reported version. */
 export interface StartupConfig {
-  /** Users with a password (SCRAM-SHA-256); null: every user is trusted. */
-  users: Map<string, ScramSecret> | null
+  /** The SCRAM-SHA-256 secret of a user's password; null: the user is trusted (no password asked). */
+  secretFor: (user: string) => ScramSecret | null
   serverVersion: string
   /** Sessions by process id, for CancelRequest. */
   sessions: Map<number, { secret: number, cancel: () => void }>
@@ -77,9 +77,10 @@ export function startupMessage (config: StartupConfig, key: BackendKey, buf: Buf
     for (const name of unknownOptions) out.cstr(name)
     out.end()
   }
-  if (config.users === null) return { kind: 'ready', bytes: authenticated(config, out, startup, key), startup }
+  const secret = config.secretFor(user)
+  if (secret === null) return { kind: 'ready', bytes: authenticated(config, out, startup, key), startup }
   out.begin('R').i32(10).cstr('SCRAM-SHA-256').byte(0).end()
-  return { kind: 'auth', bytes: out.take(), startup, scram: new ScramExchange(config.users.get(user) ?? null) }
+  return { kind: 'auth', bytes: out.take(), startup, scram: new ScramExchange(secret) }
 }
 
 function normalizeEncoding (name: string): string {
