@@ -218,7 +218,8 @@ export class Extended {
     const sent = end - portal.cursor
     if (result.columns !== null) for (let i = portal.cursor; i < end; i++) writeDataRow(out, result.columns, result.rows[i]!, portal.formats)
     portal.cursor = end
-    if (end < result.rows.length) {
+    // As PostgreSQL: a fetch that filled its row limit is suspended, even when no row is left (the next Execute says SELECT 0).
+    if (maxRows > 0 && result.columns !== null && sent === maxRows) {
       out.begin('s').end()
       return
     }
