@@ -26,11 +26,13 @@ export class SqlError extends Error {
   readonly code: string
   readonly detail: string | undefined
   readonly position: number | undefined
-  constructor (code: string, message: string, detail?: string, position?: number) {
+  readonly where: string | undefined
+  constructor (code: string, message: string, detail?: string, position?: number, where?: string) {
     super(message)
     this.code = code
     this.detail = detail
     this.position = position
+    this.where = where
   }
 }
 
@@ -89,6 +91,28 @@ function maxParam (statement: Statement): number {
     default: break
   }
   return highest
+}
+
+/**
+ * Parse analysis: literals cast to an integer type are converted now, so
+ * a bad one fails the statement before it runs (at Parse, for the extended
+ * protocol), at the literal's position, as PostgreSQL does.
+ */
+export function checkConstants (statement: Statement): void {
+  const visit = (expr: Expr | null): void => {
+    if (expr === null) return
+    if (expr.kind === 'cast') {
+      if (expr.expr.kind === 'string' && expr.type !== 'text') evaluate(expr, { params: [], row: null }, [])
+      visit(expr.expr)
+    } else if (expr.kind === 'add') { visit(expr.left); visit(expr.right) } else if (expr.kind === 'sleep') visit(expr.arg)
+  }
+  switch (statement.kind) {
+    case 'select': statement.items.forEach(i => visit(i.expr)); visit(statement.where); break
+    case 'insert': statement.rows.forEach(([k, v]) => { visit(k); visit(v) }); break
+    case 'update': visit(statement.value); visit(statement.where); break
+    case 'delete': visit(statement.where); break
+    default: break
+  }
 }
 
 /** The type of an expression's result (an unknown-typed literal or parameter in a result column is text). */

@@ -1,4 +1,4 @@
-import { inferParams, OID_OF, SqlError, typeOfOid, type TypeName, type Value } from './engine.js'
+import { checkConstants, inferParams, OID_OF, SqlError, typeOfOid, type TypeName, type Value } from './engine.js'
 import { columnsOf, type Result } from './executor.js'
 import { decodeParam, writeDataRow, writeRowDescription } from './results.js'
 import type { Reply, Session } from './session.js'
@@ -110,6 +110,7 @@ export class Extended {
         throw new SqlError('25P02', 'current transaction is aborted, commands ignored until end of transaction block')
       }
       inferParams(statement, types)
+      checkConstants(statement)
     }
     if (name !== '' && this.#statements.has(name)) throw new SqlError('42P05', `prepared statement "${name}" already exists`)
     if (name !== '' && this.#statements.size >= MAX_STATEMENTS) throw new SqlError('53000', `too many prepared statements (at most ${MAX_STATEMENTS})`)
@@ -158,7 +159,7 @@ export class Extended {
     if (this.#session.status === 'E' && statement !== null && statement.kind !== 'commit' && statement.kind !== 'rollback') {
       throw new SqlError('25P02', 'current transaction is aborted, commands ignored until end of transaction block')
     }
-    const params = raw.map((bytes, i) => decodeParam(bytes, paramFormats.length === 0 ? 0 : paramFormats[paramFormats.length === 1 ? 0 : i]!, prepared.types[i] ?? 'text', i))
+    const params = raw.map((bytes, i) => decodeParam(bytes, paramFormats.length === 0 ? 0 : paramFormats[paramFormats.length === 1 ? 0 : i]!, prepared.types[i] ?? 'text', i, portalName))
     if (portalName !== '' && this.#portals.has(portalName)) throw new SqlError('42P03', `cursor "${portalName}" already exists`)
     if (portalName !== '' && this.#portals.size >= MAX_PORTALS) throw new SqlError('53000', `too many portals (at most ${MAX_PORTALS})`)
     this.#portals.set(portalName, { prepared, params, formats, result: null, cursor: 0 })

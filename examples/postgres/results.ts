@@ -43,17 +43,25 @@ export function writeDataRow (out: MessageWriter, columns: readonly Column[], ro
 }
 
 /** A Bind parameter's value: text or binary, read as its type (22P02 / 22P03 when the bytes do not fit). */
-export function decodeParam (bytes: Buffer | null, format: number, type: TypeName, index: number): Value {
+export function decodeParam (bytes: Buffer | null, format: number, type: TypeName, index: number, portal: string): Value {
+  try {
+    return decode(bytes, format, type, index)
+  } catch (error) {
+    // PostgreSQL's error context names the parameter (its value hidden: log_parameter_max_length_on_error is 0).
+    if (!(error instanceof SqlError)) throw error
+    const where = `${portal === '' ? 'unnamed portal' : `portal "${portal}"`} parameter $${index + 1}${format === 1 ? '' : ' = \'...\''}`
+    throw new SqlError(error.code, error.message, error.detail, undefined, where)
+  }
+}
+
+function decode (bytes: Buffer | null, format: number, type: TypeName, index: number): Value {
   if (bytes === null) return null
   if (format === 1) {
-    if (type === 'int4') {
-      if (bytes.length !== 4) throw new SqlError('22P03', `incorrect binary data format in bind parameter ${index + 1}`)
-      return bytes.readInt32BE(0)
-    }
-    if (type === 'int8') {
-      if (bytes.length !== 8) throw new SqlError('22P03', `incorrect binary data format in bind parameter ${index + 1}`)
-      return bytes.readBigInt64BE(0)
-    }
+    const size = type === 'int4' ? 4 : type === 'int8' ? 8 : -1
+    if (size > 0 && bytes.length < size) throw new SqlError('08P01', 'insufficient data left in message')
+    if (size > 0 && bytes.length > size) throw new SqlError('22P03', `incorrect binary data format in bind parameter ${index + 1}`)
+    if (type === 'int4') return bytes.readInt32BE(0)
+    if (type === 'int8') return bytes.readBigInt64BE(0)
     return bytes.toString('utf8')
   }
   const text = bytes.toString('utf8')

@@ -1,5 +1,5 @@
-import { KvView, SqlError, type KvTable, type TypeName, type Value } from './engine.js'
-import { execute, type Result } from './executor.js'
+import { checkConstants, KvView, SqlError, type KvTable, type TypeName, type Value } from './engine.js'
+import { columnsOf, execute, type Result } from './executor.js'
 import { Extended } from './extended.js'
 import { writeDataRow, writeRowDescription } from './results.js'
 import { parse, SqlSyntaxError, type Statement } from './sql.js'
@@ -155,10 +155,13 @@ export class Session {
     for (let i = from; i < statements.length; i++) {
       const statement = statements[i]!
       try {
+        checkConstants(statement)
         const seconds = this.sleepSecondsOf(statement, [], [])
         if (seconds > 0) {
+          // The row description goes before the statement runs, as PostgreSQL's portal start sends it.
+          writeRowDescription(out, columnsOf(statement, [])!, [])
           return this.sleep(seconds).then(() => {
-            this.emit(out, this.runStatement(statement, [], []), [])
+            this.emit(out, this.runStatement(statement, [], []), [], true)
             return this.#run(statements, i + 1, out)
           }, (error: unknown) => {
             this.failWith(out, error)
@@ -175,9 +178,9 @@ export class Session {
     return this.#ready(out)
   }
 
-  #emit (out: MessageWriter, result: Result, formats: readonly number[]): void {
+  #emit (out: MessageWriter, result: Result, formats: readonly number[], described: boolean): void {
     if (result.columns !== null) {
-      writeRowDescription(out, result.columns, formats)
+      if (!described) writeRowDescription(out, result.columns, formats)
       for (const row of result.rows) writeDataRow(out, result.columns, row, formats)
     }
     out.begin('C').cstr(result.tag).end()
@@ -262,7 +265,7 @@ export class Session {
   /** Writes an ErrorResponse for a thrown error and marks the transaction failed (an implicit one rolls back). */
   failWith (out: MessageWriter, error: unknown): void {
     if (error instanceof SqlError) {
-      this.fail(out, { severity: 'ERROR', code: error.code, message: error.message, detail: error.detail, position: error.position })
+      this.fail(out, { severity: 'ERROR', code: error.code, message: error.message, detail: error.detail, position: error.position, where: error.where })
     } else {
       this.fail(out, { severity: 'ERROR', code: 'XX000', message: error instanceof Error ? error.message : String(error) })
     }
@@ -276,9 +279,9 @@ export class Session {
   }
 
   /** Writes a result (notices first) in the given formats. */
-  emit (out: MessageWriter, result: Result, formats: readonly number[]): void {
+  emit (out: MessageWriter, result: Result, formats: readonly number[], described = false): void {
     this.flushNotices(out)
-    this.#emit(out, result, formats)
+    this.#emit(out, result, formats, described)
   }
 }
 

@@ -51,7 +51,8 @@ class PgScanner implements FrameScanner {
   scan (buf: Buffer, start: number, end: number): number | RpcError {
     if (this.#dataAfterRequest) {
       // CVE-2021-23214: bytes pipelined behind an SSLRequest are refused, not read as the start-up.
-      return streamError('unencrypted data after SSL request', fatalV2('received unencrypted data after SSL request'))
+      return streamError('unencrypted data after SSL request', fatalError('08P01', 'received unencrypted data after SSL request',
+        'This could be either a client-software bug or evidence of an attempted man-in-the-middle attack.'))
     }
     const have = end - start
     if (this.#typed) {
@@ -180,6 +181,8 @@ export interface ErrorFields {
   hint?: string
   /** 1-based character position in the query. */
   position?: number
+  /** Where the error happened (a Bind parameter). */
+  where?: string
 }
 
 /** Writes an ErrorResponse ('E') or NoticeResponse ('N'). */
@@ -192,6 +195,7 @@ export function writeError (out: MessageWriter, fields: ErrorFields, type: 'E' |
   if (fields.detail !== undefined) out.byte(0x44).cstr(fields.detail)
   if (fields.hint !== undefined) out.byte(0x48).cstr(fields.hint)
   if (fields.position !== undefined) out.byte(0x50).cstr(String(fields.position))
+  if (fields.where !== undefined) out.byte(0x57).cstr(fields.where)
   out.byte(0).end()
 }
 
