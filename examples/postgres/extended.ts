@@ -4,7 +4,7 @@ import { decodeParam, writeDataRow, writeRowDescription } from './results.js'
 import type { Reply, Session } from './session.js'
 import { parseCached } from './session.js'
 import { SqlSyntaxError, type Statement } from './sql.js'
-import { MessageReader, MessageWriter } from './wire.js'
+import { MessageReader, type MessageWriter } from './wire.js'
 
 /**
  * The extended query protocol of one session: Parse, Bind, Describe,
@@ -44,7 +44,7 @@ export class Extended {
   message (type: number, body: Buffer): Reply | Promise<Reply> {
     if (type === 0x53) return this.#sync()
     if (this.skipping) return NONE
-    const out = new MessageWriter(128)
+    const out = this.#session.out
     try {
       const reader = new MessageReader(body)
       switch (type) {
@@ -84,7 +84,7 @@ export class Extended {
     if (session.implicit) session.endImplicit(true)
     // Portals live until their transaction ends.
     if (session.status === 'I') this.#portals.clear()
-    const out = new MessageWriter(16)
+    const out = session.out
     session.flushNotices(out)
     out.begin('Z').byte(session.status.charCodeAt(0)).end()
     return { bytes: out.take(), close: false }

@@ -41,6 +41,11 @@ export class Session {
   readonly shared: Shared
   readonly view: KvView
   readonly extended: Extended
+  /**
+   * The session's answer being built: one buffer reused by every message
+   * (the session runs one message at a time; `take()` copies the answer out).
+   */
+  readonly out = new MessageWriter(512)
   phase: 'startup' | 'auth-first' | 'auth-final' | 'ready' | 'closed' = 'startup'
   startup: Startup | null = null
   key: BackendKey | null = null
@@ -136,7 +141,7 @@ export class Session {
 
   /** A simple Query: every statement in turn, then ReadyForQuery. */
   query (sql: string): Reply | Promise<Reply> {
-    const out = new MessageWriter(256)
+    const out = this.out
     const parsed = parseCached(this.shared, sql)
     if (parsed instanceof SqlSyntaxError) {
       this.fail(out, { severity: 'ERROR', code: '42601', message: parsed.message, position: parsed.position })
