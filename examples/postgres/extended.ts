@@ -1,8 +1,8 @@
 import { checkConstants, inferParams, OID_OF, SqlError, typeOfOid, type TypeName, type Value } from './engine.js'
 import { columnsOf, type Result } from './executor.js'
 import { decodeParam, writeDataRow, writeRowDescription } from './results.js'
-import type { Reply, Session } from './session.js'
-import { parseCached } from './session.js'
+import type { KvView } from './engine.js'
+import { parseCached, type Reply, type Shared } from './shared.js'
 import { SqlSyntaxError, type Statement } from './sql.js'
 import { MessageReader, type MessageWriter } from './wire.js'
 
@@ -26,18 +26,33 @@ interface Portal {
   cursor: number
 }
 
+/** What the extended protocol needs of its session (session.ts). */
+export interface ExtendedHost {
+  readonly shared: Shared
+  readonly view: KvView
+  readonly out: MessageWriter
+  status: 'I' | 'T' | 'E'
+  implicit: boolean
+  endImplicit: (commit: boolean) => void
+  failWith: (out: MessageWriter, error: unknown) => void
+  flushNotices: (out: MessageWriter) => void
+  sleepSecondsOf: (statement: Statement, params: Value[], types: Array<TypeName | undefined>) => number
+  runStatement: (statement: Statement, params: Value[], types: Array<TypeName | undefined>) => Result
+  sleep: (seconds: number) => Promise<void>
+}
+
 const MAX_STATEMENTS = 10_000
 const MAX_PORTALS = 10_000
 const NONE: Reply = { bytes: null, close: false }
 
 export class Extended {
-  readonly #session: Session
+  readonly #session: ExtendedHost
   readonly #statements = new Map<string, Prepared>()
   readonly #portals = new Map<string, Portal>()
   /** An error happened: every message up to Sync is skipped. */
   skipping = false
 
-  constructor (session: Session) {
+  constructor (session: ExtendedHost) {
     this.#session = session
   }
 

@@ -22,7 +22,7 @@ import { TLS_FLAG_OPTIONS, tlsFromFlags } from '../../bin/tls-flags.js'
 import { scramSecret, type ScramSecret } from './auth.js'
 import { KvTable } from './engine.js'
 import { pgHandlers, pgProtocol } from './protocol.js'
-import type { Shared } from './session.js'
+import type { Shared } from './shared.js'
 import { tlsHandshake } from './tls.js'
 
 export interface PostgresServerOptions {

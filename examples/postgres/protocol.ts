@@ -1,6 +1,7 @@
 import type { CallHead, CallInfo, ConnectionHandle, RefusalReason, ServerProtocol } from '../../reactor/index.js'
 import type { RpcError } from '../../codec/errors.js'
-import { Session, type Reply, type Shared } from './session.js'
+import { Session } from './session.js'
+import type { Reply, Shared } from './shared.js'
 import { SessionOrder } from './session-order.js'
 import { CANCEL_REQUEST_CODE, fatalError, GSSENC_REQUEST_CODE, lastWordsOf, pgFraming, SSL_REQUEST_CODE } from './wire.js'
 

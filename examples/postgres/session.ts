@@ -2,33 +2,11 @@ import { checkConstants, KvView, SqlError, type KvTable, type TypeName, type Val
 import { columnsOf, execute, type Result } from './executor.js'
 import { Extended } from './extended.js'
 import { writeDataRow, writeRowDescription } from './results.js'
-import { parse, SqlSyntaxError, type Statement } from './sql.js'
-import { backendKey, cancelTarget, passwordMessage, startupMessage, type BackendKey, type Startup, type StartupConfig } from './startup.js'
+import { SqlSyntaxError, type Statement } from './sql.js'
+import { parseCached, type Reply, type Shared } from './shared.js'
+import { backendKey, cancelTarget, passwordMessage, startupMessage, type BackendKey, type Startup } from './startup.js'
 import type { ScramExchange } from './auth.js'
 import { MessageWriter, writeError, type ErrorFields } from './wire.js'
-
-/** What every session of a server shares. */
-export interface Shared extends StartupConfig {
-  table: KvTable
-  /** Parsed query strings (bounded: cleared when full). */
-  parsed: Map<string, Statement[] | SqlSyntaxError>
-}
-
-const MAX_PARSED = 1024
-
-/** A query string's statements, parsed once per distinct string. */
-export function parseCached (shared: Shared, sql: string): Statement[] | SqlSyntaxError {
-  let parsed = shared.parsed.get(sql)
-  if (parsed === undefined) {
-    parsed = parse(sql)
-    if (shared.parsed.size >= MAX_PARSED) shared.parsed.clear()
-    shared.parsed.set(sql, parsed)
-  }
-  return parsed
-}
-
-/** What a message handler answers: bytes (or none), and whether the connection closes after them. */
-export interface Reply { bytes: Buffer | null, close: boolean }
 
 const NONE: Reply = { bytes: null, close: false }
 const CLOSE: Reply = { bytes: null, close: true }

@@ -3,8 +3,8 @@ import { Duplex } from 'node:stream'
 import { createSecureContext, TLSSocket, type TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { Handshake, HandshakeStep, SecureChannel } from '../../codec/protocol.js'
-import type { Shared } from './session.js'
 import { Session } from './session.js'
+import type { Shared } from './shared.js'
 import { CANCEL_REQUEST_CODE, fatalError, GSSENC_REQUEST_CODE, SSL_REQUEST_CODE } from './wire.js'
 
 /**
