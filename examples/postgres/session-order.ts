@@ -2,7 +2,7 @@ import type { ConnectionHandle } from '../../reactor/index.js'
 
 /**
  * Workaround, until the framework runs one connection's requests one at a
- * time in arrival order (issue 38, item 1: execution order per connection).
+ * time in arrival order (execution order per connection).
  * `'in-order'` orders answers only, and the example runs its handlers with
  * `scheduler: 'direct'`, so a pipelined `SELECT pg_sleep(1)` then `INSERT`
  * would run the INSERT first. Each session chains its messages here: a
