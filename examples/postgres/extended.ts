@@ -44,6 +44,8 @@ export interface ExtendedHost {
 const MAX_STATEMENTS = 10_000
 const MAX_PORTALS = 10_000
 const NONE: Reply = { bytes: null, close: false }
+/** Held answers past this many bytes go out without waiting for Sync. */
+const HOLD_BYTES = 64 * 1024
 
 export class Extended {
   readonly #session: ExtendedHost
@@ -72,7 +74,7 @@ export class Extended {
           break
         }
         case 0x43: this.#close(reader, out); break
-        case 0x48: return NONE // Flush: every answer goes out as soon as it is ready
+        case 0x48: return this.#flush(out)
         case 0x46: throw new SqlError('0A000', 'function calls are not supported')
         default: throw new SqlError('08P01', `invalid frontend message type ${type}`)
       }
@@ -82,15 +84,22 @@ export class Extended {
     return this.#reply(out)
   }
 
+  // As PostgreSQL, the answers of Parse, Bind, Describe, Execute and Close wait in the session's
+  // buffer for Sync or Flush (one write for the batch), unless they pass HOLD_BYTES.
   #reply (out: MessageWriter): Reply {
-    return { bytes: out.length === 0 ? null : out.take(), close: false }
+    return out.length > HOLD_BYTES ? this.#flush(out) : NONE
+  }
+
+  #flush (out: MessageWriter): Reply {
+    return out.length === 0 ? NONE : { bytes: out.take(), close: false }
   }
 
   #error (out: MessageWriter, error: unknown): Reply {
     if (error instanceof RangeError) error = new SqlError('08P01', error.message)
     this.#session.failWith(out, error)
     this.skipping = true
-    return this.#reply(out)
+    // An error goes out at once (PostgreSQL flushes it), with what was held before it.
+    return this.#flush(out)
   }
 
   #sync (): Reply {
