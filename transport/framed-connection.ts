@@ -318,7 +318,11 @@ export class FramedConnection {
   }
 
   /** Writes the queued frames, then ends the stream (after a fatal error reply, or a server's drained shutdown). */
-  endAfterFlush (error?: RpcError): void { this.#end.endAfterFlush(error) }
+  endAfterFlush (error?: RpcError): void {
+    // A drained shutdown: a read's rest waiting for its turn is answered first (ReadTurns.flushNow).
+    if (error === undefined && !this.#end.ending) this.#turns.flushNow()
+    this.#end.endAfterFlush(error)
+  }
 
   stats (): ConnectionStats {
     const stream = this.#stream

@@ -18,6 +18,8 @@ export class ReadTurns {
   #left = 0
   #spent = false
   #scheduled = false
+  /** Ending: every frame is decoded at once (flushNow). */
+  #unbounded = false
   readonly #nextTurn = (): void => {
     this.#scheduled = false
     if (!this.#gate.isClosed) this.#gate.start(ReadStop.Turn)
@@ -38,7 +40,7 @@ export class ReadTurns {
 
   /** One frame of the read was delivered; false: the budget is spent, the decoder stops after it. */
   frame (): boolean {
-    if (--this.#left > 0) return true
+    if (--this.#left > 0 || this.#unbounded) return true
     this.#spent = true
     return false
   }
@@ -58,6 +60,18 @@ export class ReadTurns {
       this.#scheduled = true
       setImmediate(this.#nextTurn)
     }
+  }
+
+  /**
+   * The connection is ending (a server's drained shutdown): the rest that
+   * waits for its turn was read already, so it is decoded now, whole, and
+   * its requests are answered (refused) before the end instead of being
+   * dropped with the connection. Nothing happens while another reason
+   * holds reading.
+   */
+  flushNow (): void {
+    this.#unbounded = true
+    if (this.#gate.has(ReadStop.Turn) && !this.#gate.isClosed) this.#gate.start(ReadStop.Turn)
   }
 
   /** True while a read's rest waits for its turn (the rest of a set-up's bytes then waits behind it). */
