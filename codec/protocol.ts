@@ -354,6 +354,14 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
   /** The largest frame accepted; the server's `maxMessageBytes` option overrides it. Default 50 MiB. */
   readonly maxFrameBytes?: number
   /**
+   * True when a `handshake` step may `upgrade` the connection to TLS (KRPC
+   * with `tls`, a PostgreSQL-style SSLRequest): the upgrade needs a node:net
+   * socket, so the server's connections stay on node:net whatever `io` and
+   * NYALA_IO ask. Without it, a connection on the native transport fails
+   * its set-up when a step upgrades (it is closed; nothing else breaks).
+   */
+  readonly upgradesInSetUp?: boolean
+  /**
    * The connection's set-up, if the protocol has one; its result is the
    * connection's peer identity (`user`) for the calls that follow.
    */

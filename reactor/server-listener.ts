@@ -31,7 +31,7 @@ export class ServerListener {
   #native: NativeListener | null = null
   #backend: IoBackend = 'node'
 
-  /** `tls`: connections use node:tls (the native transport carries plain TCP only). */
+  /** `tls`: connections use node:tls, or a set-up may upgrade to it (the native transport carries plain TCP only, and an upgrade needs a node:net socket). */
   constructor (host: ListenerHost, options: { io: IoOption | undefined, tls: boolean, log: Required<Logger>, name: string }) {
     this.#host = host
     this.#io = options.io
@@ -97,7 +97,7 @@ export class ServerListener {
       return { backend: 'node', reactor: null, fallback: 'a reactor without reusePort shares the primary\'s listener' }
     }
     if (!this.#tls) return resolveIo(this.#io)
-    // NYALA_IO chooses for plain TCP only: TLS stays on node:tls; only a server that asks for a native `io` with `tls` is refused.
+    // NYALA_IO chooses for plain TCP only: TLS (from the first byte, or by a set-up's upgrade) stays on node:tls; only a server that asks for a native `io` with `tls` is refused.
     const io = this.#io
     if (io === 'epoll' || io === 'io_uring') throw new Error(`io '${io}' cannot carry TLS: a server with \`tls\` uses node:tls (io 'auto' or 'node')`)
     return { backend: 'node', reactor: null, fallback: 'TLS uses node:tls' }

@@ -125,7 +125,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onStream: (stream) => this.#onStream(stream),
       outOfDescriptors: (code) => this.#admission.outOfDescriptors(code),
       listenerError: (err) => this.#log.error(`listener error: ${err.message}`, { protocol: protocol.name, code: err.code, address: this.#addressText() })
-    }, { io: options.io, tls: options.tls !== undefined, log: this.#log, name: protocol.name })
+    }, { io: options.io, tls: options.tls !== undefined || protocol.upgradesInSetUp === true, log: this.#log, name: protocol.name })
   }
 
   /** The protocol this server speaks. */

@@ -84,10 +84,14 @@ function writePieces (queue: TransferQueue, frame: FrameBuffer, chunk: FrameChun
   const bytes = frame.bytes
   const home = frame.homeBuffer
   const slices = frame.pieces()
-  if (!queue.enqueue({ slices, bytes })) return false
-  // Its last run in the chunk is taken: the chunk's next frame starts after it.
+  // Its last run in the chunk is taken before it is queued, not after: a
+  // backed-up queue copies a small frame into this same chunk (enqueue's
+  // copy-in), which must land after the frame's runs (not over a run it has
+  // yet to copy) and must not be undone by moving `at` back to `end` (the
+  // next frame would overwrite the copy while it waits for drain). Refused
+  // by the bound, its room stays taken until the chunk is renewed.
   if (chunk.buffer === home) chunk.at = end
-  return true
+  return queue.enqueue({ slices, bytes })
 }
 
 // A frame that cannot go in place: encoded into a buffer of its own.

@@ -83,6 +83,8 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
   readonly name = 'krpc'
   readonly framing = krpcFraming
   readonly ordering = 'id'
+  /** With `tls`, negotiation may switch to TLS: connections stay on node:net. */
+  readonly upgradesInSetUp: boolean
   readonly #authenticate: Authenticator | undefined
   readonly #options: KrpcProtocolOptions
   readonly #secureContext: SecureContext | null
@@ -93,6 +95,7 @@ export class KrpcServerProtocol implements ServerProtocol<unknown, Message | Enc
     this.#authenticate = options.authenticate
     this.#options = options
     const tls = options.tls
+    this.upgradesInSetUp = tls !== undefined
     if (tls === undefined && (options.requireTls === true || options.requireClientCert === true)) {
       throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${options.requireTls === true ? 'requireTls' : 'requireClientCert'} needs tls (the server's certificate and key)`)
     }

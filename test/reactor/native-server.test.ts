@@ -65,7 +65,58 @@ t.test('a native io with tls is a start-up error', async (t) => {
   await server.close({ graceMs: 0 })
 })
 
+// A set-up that upgrades to TLS needs a node:net socket (KRPC with tls, a PostgreSQL-style SSLRequest).
+t.test('a protocol whose set-up may upgrade to TLS stays on node:net, whatever NYALA_IO and io ask', async (t) => {
+  const upgrading = Object.create(text, { upgradesInSetUp: { value: true } }) as typeof text
+  const saved = process.env.NYALA_IO
+  t.teardown(() => { if (saved === undefined) delete process.env.NYALA_IO; else process.env.NYALA_IO = saved })
+  for (const io of ['io_uring', 'epoll', 'auto'] as const) {
+    process.env.NYALA_IO = io
+    const server = new ProtocolServer(upgrading, { io: 'auto' })
+    await server.listen(0)
+    t.equal(server.stats().io, 'node', `NYALA_IO=${io}: node`)
+    await server.close({ graceMs: 0 })
+  }
+})
+
 for (const { backend, skip } of nativeBackends()) {
+  t.test(`${backend}: a plain server whose set-up step upgrades refuses it cleanly: the connection closes, the server serves on`, { skip }, async (t) => {
+    let upgrades = 0
+    const upgrading = Object.create(text, {
+      handshake: {
+        value: () => ({
+          onFrame: (frame: Buffer) => frame.toString().startsWith('TLS')
+            ? { send: [[Buffer.from('S\n')]], upgrade: () => { upgrades++; throw new Error('not reached: no socket') } }
+            : { done: {} }
+        })
+      }
+    }) as typeof text
+    const server = new ProtocolServer(upgrading, { io: backend })
+    server.addRoutes('text', { UPPER: (s: string) => s.toUpperCase() })
+    server.markReady()
+    const { port } = await server.listen(0)
+    const saved = process.env.NYALA_IO
+    if (saved !== undefined && saved !== '' && saved !== backend) { await server.close({ graceMs: 0 }); return }
+    t.equal(server.stats().io, backend)
+    const upgrader = connect(port, '127.0.0.1')
+    let got = ''
+    upgrader.on('data', (d) => { got += d.toString() })
+    upgrader.on('error', () => {})
+    upgrader.write('TLS please\n')
+    await once(upgrader, 'close')
+    t.equal(upgrades, 0, 'the upgrade was never handed a socket')
+    t.ok(got === '' || got === 'S\n', `closed, with at most what was queued before the upgrade (${JSON.stringify(got)})`)
+    const plain = connect(port, '127.0.0.1')
+    let answer = ''
+    plain.on('data', (d) => { answer += d.toString() })
+    plain.write('hello\nUPPER ok\n')
+    for (let i = 0; i < 500 && !answer.includes('OK'); i++) await new Promise((resolve) => setTimeout(resolve, 4))
+    t.match(answer, /OK/, 'a connection that does not upgrade is served')
+    plain.destroy()
+    await server.close({ graceMs: 1000 })
+    t.equal(server.stats().connectionsOpen, 0)
+  })
+
   t.test(`${backend}: server and client`, { skip }, async (t) => {
     t.test('served and called through the native transport; stats says so', async (t) => {
       const { server, port } = await serve({ io: backend })

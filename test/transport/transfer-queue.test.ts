@@ -920,3 +920,34 @@ t.test('a batch copies plain Uint8Array slices as it copies Buffers (a protocol 
   queue.endRead()
   t.equal(sink.bytes().toString(), 'a:b\n', 'both frames, in one write')
 })
+
+t.test('while waiting for drain, a small frame of pieces (a slice appended among runs) is copied whole, and the next frames do not overwrite it', async t => {
+  // The io_uring transport refuses a write while its send is in flight, so an
+  // answer of pieces lands here often: a KRPC answer with sidecars of a few
+  // hundred bytes each came out with later answers' bytes in it.
+  const sink = new FakeSink()
+  const queue = new TransferQueue(sink)
+  sink.writeReturns = false
+  t.equal(inPlace(queue, 1, 16), true)
+  t.ok(queue.isWaitingDrain, 'backed up: frames go to the queue\'s own chunk')
+  const sidecar = Buffer.alloc(2000, 0xee)
+  const PIECES = {
+    encode (id: number, _: number, out: FrameSink): void {
+      const head = out.reserve(16)
+      out.buffer.fill(id, head, head + 16)
+      out.append(sidecar) // over APPEND_COPY_BYTES: a piece of its own, a view of `sidecar`
+      const tail = out.reserve(10)
+      out.buffer.fill(id, tail, tail + 10)
+    }
+  }
+  t.equal(writeFrame(queue, PIECES, 2, 0), true)
+  const expected = [Buffer.alloc(16, 1), Buffer.alloc(16, 2), sidecar, Buffer.alloc(10, 2)]
+  for (let id = 3; id < 40; id++) {
+    t.equal(inPlace(queue, id, 50), true)
+    expected.push(Buffer.alloc(50, id))
+  }
+  sink.writeReturns = true
+  queue.onSocketDrain()
+  await nextTick()
+  t.ok(sink.bytes().equals(Buffer.concat(expected)), 'every byte in order')
+})
