@@ -28,8 +28,18 @@ export interface Handshake<T> {
    * Takes each whole frame the peer sends during the set-up (a copy it may
    * keep) and says what comes next; bytes after the frame wait while a
    * returned promise is pending. A throw or a rejection fails the set-up.
+   * `pipelined`: bytes the peer sent behind this frame that have already
+   * arrived (it did not wait for an answer): PostgreSQL refuses data sent
+   * behind an SSLRequest (CVE-2021-23214).
    */
-  onFrame: (frame: Buffer) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  onFrame: (frame: Buffer, pipelined: number) => HandshakeStep<T> | Promise<HandshakeStep<T>>
+  /**
+   * Where the set-up's frames end, when not where the protocol's do
+   * (PostgreSQL's untyped start-up packets before its typed messages);
+   * a step may switch it (`HandshakeStep.framing`). Once the set-up is
+   * done, the protocol's `framing` reads the rest.
+   */
+  framing?: Framing | ScanFraming | undefined
   /**
    * Largest frame accepted while the handshake runs (checked as early as
    * the framing allows, like `maxFrameBytes`, which applies again once it
@@ -58,6 +68,14 @@ export interface HandshakeStep<T> {
   done?: T | undefined
   /** The set-up failed: what is queued is sent, then the connection closes with this error. */
   error?: RpcError | undefined
+  /**
+   * The set-up is over without a failure and without a session: `send`
+   * goes out, then the connection ends (PostgreSQL's CancelRequest, a
+   * health probe). Nothing is logged as a failed negotiation.
+   */
+  close?: boolean | undefined
+  /** Frames after this one are read with this framing (until `done`, when the protocol's own takes over). */
+  framing?: Framing | ScanFraming | undefined
 }
 
 /** A connection's stream after a handshake's `upgrade` (TLS over its socket). */
@@ -229,13 +247,13 @@ export type AnswerSlices = Uint8Array[] | null
  * `'in-order'` protocols, answers that wait for an earlier one (their
  * handlers finished first) follow the push.
  */
-export interface ConnectionHandle {
+export interface ConnectionHandle<State = unknown> {
   /** `ip:port` of the peer. */
   readonly remoteAddress: string
   /** Who the connection's set-up said the peer is; '' without one. */
   readonly user: string
-  /** The protocol's own state of the connection (`ServerProtocol.connectionState`). */
-  readonly state: unknown
+  /** The protocol's own state of the connection (`ServerProtocol.connectionState`; undefined while it is being made). */
+  readonly state: State
   /** Resolves once the connection has closed (never rejects). */
   readonly closed: Promise<void>
   /** True once the connection has closed. */
@@ -258,6 +276,18 @@ export interface ConnectionHandle {
    */
   markSession: (session?: boolean) => void
   /**
+   * Gives this connection an idle timeout of its own, in place of the
+   * server's `idleTimeoutMs`, from now on: closed (after the protocol's
+   * `lastWords('idle')`) once `ms` pass without activity. 0: never closed
+   * for idleness (a session that may sit quiet: psql, an MQTT client with
+   * keep-alive 0). `inboundOnly`: only bytes from the peer count, not
+   * pushes or answers going out (MQTT's keep-alive: 1.5 × the client's
+   * value). A call in flight always counts as activity. Checked at an
+   * eighth of `ms` (at least 10 ms): the close comes up to ms/8 late.
+   * Callable from `connectionState`, `handshake` or a handler.
+   */
+  setIdleTimeout: (ms: number, options?: { inboundOnly?: boolean }) => void
+  /**
    * Encodes `message` with the protocol's `encodePush` and queues it (at
    * once when the socket is free, coalesced with the turn's other frames).
    * False when the connection is closed, or closed by this send for going
@@ -265,8 +295,13 @@ export interface ConnectionHandle {
    * when the protocol has no `encodePush`.
    */
   send: (message: unknown) => boolean
-  /** Sends the queued bytes, then ends the connection; nothing more is read. `reason` is logged and reported to close listeners. */
-  close: (reason?: string) => void
+  /**
+   * Sends the queued bytes, then ends the connection; nothing more is
+   * read. `reason` is logged and reported to close listeners. With
+   * `{ reset: true }` the connection is dropped at once with a TCP reset
+   * (the peer sees ECONNRESET; nothing queued is sent).
+   */
+  close: (reason?: string | { reason?: string, reset?: boolean }) => void
   /** False once `bufferedBytes` passed the high watermark, true again (with a `'drain'` event) once it fell to the low one. */
   readonly writable: boolean
   /** Bytes queued for the peer and not taken by the kernel yet (answers waiting for their turn included). */
@@ -307,6 +342,15 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * id (DNS over TCP lets a client repeat an id, RFC 7766).
    */
   readonly duplicateIds?: 'close' | 'allow'
+  /**
+   * `'concurrent'` (default): a connection's calls run as workers take
+   * them, several at once. `'sequential'`: one at a time per connection,
+   * in arrival order, each after the previous one was answered (a
+   * session: PostgreSQL, Redis's MULTI, an MQTT session); pipelined bytes
+   * are still read. A route group may say otherwise
+   * (`RouteGroupOptions.execution`). See docs/scheduling.md.
+   */
+  readonly execution?: 'concurrent' | 'sequential'
   /** The largest frame accepted; the server's `maxMessageBytes` option overrides it. Default 50 MiB. */
   readonly maxFrameBytes?: number
   /**
@@ -364,9 +408,11 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * The protocol's words for a request the server answers itself (see
    * `RefusalReason`): the answer's bytes, an empty array for no answer, or
    * null to close the connection instead. `detail` is the handler's error
-   * (`failed`) or the `InvalidRequest`'s detail (`invalid`).
+   * (`failed`) or the `InvalidRequest`'s detail (`invalid`). `state` is the
+   * connection's (`connectionState`; undefined without one): PostgreSQL's
+   * refusal depends on whether the session is in a transaction.
    */
-  refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown) => AnswerSlices
+  refusal: (call: CallInfo<Data>, reason: RefusalReason, message: string, detail?: unknown, state?: State) => AnswerSlices
   /**
    * Encodes a message the server sends unasked (`ctx.connection.send`,
    * `ConnectionGroup.send`: a publish/subscribe message, a notification)
@@ -382,4 +428,17 @@ export interface ServerProtocol<Req = unknown, Res = unknown, State = unknown, D
    * Without it, `ctx.write` is refused.
    */
   encodePart?: (call: AnsweredCall<Data>, part: unknown, out: FrameSink) => void
+  /**
+   * The protocol's words before a close the server decides itself, sent
+   * after what is already queued, then the connection ends (PostgreSQL's
+   * FATAL, an MQTT 5 DISCONNECT). `reason`: `'idle'` (the server's
+   * `idleTimeoutMs`, or the connection's own `setIdleTimeout`),
+   * `'frame-timeout'` (a frame not complete within `frameTimeoutMs`),
+   * `'slow-frame'` (below `minFrameBytesPerSecond`), `'inbound-budget'`
+   * (the server's inbound buffers passed their budget), `'age'`
+   * (`maxConnectionAgeMs`), `'shutdown'` (`close()`). Null or `[]`: none.
+   * At most 64 KiB, flushed within 1 s (then the connection is destroyed
+   * anyway); not asked for a connection still in set-up. Must not throw.
+   */
+  lastWords?: (reason: 'idle' | 'frame-timeout' | 'slow-frame' | 'inbound-budget' | 'age' | 'shutdown', state: State) => AnswerSlices
 }

@@ -4,7 +4,7 @@ import type { InboundCall } from './inbound-call.js'
 import type { ConnectionGuard } from './connection-guard.js'
 import type { Route, RouteGroup } from './route-table.js'
 import type { ServerContext } from './server-context.js'
-import type { ServerConnection } from './server-connection.js'
+import type { ConnectionRecord } from './connection-record.js'
 
 /**
  * Handlers that run too long are abandoned: one still running
@@ -15,8 +15,8 @@ import type { ServerConnection } from './server-connection.js'
  * only: a call on an executor holds its worker until done. A guard of
  * the server: the scan looks for them.
  */
-export class Abandonment implements ConnectionGuard<ServerConnection> {
-  readonly #ctx: ServerContext<ServerConnection>
+export class Abandonment implements ConnectionGuard<ConnectionRecord> {
+  readonly #ctx: ServerContext<ConnectionRecord>
   readonly #groups: () => Iterable<RouteGroup>
   /** Answers the call in the protocol's words (`abandoned`). */
   readonly #refuse: (call: InboundCall, reason: RefusalReason, message: string) => void
@@ -25,7 +25,7 @@ export class Abandonment implements ConnectionGuard<ServerConnection> {
   /** Some group abandons overdue handlers (as the scan was armed). */
   #abandoning = false
 
-  constructor (ctx: ServerContext<ServerConnection>, groups: () => Iterable<RouteGroup>, refuse: (call: InboundCall, reason: RefusalReason, message: string) => void) {
+  constructor (ctx: ServerContext<ConnectionRecord>, groups: () => Iterable<RouteGroup>, refuse: (call: InboundCall, reason: RefusalReason, message: string) => void) {
     this.#ctx = ctx
     this.#groups = groups
     this.#refuse = refuse
@@ -99,7 +99,7 @@ export class Abandonment implements ConnectionGuard<ServerConnection> {
 
   #maybeAbandon (call: InboundCall, since: number, what: string, now: number): void {
     const group = (call.route as Route).group
-    const pool = group.dispatcher?.pool
+    const pool = group.service?.pool
     // Running in the loop (not queued, not elsewhere), long enough, and within the bound.
     if (pool === undefined || group.abandonAfterMs <= 0 || Number.isNaN(call.handledAt) || call.worker < 0 ||
       now - since < group.abandonAfterMs || group.abandoned >= group.maxAbandoned) return

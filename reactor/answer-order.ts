@@ -1,7 +1,7 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import { encodeToSlices } from '../codec/frame-sink.js'
 import type { AnsweredCall, AnswerSlices, ServerProtocol } from '../codec/protocol.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import type { Logger } from './logger.js'
 
 /** A call id the connection may take. */
@@ -29,7 +29,7 @@ export interface OrderedCall extends AnsweredCall {
   readonly abandoned: boolean
 }
 
-/** What the answer order needs of a connection's calls in flight (the `ServerConnection`'s table). */
+/** What the answer order needs of a connection's calls in flight (the `ConnectionRecord`'s table). */
 export interface InFlightTable {
   readonly size: number
   has: (key: number) => boolean
@@ -44,9 +44,9 @@ export interface InFlightTable {
  * `AnswerOrder` of the server acts on it.
  */
 export class ConnectionAnswers {
-  readonly connection: Connection
+  readonly connection: FramedConnection
   readonly remoteAddress: string
-  /** The connection's calls in flight (its `ServerConnection.inFlight`). */
+  /** The connection's calls in flight (its `ConnectionRecord.inFlight`). */
   readonly inFlight: InFlightTable
   readonly order: AnswerOrder
   /** A call asked to close the connection after its answer: no request after it is read. */
@@ -66,7 +66,7 @@ export class ConnectionAnswers {
   // Parts of streamed answers (`ctx.write`) whose request's turn has not come, by seq, in writing order.
   #parts: Map<number, Uint8Array[][]> | null = null
 
-  constructor (order: AnswerOrder, connection: Connection, remoteAddress: string, inFlight: InFlightTable) {
+  constructor (order: AnswerOrder, connection: FramedConnection, remoteAddress: string, inFlight: InFlightTable) {
     this.order = order
     this.connection = connection
     this.remoteAddress = remoteAddress

@@ -4,16 +4,17 @@ import { CallHead, InvalidRequest, type AnswerSlices, type RefusalReason, type S
 import type { Clock } from '../scheduling/clock.js'
 import { Abandonment } from './abandonment.js'
 import { AnswerWriter, ByIdAnswers, ID_IN_FLIGHT, ID_OK, InOrderAnswers, type AnswerOrder, type ConnectionAnswers, type IdCheck } from './answer-order.js'
-import type { ServiceDispatcher } from './dispatcher.js'
+import type { ServicePool } from './service-pool.js'
 import { InboundCall } from './inbound-call.js'
 import { composeFilters, type CallEndObserver, type CallOutcome, type EndedCall, type Filter } from './filters.js'
 import type { ServerMetrics } from './metrics.js'
-import { checkFilters, makeRouteGroup, type RouteGroupParts } from './route-group.js'
+import { MAX_SESSION_WORKERS, checkFilters, makeRouteGroup, type RouteGroupParts } from './route-group.js'
+import { DEFAULT_SESSION_QUEUE_LENGTH, SessionOrder, SessionQueue } from './session-order.js'
 import { RouteTable, type CallExecutor, type Route, type RouteGroup, type RouteGroupOptions, type RouteHandlers } from './route-table.js'
 import type { ServerContext } from './server-context.js'
 import type { ServerCounters } from './server-counters.js'
-import { groupDefaultsOf, type GroupDefaults } from './server-options.js'
-import type { ServerConnection } from './server-connection.js'
+import { atLeastOne, groupDefaultsOf, type GroupDefaults } from './server-options.js'
+import type { ConnectionRecord } from './connection-record.js'
 
 export type { Handler } from './filters.js'
 export type { CallExecutor, RouteDefinition, RouteGroupOptions, RouteHandlers } from './route-table.js'
@@ -31,7 +32,7 @@ export type { CallExecutor, RouteDefinition, RouteGroupOptions, RouteHandlers } 
  */
 export class CallDispatch {
   readonly #protocol: ServerProtocol
-  readonly #ctx: ServerContext<ServerConnection>
+  readonly #ctx: ServerContext<ConnectionRecord>
   readonly #clock: Clock
   readonly #counters: ServerCounters
   readonly #defaults: GroupDefaults
@@ -53,7 +54,7 @@ export class CallDispatch {
   // received together, at the read. #lastNow is the latest reading taken
   // while handling it (the read's, or the last call's settlement): the time
   // a call handed straight to a worker starts.
-  #stampConnection: ServerConnection | null = null
+  #stampConnection: ConnectionRecord | null = null
   #stampRead = -1
   #readAt = 0
   #lastNow = 0
@@ -69,8 +70,10 @@ export class CallDispatch {
   readonly #filters: Filter[] = []
   /** `onCallEnd` observers; null while there is none (the common case costs one check per call). */
   #observers: CallEndObserver[] | null = null
+  /** Sequential groups: each connection's calls one at a time (session-order.ts). */
+  readonly #sessions: SessionOrder<InboundCall>
 
-  constructor (ctx: ServerContext<ServerConnection>, metrics: ServerMetrics) {
+  constructor (ctx: ServerContext<ConnectionRecord>, metrics: ServerMetrics, maxSessions: number) {
     const protocol = ctx.protocol
     this.#protocol = protocol
     this.#ctx = ctx
@@ -81,9 +84,11 @@ export class CallDispatch {
       defaults: this.#defaults,
       pooled: ctx.options.scheduler !== 'direct',
       metrics,
+      execution: protocol.execution ?? 'concurrent',
+      sessionWorkers: Math.min(maxSessions, MAX_SESSION_WORKERS),
       clock: ctx.clock,
       run: this.#run,
-      runElsewhere: (call, worker, executor, dispatcher) => this.#runElsewhere(call, worker, executor, dispatcher),
+      runElsewhere: (call, worker, executor, service) => this.#runElsewhere(call, worker, executor, service),
       reject: this.#reject
     }
     this.#ready = ctx.options.ready ?? true
@@ -92,6 +97,9 @@ export class CallDispatch {
     this.#writer = new AnswerWriter(protocol, ctx.log)
     this.#order = protocol.ordering === 'in-order' ? new InOrderAnswers(this.#writer) : new ByIdAnswers(this.#writer, duplicateIds === 'allow')
     this.#abandonment = new Abandonment(ctx, () => this.#routes.groups(), this.#reject)
+    // A sequential call's turn: into its group's pool, or to its handler at once without one. `maxSessions`: a sequential group's default workers.
+    this.#sessions = new SessionOrder(atLeastOne(ctx.options.sessionQueueLength ?? DEFAULT_SESSION_QUEUE_LENGTH, 'sessionQueueLength'),
+      (call) => { const pool = (call.route as Route).group.service; if (pool === null) this.#runHandler(call); else pool.submit(call) }, this.#reject)
   }
 
   /** When answers may leave (in request order, or by id): each connection's `answers` are made with it. */
@@ -172,7 +180,7 @@ export class CallDispatch {
   }
 
   // A request refused before it became a call, as observers see it (the head is reused: copied).
-  #endedHead (sc: ServerConnection, reason: RefusalReason, message: string, detail: unknown): void {
+  #endedHead (sc: ConnectionRecord, reason: RefusalReason, message: string, detail: unknown): void {
     const head = this.#head
     this.#ended({ service: head.service, method: head.method, callId: head.callId, user: sc.peer.user, remoteAddress: sc.remoteAddress, receivedAt: this.#readAt }, reason, message, detail)
   }
@@ -192,11 +200,11 @@ export class CallDispatch {
   /** Stops taking calls: new ones are refused `shutdown`, queued ones drain within `graceMs`, then get `shutdown`. */
   close (graceMs: number): void {
     this.#closing = true
-    for (const group of this.#routes.groups()) void group.dispatcher?.close(graceMs)
+    for (const group of this.#routes.groups()) void group.service?.close(graceMs)
   }
 
   /** One request frame of a set-up connection; false: stop reading it. */
-  onFrame (sc: ServerConnection, buf: Buffer, start: number, end: number): boolean {
+  onFrame (sc: ConnectionRecord, buf: Buffer, start: number, end: number): boolean {
     const answers = sc.answers
     if (answers.closing) return false
     const read = sc.connection.reads
@@ -244,15 +252,17 @@ export class CallDispatch {
     call.seq = seq
     sc.inFlight.set(key, call)
     this.#submitting = call
-    if (group.dispatcher === null) this.#runHandler(call)
-    else group.dispatcher.submit(call, this.#lastNow)
+    if (group.sequential) this.#sessions.enter(sc.sequence ??= new SessionQueue(sc.handle!), call)
+    else if (group.service === null) this.#runHandler(call)
+    else group.service.submit(call, this.#lastNow)
     this.#submitting = null
     return !sc.connection.isClosed && !answers.closing
   }
 
   /** The connection closed: its calls' signals abort; handlers still running are watched for abandonment. */
-  connectionClosed (sc: ServerConnection, error: RpcError | undefined): void {
+  connectionClosed (sc: ConnectionRecord, error: RpcError | undefined): void {
     if (sc.inFlight.size === 0) return
+    if (sc.sequence !== null) this.#sessions.closed(sc.sequence)
     const reason = error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed')
     for (const call of sc.inFlight.values()) {
       call.abort(reason)
@@ -262,7 +272,7 @@ export class CallDispatch {
   }
 
   // Answers a request whose group or route is not here.
-  #unrouted (sc: ServerConnection, seq: number): boolean {
+  #unrouted (sc: ConnectionRecord, seq: number): boolean {
     const head = this.#head
     if (!this.#routes.has(head.service)) {
       return this.#ready
@@ -273,11 +283,11 @@ export class CallDispatch {
   }
 
   // Answers a request refused before it became a call (a method, not a closure per frame).
-  #refuseHead (sc: ServerConnection, seq: number, reason: RefusalReason, message: string, detail?: unknown): boolean {
+  #refuseHead (sc: ConnectionRecord, seq: number, reason: RefusalReason, message: string, detail?: unknown): boolean {
     this.#counters.callFailed()
     if (this.#observers !== null) this.#endedHead(sc, reason, message, detail)
     const answers = sc.answers
-    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail))
+    this.#order.emit(answers, seq, this.#protocol.refusal(this.#head, reason, message, detail, sc.state))
     return !sc.connection.isClosed && !answers.closing
   }
 
@@ -289,7 +299,7 @@ export class CallDispatch {
    * maxMessageBytes refused at its prefix): a bad frame, counted and logged
    * here, and the connection closes with `error`.
    */
-  framingError (sc: ServerConnection, error: RpcError): boolean {
+  framingError (sc: ConnectionRecord, error: RpcError): boolean {
     if (this.#protocol.protocolError === undefined || sc.answers.closing) {
       if (sc.badFrame) return false
       sc.badFrame = true
@@ -302,7 +312,7 @@ export class CallDispatch {
 
   // A stream the protocol cannot go on reading: its protocolError answer
   // (if any) goes out after the answers before it, then the connection ends.
-  #protocolError (sc: ServerConnection, error: RpcError): false {
+  #protocolError (sc: ConnectionRecord, error: RpcError): false {
     const answerOf = this.#protocol.protocolError
     let answer: AnswerSlices = null
     if (answerOf !== undefined) {
@@ -320,12 +330,12 @@ export class CallDispatch {
   }
 
   // A call id the connection cannot take: the peer is broken.
-  #badId (sc: ServerConnection, callId: number, check: IdCheck): false {
+  #badId (sc: ConnectionRecord, callId: number, check: IdCheck): false {
     const why = check === ID_IN_FLIGHT ? `received duplicate call id ${callId}` : `call id ${callId} is not a 32-bit integer`
     return this.#badFrame(sc, new RpcError(ErrorCode.MALFORMED_FRAME, why))
   }
 
-  #badFrame (sc: ServerConnection, error: RpcError): false {
+  #badFrame (sc: ConnectionRecord, error: RpcError): false {
     // The stream can no longer be trusted: close without a reply (the
     // answers to the frames before it, already queued, still go out).
     sc.badFrame = true
@@ -362,7 +372,7 @@ export class CallDispatch {
 
   // Runs the call on its group's executor (worker thread `worker`); the
   // promise settles once the call is answered, which releases that slot.
-  #runElsewhere (call: InboundCall, worker: number, executor: CallExecutor, dispatcher: ServiceDispatcher): Promise<void> | undefined {
+  #runElsewhere (call: InboundCall, worker: number, executor: CallExecutor, service: ServicePool): Promise<void> | undefined {
     if (call.owner === null) return undefined
     const now = this.#clock.now()
     call.handledAt = now
@@ -380,7 +390,7 @@ export class CallDispatch {
         result = Promise.reject(err)
       }
     }
-    return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => dispatcher.progressed())
+    return result.then((response) => this.#respond(call, response), (err: unknown) => this.#handlerFailed(call, err)).then(() => service.progressed())
   }
 
   #handlerFailed (call: InboundCall, err: unknown): void {
@@ -404,6 +414,7 @@ export class CallDispatch {
     if (answers === null || answers.connection.isClosed) {
       if (answers !== null && this.#observers !== null) this.#ended(call, 'closed', 'the connection closed before the answer was sent')
       this.#release(call)
+      if (call.session !== null) this.#sessions.left(call)
       return
     }
     const order = this.#order
@@ -437,6 +448,7 @@ export class CallDispatch {
     this.#release(call, settledAt)
     if (inTurn) order.answered(answers, call)
     if (call.closeAfter) order.closeAfter(answers)
+    if (call.session !== null) this.#sessions.left(call) // sequential: the connection's next call
     if (this.#drained !== null) this.checkDrained()
   }
 
@@ -445,10 +457,11 @@ export class CallDispatch {
     const owned = call.owner !== null
     const answers = this.#release(call)
     if (this.#observers !== null && owned) this.#ended(call, answers === undefined ? 'closed' : reason, answers === undefined ? 'the connection closed before the answer was sent' : message, detail)
-    if (answers === undefined) return
+    if (answers === undefined) { if (call.session !== null) this.#sessions.left(call); return }
     this.#counters.callFailed()
-    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail))
+    this.#order.emit(answers, call.seq, this.#protocol.refusal(call, reason, message, detail, call.connectionState))
     if (call.closeAfter) this.#order.closeAfter(answers)
+    if (call.session !== null) this.#sessions.left(call)
     if (this.#drained !== null) this.checkDrained()
   }
 

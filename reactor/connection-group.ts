@@ -11,29 +11,43 @@ import { ServerConnectionHandle } from './connection-handle.js'
  * itself when its connection closes. Each member's push limits still apply
  * to it alone: a member that does not read is closed without holding up
  * the others.
+ *
+ * `State` is the members' connection state (`handle.state`'s type), and
+ * `Member` what the group keeps per member (`add(handle, data)`: an MQTT
+ * subscription's QoS), read back with `get`, `entries` and `send`'s filter.
  */
-export class ConnectionGroup implements Iterable<ConnectionHandle> {
-  readonly #members = new Set<ServerConnectionHandle>()
+export class ConnectionGroup<State = unknown, Member = undefined> implements Iterable<ConnectionHandle<State>> {
+  readonly #members = new Map<ServerConnectionHandle, Member>()
 
-  /** Adds `connection` (a handle the server gave: `ctx.connection`); a closed one is not added. Returns the group. */
-  add (connection: ConnectionHandle): this {
+  /**
+   * Adds `connection` (a handle the server gave: `ctx.connection`) with its
+   * `data` (optional when `Member` admits undefined); a member already in
+   * the group gets the new data. A closed
+   * connection is not added. Returns the group.
+   */
+  add (connection: ConnectionHandle<State>, ...data: undefined extends Member ? [data?: Member] : [data: Member]): this {
     const member = asServerHandle(connection)
-    if (member.isClosed || this.#members.has(member)) return this
-    this.#members.add(member)
+    if (member.isClosed) return this
+    this.#members.set(member, data[0] as Member)
     member.groups.add(this)
     return this
   }
 
   /** Removes `connection`; false when it was not a member. */
-  delete (connection: ConnectionHandle): boolean {
+  delete (connection: ConnectionHandle<State>): boolean {
     if (!(connection instanceof ServerConnectionHandle) || !this.#members.delete(connection)) return false
     connection.groups.delete(this)
     return true
   }
 
   /** True when `connection` is a member (it leaves by itself once it closes). */
-  has (connection: ConnectionHandle): boolean {
+  has (connection: ConnectionHandle<State>): boolean {
     return connection instanceof ServerConnectionHandle && this.#members.has(connection)
+  }
+
+  /** What `add` kept for `connection`; undefined when it is not a member. */
+  get (connection: ConnectionHandle<State>): Member | undefined {
+    return connection instanceof ServerConnectionHandle ? this.#members.get(connection) : undefined
   }
 
   /** How many connections are members. */
@@ -43,13 +57,18 @@ export class ConnectionGroup implements Iterable<ConnectionHandle> {
 
   /** Removes every member. */
   clear (): void {
-    for (const member of this.#members) member.groups.delete(this)
+    for (const member of this.#members.keys()) member.groups.delete(this)
     this.#members.clear()
   }
 
   /** The members, in the order they joined. */
-  [Symbol.iterator] (): Iterator<ConnectionHandle> {
-    return this.#members.values()
+  [Symbol.iterator] (): Iterator<ConnectionHandle<State>> {
+    return this.#members.keys() as Iterator<ConnectionHandle<State>>
+  }
+
+  /** The members with their data, in the order they joined. */
+  entries (): IterableIterator<[ConnectionHandle<State>, Member]> {
+    return this.#members.entries() as IterableIterator<[ConnectionHandle<State>, Member]>
   }
 
   /**
@@ -58,29 +77,50 @@ export class ConnectionGroup implements Iterable<ConnectionHandle> {
    * was queued to: members closed meanwhile, or closed by this send for
    * going over their push limits, do not count.
    */
-  send (message: unknown, filter?: (member: ConnectionHandle) => boolean): number {
-    let protocol: ServerProtocol | null = null
-    let slices: Uint8Array[] = []
-    let bytes = 0
-    let sent = 0
-    // A member closed by this send leaves the set while it is walked: walk a copy when that can happen.
-    for (const member of this.#members.size > 1 ? [...this.#members] : this.#members) {
-      if (filter !== undefined && !filter(member)) continue
-      if (member.protocol !== protocol) {
-        protocol = member.protocol
-        const encode = protocol.encodePush
-        if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${protocol.name} protocol has no encodePush: it cannot push`)
-        slices = encodeOneToSlices(encode, protocol, message)
-        bytes = 0
-        for (const slice of slices) bytes += slice.length
-      }
-      if (member.sendEncoded(slices, bytes)) sent++
+  send (message: unknown, filter?: (member: ConnectionHandle<State>, data: Member) => boolean): number {
+    // A member closed by this send leaves the map while it is walked: walk a copy when that can happen.
+    const members = this.#members.size > 1 ? [...this.#members] : this.#members
+    return pushTo(members, message, filter)
+  }
+
+  /**
+   * Pushes `message` once to every connection that is a member of any of
+   * `groups` (or those `filter` accepts, with the member's data in the
+   * first group that holds it), however many of them it is in: a broker's
+   * message matching several of one client's subscriptions goes out once.
+   * Encoded once per protocol. Returns how many connections it was queued to.
+   */
+  static sendOnce<S, M> (groups: Iterable<ConnectionGroup<S, M>>, message: unknown, filter?: (member: ConnectionHandle<S>, data: M) => boolean): number {
+    const union = new Map<ServerConnectionHandle, M>()
+    for (const group of groups) {
+      for (const [member, data] of group.#members) if (!union.has(member)) union.set(member, data)
     }
-    return sent
+    return pushTo(union, message, filter)
   }
 }
 
-function asServerHandle (connection: ConnectionHandle): ServerConnectionHandle {
+// Queues `message` on each member, encoded once per protocol; returns how many it was queued to.
+function pushTo<S, M> (members: Iterable<[ServerConnectionHandle, M]>, message: unknown, filter: ((member: ConnectionHandle<S>, data: M) => boolean) | undefined): number {
+  let protocol: ServerProtocol | null = null
+  let slices: Uint8Array[] = []
+  let bytes = 0
+  let sent = 0
+  for (const [member, data] of members) {
+    if (filter !== undefined && !filter(member as ConnectionHandle<S>, data)) continue
+    if (member.protocol !== protocol) {
+      protocol = member.protocol
+      const encode = protocol.encodePush
+      if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${protocol.name} protocol has no encodePush: it cannot push`)
+      slices = encodeOneToSlices(encode, protocol, message)
+      bytes = 0
+      for (const slice of slices) bytes += slice.length
+    }
+    if (member.sendEncoded(slices, bytes)) sent++
+  }
+  return sent
+}
+
+function asServerHandle (connection: ConnectionHandle<unknown>): ServerConnectionHandle {
   if (connection instanceof ServerConnectionHandle) return connection
   throw new RpcError(ErrorCode.INVALID_ARGUMENT, 'a ConnectionGroup takes the connections a server hands out (ctx.connection)')
 }

@@ -4,7 +4,8 @@ import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
 import type { PushOutputLimit } from './push-output-limit.js'
 import type { ServerContext } from './server-context.js'
-import type { ServerConnection } from './server-connection.js'
+import type { ConnectionRecord } from './connection-record.js'
+import { IdleTimer } from './idle-timer.js'
 
 export type { WriteWatermarks } from './server-options.js'
 
@@ -30,19 +31,24 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   readonly #ctx: ServerContext
   readonly #pushes: PushOutputLimit
   readonly #watermarks: Watermarks
-  #sc: ServerConnection | null
+  #sc: ConnectionRecord | null
   #user = ''
   #state: unknown = undefined
   #resolveClosed: () => void = noop
   #writable = true
   #checkArmed = false
+  /** Reading held by `pauseReading`, and by the session order (the two share the connection's application hold). */
+  #paused = false
+  #orderHeld = false
+  /** Its own idle timeout (`setIdleTimeout`); null while the server's applies. */
+  #idle: IdleTimer | null = null
   /** Marked a session by `markSession`. */
   #session = false
   /** The groups it belongs to: it leaves them when it closes. Internal. */
-  readonly groups = new Set<{ delete: (member: ConnectionHandle) => boolean }>()
+  readonly groups = new Set<{ delete (member: ConnectionHandle<any>): boolean }>() // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly #check = (): void => this.#checkWritable()
 
-  constructor (sc: ServerConnection, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {
+  constructor (sc: ConnectionRecord, ctx: ServerContext, pushes: PushOutputLimit, watermarks: Watermarks) {
     super()
     this.#ctx = ctx
     this.#pushes = pushes
@@ -72,6 +78,15 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     this.#session = session
   }
 
+  setIdleTimeout (ms: number, options: { inboundOnly?: boolean } = {}): void {
+    const sc = this.#sc
+    if (sc === null) return
+    if (!(Number.isFinite(ms) && ms >= 0)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `setIdleTimeout needs a number of ms of at least 0, got ${ms}`)
+    // The server's idle close no longer applies to this connection.
+    sc.scan.ownIdle = true
+    ;(this.#idle ??= new IdleTimer(this.#ctx, sc)).set(ms, options.inboundOnly === true)
+  }
+
   /** The protocol that encodes its pushes (groups encode once per protocol). Internal. */
   get protocol (): ServerProtocol {
     return this.#ctx.protocol
@@ -94,15 +109,22 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     return sent
   }
 
-  // What is queued goes out, then the connection ends.
-  close (reason?: string): void {
+  // What is queued goes out, then the connection ends; with `reset`, an RST at once.
+  close (how?: string | { reason?: string, reset?: boolean }): void {
     const sc = this.#sc
     if (sc === null) return
     const connection = sc.connection
     if (connection.isClosed) return
-    if (reason !== undefined) this.#ctx.log.info(`closing ${sc.remoteAddress}: ${reason}`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+    const reason = typeof how === 'string' ? how : how?.reason
+    const reset = typeof how === 'object' && how.reset === true
+    if (reason !== undefined) this.#ctx.log.info(`closing ${sc.remoteAddress}${reset ? ' with a reset' : ''}: ${reason}`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
+    const error = new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`)
+    if (reset) {
+      connection.reset(error)
+      return
+    }
     sc.answers.requestClose(-1)
-    connection.endAfterFlush(new RpcError(ErrorCode.CONNECTION_CLOSED, reason === undefined ? 'closed by the server' : `closed by the server: ${reason}`))
+    connection.endAfterFlush(error)
   }
 
   get writable (): boolean {
@@ -116,11 +138,20 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
   }
 
   pauseReading (): void {
+    this.#paused = true
     this.#sc?.connection.holdReading()
   }
 
   resumeReading (): void {
-    this.#sc?.connection.releaseReading()
+    this.#paused = false
+    if (!this.#orderHeld) this.#sc?.connection.releaseReading()
+  }
+
+  /** Stops reading while the connection's sequential calls are at their bound (session-order.ts), or reads again unless `pauseReading` holds it. Internal. */
+  holdForOrder (stop: boolean): void {
+    this.#orderHeld = stop
+    if (stop) this.#sc?.connection.holdReading()
+    else if (!this.#paused) this.#sc?.connection.releaseReading()
   }
 
   // Past the high watermark: watch the bytes fall, on each 'drain' of the
@@ -160,6 +191,7 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     this.#user = sc.peer.user
     this.#state = sc.state
     this.#sc = null
+    this.#idle?.stop()
     sc.connection.onDrain = null
     for (const group of this.groups) group.delete(this)
     this.groups.clear()

@@ -1,12 +1,13 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import { DEFAULT_SLOW_FRAME_GRACE_MS, MIN_EVICTABLE_IDLE_MS, isSlowFrame, minFrameRateOf } from './admission.js'
 import type { ConnectionGuard } from './connection-guard.js'
+import { closeWithLastWords } from './last-words.js'
 import type { RateLimitedLog } from './logger.js'
 import type { ServerContext } from './server-context.js'
 import { DEFAULT_FRAME_TIMEOUT_MS, RETIRED_BUSY_LIMIT_MS, RETIRED_QUIET_MS, nonNegative } from './server-options.js'
 
-/** The longest a connection whose reading is paused goes without a probe read (`Connection.probeRead`). */
+/** The longest a connection whose reading is paused goes without a probe read (`FramedConnection.probeRead`). */
 export const PROBE_PERIOD_MS = 1000
 
 /** What the scan follows of one connection: its progress, the frame it is receiving, and its age. */
@@ -23,6 +24,8 @@ export class ScanRecord {
   retireAt = Number.POSITIVE_INFINITY
   /** Since when new calls are refused (the connection is past its age); -1 before. */
   retiredAt = -1
+  /** The connection has an idle timeout of its own (`ConnectionHandle.setIdleTimeout`): the server's does not apply. */
+  ownIdle = false
 
   constructor (now: number) {
     this.lastActiveAt = now
@@ -31,12 +34,14 @@ export class ScanRecord {
 
 /** What the scan needs of a connection. */
 export interface Scanned {
-  readonly connection: Connection
+  readonly connection: FramedConnection
   readonly remoteAddress: string
   readonly inFlight: { readonly size: number }
   /** Its set-up is done. */
   readonly ready: boolean
   readonly scan: ScanRecord
+  /** The protocol's state of it (for its last words). */
+  readonly state: unknown
 }
 
 /**
@@ -110,12 +115,12 @@ export class ConnectionScan implements ConnectionGuard<Scanned> {
       if (now - record.lastActiveAt >= RETIRED_QUIET_MS) this.#closeAged(sc)
     } else if (now >= record.retireAt && sc.ready) {
       record.retiredAt = now
-    } else if (idleMs > 0 && sc.ready && now - record.lastActiveAt >= idleMs) {
+    } else if (idleMs > 0 && sc.ready && !record.ownIdle && now - record.lastActiveAt >= idleMs) {
       const ctx = this.#ctx
       ctx.counters.idleClosed()
       const inFrame = connection.hasPartialFrame ? ', stopped inside a frame' : ''
       ctx.log.info(`closing idle connection from ${sc.remoteAddress} after ${idleMs} ms without progress${inFrame}`, { protocol: ctx.protocol.name, remote: sc.remoteAddress, idleMs, inFrame: connection.hasPartialFrame })
-      connection.destroy()
+      closeWithLastWords(ctx, sc, 'idle')
     }
     return false
   }
@@ -158,7 +163,7 @@ export class ConnectionScan implements ConnectionGuard<Scanned> {
     const ms = Math.round(arrivingMs)
     this.#logSlowFrame.log(ctx.warn, () => `closing ${sc.remoteAddress}: ${bytes} bytes of a frame in ${ms} ms, below ${rate} bytes/s past ${graceMs} ms`,
       () => ({ protocol: ctx.protocol.name, remote: sc.remoteAddress, frameBytes: bytes, arrivingMs: ms, minFrameBytesPerSecond: rate }))
-    sc.connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `frame arriving below ${rate} bytes/s`))
+    closeWithLastWords(ctx, sc, 'slow-frame', new RpcError(ErrorCode.CONNECTION_CLOSED, `frame arriving below ${rate} bytes/s`))
     return true
   }
 
@@ -173,7 +178,7 @@ export class ConnectionScan implements ConnectionGuard<Scanned> {
     const arrivingMs = Math.round(now - since)
     this.#logFrameTimeout.log(ctx.warn, () => `closing ${sc.remoteAddress}: a frame has been arriving for ${arrivingMs} ms (frame timeout ${frameMs} ms)`,
       () => ({ protocol: ctx.protocol.name, remote: sc.remoteAddress, arrivingMs, frameTimeoutMs: frameMs }))
-    connection.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, `frame not complete within ${frameMs} ms`))
+    closeWithLastWords(ctx, sc, 'frame-timeout', new RpcError(ErrorCode.CONNECTION_CLOSED, `frame not complete within ${frameMs} ms`))
     return true
   }
 
@@ -181,6 +186,6 @@ export class ConnectionScan implements ConnectionGuard<Scanned> {
     const ctx = this.#ctx
     ctx.counters.agedClosed()
     ctx.log.info(`closing ${sc.remoteAddress}: it reached its maximum age of ${ctx.options.maxConnectionAgeMs} ms`, { protocol: ctx.protocol.name, remote: sc.remoteAddress, maxConnectionAgeMs: ctx.options.maxConnectionAgeMs })
-    sc.connection.destroy()
+    closeWithLastWords(ctx, sc, 'age')
   }
 }

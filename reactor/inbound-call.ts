@@ -3,6 +3,7 @@ import type { CallInfo, ConnectionHandle, RouteInfo } from '../codec/protocol.js
 import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import type { ConnectionAnswers } from './answer-order.js'
 import type { MethodMetrics } from './metrics.js'
+import type { SessionQueue } from './session-order.js'
 
 /** What a handler sees of its call, whatever the protocol. */
 export interface CallContext<State = unknown> {
@@ -32,7 +33,7 @@ export interface CallContext<State = unknown> {
   /** The protocol's own state of the connection (`ServerProtocol.connectionState`; RESP: the client's name); undefined without one. */
   readonly connectionState: State
   /** The call's connection, for pushes, closing and flow control; it may be kept after the call (see `ConnectionHandle`). */
-  readonly connection: ConnectionHandle
+  readonly connection: ConnectionHandle<State>
   /**
    * Sends one part of a streamed answer now, before the final answer (the
    * handler's result), encoded with the protocol's `encodePart`: in the
@@ -108,6 +109,8 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
   declare abandoned: boolean
   /** The worker (of its group's pool) its in-loop handler runs on; -1 before, and in thread mode. Internal. */
   declare worker: number
+  /** Its connection's sequential calls, while it is one of them (`execution: 'sequential'`); null otherwise. Internal. */
+  declare session: SessionQueue | null
   /**
    * Told once when the call is aborted (its executor cancels it where it
    * runs: KRPC's worker threads); null when nothing listens. Internal.
@@ -136,6 +139,7 @@ export class InboundCall<Data = unknown> implements CallContext, CallInfo<Data> 
     this.closeAfter = false
     this.abandoned = false
     this.worker = -1
+    this.session = null
     this.onAbort = null
     this._clock = clock
     this._controller = null

@@ -1,5 +1,5 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import type { ConnectionGuard } from './connection-guard.js'
 import type { RateLimitedLog } from './logger.js'
 import type { ServerContext } from './server-context.js'
@@ -21,7 +21,7 @@ export class PushRecord {
 
 /** What the limit needs of a connection: its record, its unsent bytes (queued, and answers held for their turn). */
 export interface Pushed {
-  readonly connection: Connection
+  readonly connection: FramedConnection
   readonly remoteAddress: string
   readonly push: PushRecord
   readonly answers: { readonly heldBytes: number }

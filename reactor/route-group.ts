@@ -6,12 +6,15 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RefusalReason } from '../codec/protocol.js'
 import type { Clock } from '../scheduling/clock.js'
-import { ServiceDispatcher } from './dispatcher.js'
+import { ServicePool } from './service-pool.js'
 import type { Filter } from './filters.js'
 import type { InboundCall } from './inbound-call.js'
 import type { ServerMetrics } from './metrics.js'
 import type { CallExecutor, Route, RouteDefinition, RouteGroup, RouteGroupOptions, RouteHandlers } from './route-table.js'
 import type { GroupDefaults } from './server-options.js'
+
+/** The most workers a sequential group gets by default (each parked worker costs a slot and a callback). */
+export const MAX_SESSION_WORKERS = 65_536
 
 /** What a group is built with: the server's defaults, and how the call dispatch runs and refuses its calls. */
 export interface RouteGroupParts {
@@ -19,11 +22,15 @@ export interface RouteGroupParts {
   /** Every group queues on workers (the server's `scheduling: 'pooled'`); else only groups with an executor do. */
   readonly pooled: boolean
   readonly metrics: ServerMetrics
+  /** The protocol's `execution`, for groups that do not say. */
+  readonly execution: 'concurrent' | 'sequential'
+  /** The workers of a sequential group by default: one per connection the server admits (`maxConnections`, at most MAX_SESSION_WORKERS). */
+  readonly sessionWorkers: number
   readonly clock: Clock
   /** Runs a call on one of the group's workers, in this process. */
   readonly run: (call: InboundCall, worker: number) => Promise<void> | void
-  /** Runs a call on `executor` (worker threads), the group's queue being `dispatcher`. */
-  readonly runElsewhere: (call: InboundCall, worker: number, executor: CallExecutor, dispatcher: ServiceDispatcher) => Promise<void> | undefined
+  /** Runs a call on `executor` (worker threads), the group's queue being `service`. */
+  readonly runElsewhere: (call: InboundCall, worker: number, executor: CallExecutor, service: ServicePool) => Promise<void> | undefined
   /** Answers a call the queue refused (busy, expired, shutdown). */
   readonly reject: (call: InboundCall, reason: RefusalReason, message: string) => void
 }
@@ -39,16 +46,20 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
     definitions.set(method, definition as RouteDefinition)
   }
   const pooled = parts.pooled || executor !== null
-  const workers = executor !== null ? executor.workers : options.workers ?? defaults.workers
-  let dispatcher: ServiceDispatcher | null = null
+  const execution = options.execution ?? parts.execution
+  if (execution !== 'concurrent' && execution !== 'sequential') throw new RpcError(ErrorCode.INVALID_ARGUMENT, `group ${name}: execution must be 'concurrent' or 'sequential', got ${String(execution)}`)
+  const sequential = execution === 'sequential'
+  // A sequential group's pool holds at most one call per connection: by default every session has a slot, so none waits for another's slow call.
+  const workers = executor !== null ? executor.workers : options.workers ?? (sequential ? parts.sessionWorkers : defaults.workers)
+  let service: ServicePool | null = null
   const metrics = parts.metrics.addService(name, [...definitions.keys()], {
     workers: pooled ? workers : 0,
-    queueLength: () => dispatcher?.pool.queueLength ?? 0,
-    idleWorkers: () => dispatcher?.pool.idleWorkers ?? 0
+    queueLength: () => service?.pool.queueLength ?? 0,
+    idleWorkers: () => service?.pool.idleWorkers ?? 0
   })
   if (pooled) {
-    const run = executor === null ? parts.run : (call: InboundCall, worker: number) => parts.runElsewhere(call, worker, executor, dispatcher!)
-    dispatcher = new ServiceDispatcher({
+    const run = executor === null ? parts.run : (call: InboundCall, worker: number) => parts.runElsewhere(call, worker, executor, service!)
+    service = new ServicePool({
       workers,
       queueLength: options.queueLength ?? defaults.queueLength,
       discipline: options.queue ?? defaults.queue,
@@ -64,8 +75,9 @@ export function makeRouteGroup (name: string, handlers: RouteHandlers, options: 
     name,
     routes: new Map(),
     metrics,
-    dispatcher,
+    service,
     executor,
+    sequential,
     abandonAfterMs: executor !== null ? 0 : options.abandonAfterMs ?? defaults.abandonAfterMs,
     maxAbandoned: options.maxAbandonedHandlers ?? defaults.maxAbandonedHandlers,
     abandoned: 0,

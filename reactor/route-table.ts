@@ -1,6 +1,6 @@
 import type { CallHead } from '../codec/protocol.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import type { ServiceDispatcher } from './dispatcher.js'
+import type { ServicePool } from './service-pool.js'
 import type { Filter, Handler } from './filters.js'
 import type { CallRoute, InboundCall } from './inbound-call.js'
 import type { MethodMetrics } from './metrics.js'
@@ -28,7 +28,7 @@ export interface CallExecutor<Data = unknown> {
   readonly workers: number
   /** Settles when the executor can take calls; `listen()` waits for it. */
   readonly ready?: Promise<void>
-  /** How long held calls wait without a completion before the queue judges them (see ServiceDispatcher); default one turn. */
+  /** How long held calls wait without a completion before the queue judges them (see ServicePool); default one turn. */
   readonly holdWindowMs?: number
   /** Runs `call` on worker `worker`; resolves with its answer, or rejects as a handler would. */
   run: (call: InboundCall<Data>, worker: number) => Promise<unknown>
@@ -52,6 +52,15 @@ export interface RouteGroupOptions<Req = any, Res = any, State = any> {
   executor?: CallExecutor<any>
   /** Filters around this group's handlers, inside the server's own (`ProtocolServer.use`); the first is outermost. */
   filters?: Array<Filter<Req, Res, State>>
+  /**
+   * `'sequential'`: one connection's calls of this group run one at a time,
+   * in arrival order, each after the previous one was answered (a session:
+   * PostgreSQL, Redis, MQTT); only a connection's head call enters the
+   * group's queue, so `workers` counts sessions and defaults to
+   * `maxConnections`. `'concurrent'`: every call enters the queue at once.
+   * Default: the protocol's `execution`, else `'concurrent'`. See docs/scheduling.md.
+   */
+  execution?: 'concurrent' | 'sequential'
 }
 
 /** A registered group of routes: its queue and workers, its metrics, its filters. Internal. */
@@ -60,8 +69,10 @@ export interface RouteGroup {
   readonly routes: Map<string, Route>
   readonly metrics: ReadonlyMap<string, MethodMetrics>
   /** null in `direct` mode. */
-  readonly dispatcher: ServiceDispatcher | null
+  readonly service: ServicePool | null
   readonly executor: CallExecutor | null
+  /** Its calls run one at a time per connection (`execution: 'sequential'`). */
+  readonly sequential: boolean
   readonly abandonAfterMs: number
   readonly maxAbandoned: number
   /** Abandoned handlers that have not settled yet. */

@@ -2,7 +2,7 @@ import type { TlsOptions } from 'node:tls'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { Clock } from '../scheduling/clock.js'
 import type { QueueDiscipline } from '../scheduling/service-queue.js'
-import type { ConnectionStats } from '../transport/connection.js'
+import type { ConnectionStats } from '../transport/framed-connection.js'
 import type { IdleCollectionOptions } from './idle-collection.js'
 import type { Logger } from './logger.js'
 import type { LimitCounters } from './metrics.js'
@@ -137,8 +137,14 @@ export interface ServerOptions {
    * runs at once, unbounded (for comparison; no queue, never busy).
    */
   scheduler?: 'pool' | 'direct'
-  /** Workers (concurrent handlers) per group; default 10. */
+  /** Workers (concurrent handlers) per group; default 10 (sequential groups: `maxConnections`, see `RouteGroupOptions.execution`). */
   workers?: number
+  /**
+   * Sequential execution: the calls one connection may have waiting for
+   * its previous one (default 256). Past it the connection is not read
+   * (its pipelined bytes wait in the kernel) until half have run.
+   */
+  sessionQueueLength?: number
   /** Bound of each group's queue; default 50. */
   queueLength?: number
   /** `edf` (default): earliest deadline first, a full queue evicts the latest deadline. `fifo`: arrival order, a full queue refuses the newcomer. */

@@ -12,14 +12,14 @@ import type { Clock, TimerHandle } from '../scheduling/clock.js'
 import { SocketReader, readThrough } from '../transport/socket-reader.js'
 import { socketStream } from '../transport/net-stream.js'
 import { BusyPoller } from '../transport/busy-poll.js'
-import { Connection, type Handshake } from '../transport/connection.js'
+import { FramedConnection } from '../transport/framed-connection.js'
 import { CallDispatch, type RouteGroupOptions, type RouteHandlers } from './call-dispatch.js'
 import { DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES, ServerConnectionHandle, type Watermarks } from './connection-handle.js'
 import type { CallEndObserver, Filter } from './filters.js'
 import { PushOutputLimit } from './push-output-limit.js'
 import { ServerMetrics } from './metrics.js'
-import type { Logger, RateLimitedLog } from './logger.js'
-import { ServerConnection } from './server-connection.js'
+import type { Logger } from './logger.js'
+import { ConnectionRecord } from './connection-record.js'
 import type { InboundBudget } from '../transport/inbound-budget.js'
 import type { OutboundBudget } from './outbound-budget.js'
 import { serverBudgets } from './server-budgets.js'
@@ -29,12 +29,14 @@ import { ConnectionScan } from './connection-scan.js'
 import { ServerContext, type ResolvedServerOptions } from './server-context.js'
 import { SlowConsumerWatch } from './slow-consumer.js'
 import {
-  DEFAULT_MAX_NEGOTIATION_BYTES, tlsHandshakeTimeoutOf, writeWatermarksOf,
+  tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
 import { startIdleCollection } from './idle-collection.js'
 import { ListenError } from './listen-error.js'
+import { sayLastWords } from './last-words.js'
+import { ConnectionSetUp } from './connection-set-up.js'
 
 export type { Handler, RouteDefinition, RouteGroupOptions, RouteHandlers, CallExecutor } from './call-dispatch.js'
 export type { CallEndObserver, CallOutcome, EndedCall, Filter } from './filters.js'
@@ -52,7 +54,7 @@ export { ListenError } from './listen-error.js'
  */
 export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // eslint-disable-line @typescript-eslint/no-explicit-any
   /** What the server's parts share: protocol, options, clock, logger, connections, counters. */
-  readonly #ctx: ServerContext<ServerConnection>
+  readonly #ctx: ServerContext<ConnectionRecord>
   readonly #protocol: ServerProtocol
   readonly #options: ResolvedServerOptions
   readonly #clock: Clock
@@ -60,19 +62,19 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
   /** Per-group and per-route metrics; `metrics.text()` is the Prometheus exposition. */
   readonly metrics = new ServerMetrics()
   readonly #dispatch: CallDispatch
-  readonly #connections: Set<ServerConnection>
+  readonly #connections: Set<ConnectionRecord>
   /** Admission of new connections (limits, evictions); its `negotiating` are the connections still in set-up, oldest first. */
-  readonly #admission: Admission<ServerConnection>
-  readonly #negotiating: Set<ServerConnection>
+  readonly #admission: Admission<ConnectionRecord>
+  readonly #negotiating: Set<ConnectionRecord>
   /** The guards over the connections (told at accept, each scan tick, and close), composed once. */
-  readonly #guards: ConnectionGuards<ServerConnection>
+  readonly #guards: ConnectionGuards<ConnectionRecord>
   readonly #pushes: PushOutputLimit
   readonly #slowConsumers: SlowConsumerWatch
   readonly #watermarks: Watermarks
   readonly #inbound: InboundBudget
   readonly #outbound: OutboundBudget
-  // Peers choose how often this happens: rate-limited.
-  readonly #logNegotiationFailed: RateLimitedLog
+  /** The protocol's set-up of each new connection (connection-set-up.ts). */
+  readonly #setUp: ConnectionSetUp
   /** Where #listen was asked to listen, for messages. */
   #listenAddress: string | null = null
   readonly #net: NetServer
@@ -91,17 +93,17 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
    * their `ctx.connectionState` is its `State`.
    */
   constructor (protocol: ServerProtocol<Req, Res, State, Data>, options: ServerOptions = {}) {
-    const ctx = this.#ctx = new ServerContext<ServerConnection>(protocol as ServerProtocol, options)
+    const ctx = this.#ctx = new ServerContext<ConnectionRecord>(protocol as ServerProtocol, options)
     this.#protocol = ctx.protocol
     this.#options = ctx.options
     this.#clock = ctx.clock
     this.#log = ctx.log
     this.#connections = ctx.connections
     this.#poller = (options.busyPollUs ?? 0) > 0 ? new BusyPoller(options.busyPollUs!) : undefined
-    this.#logNegotiationFailed = ctx.rateLimitedLog()
     const scan = new ConnectionScan(ctx)
     this.#admission = new Admission(ctx)
     this.#negotiating = this.#admission.negotiating
+    this.#setUp = new ConnectionSetUp(ctx, this.#negotiating)
     this.#slowConsumers = new SlowConsumerWatch(ctx)
     this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
@@ -111,7 +113,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#outbound = budgets.outbound
     this.#pushes = new PushOutputLimit(ctx, options.pushOutputLimit, () => this.#outbound.isOver)
     this.metrics.limitCounters = () => ctx.counters.limitCounters(this.#inbound.closedConnections, this.#outbound.pauses)
-    this.#dispatch = new CallDispatch(ctx, this.metrics)
+    this.#dispatch = new CallDispatch(ctx, this.metrics, this.#admission.maxConnections)
     // In the order of today's scan: abandonment, the soft push limit, the descriptor count, then each connection's progress.
     this.#guards = new ConnectionGuards(this.#clock, this.#connections, [this.#dispatch.abandonment, this.#pushes, this.#admission, this.#slowConsumers, scan])
     // Paused on accept: nothing is read before #onAccept moves the socket to
@@ -310,8 +312,10 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       const finish = (flush = true): void => {
         this.#dispatch.whenDrained(null)
         for (const sc of [...this.#connections]) {
-          if (flush) sc.connection.endAfterFlush()
-          else sc.connection.flushAndDestroy()
+          // Drained: the protocol's last words ('shutdown'), if it has any, then the end.
+          if (flush) {
+            if (!sayLastWords(this.#ctx, sc, 'shutdown')) sc.connection.endAfterFlush()
+          } else sc.connection.flushAndDestroy()
         }
         if (this.#connections.size === 0 && graceTimer !== null) {
           this.#clock.clearTimer(graceTimer)
@@ -389,7 +393,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     const reader = secure === null ? new SocketReader() : undefined
     const socket = secure ?? readThrough(accepted, reader!)
     const stream = socketStream(socket, socket === accepted || secure !== null ? undefined : reader)
-    const connection = new Connection(stream, {
+    const connection = new FramedConnection(stream, {
       socket,
       readPath: stream.readPath,
       framing: this.#protocol.framing,
@@ -400,7 +404,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onBackedUp: () => this.#outbound.watch(connection),
       onReadingSuspended: () => this.#slowConsumers.watch(sc)
     })
-    const sc = new ServerConnection(connection, remoteAddress, this.#clock.now(), this.#dispatch.answerOrder)
+    const sc = new ConnectionRecord(connection, remoteAddress, this.#clock.now(), this.#dispatch.answerOrder)
     const handle = new ServerConnectionHandle(sc, this.#ctx, this.#pushes, this.#watermarks)
     sc.handle = handle
     try {
@@ -421,7 +425,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       onClose: (error) => this.#onClose(sc, error)
     })
     if (secure === null) {
-      this.#setUp(sc, remoteAddress)
+      this.#setUp.start(sc, remoteAddress)
       return
     }
     // In its TLS handshake the connection counts as negotiating (admission, eviction, close()).
@@ -429,47 +433,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#tls!.handshake(sc, secure, (user) => {
       this.#negotiating.delete(sc)
       if (user !== '') sc.setPeer(user, sc.handle!)
-      this.#setUp(sc, remoteAddress)
-    })
-  }
-
-  // The protocol's set-up of a new connection (none: ready at once).
-  #setUp (sc: ServerConnection, remoteAddress: string): void {
-    const connection = sc.connection
-    const setUp = this.#protocol.handshake
-    if (setUp === undefined) {
-      sc.markReady()
-      return
-    }
-    this.#negotiating.add(sc)
-    const protocolHandshake = setUp(remoteAddress, sc.handle!)
-    const handshake: Handshake<{ user?: string }> = {
-      ...protocolHandshake,
-      maxFrameBytes: Math.min(protocolHandshake.maxFrameBytes ?? Infinity, this.#options.maxNegotiationBytes ?? DEFAULT_MAX_NEGOTIATION_BYTES),
-      onFrame: (frame) => {
-        const step = protocolHandshake.onFrame(frame)
-        const record = (s: Awaited<typeof step>): typeof s => {
-          if (s.done !== undefined) {
-            sc.markReady()
-            sc.setPeer(s.done.user ?? sc.peer.user, sc.handle!)
-            this.#negotiating.delete(sc)
-          }
-          return s
-        }
-        return step instanceof Promise ? step.then(record) : record(step)
-      }
-    }
-    const timer = this.#clock.setTimer(() => {
-      connection.destroy(new RpcError(ErrorCode.NEGOTIATION_FAILED, `negotiation with ${remoteAddress} timed out after ${this.#options.negotiationTimeoutMs} ms`))
-    }, this.#options.negotiationTimeoutMs)
-    connection.handshake(handshake).then(() => {
-      this.#clock.clearTimer(timer)
-    }, (error: RpcError) => {
-      this.#clock.clearTimer(timer)
-      const fields = { protocol: this.#protocol.name, remote: remoteAddress, code: error.code }
-      // A peer that hangs up before set-up (a port probe, a health check) is no fault of anyone's.
-      if (error.code === ErrorCode.CONNECTION_CLOSED) this.#log.info(`negotiation with ${remoteAddress} failed: ${error.message}`, fields)
-      else this.#logNegotiationFailed.log(this.#ctx.warn, () => `negotiation with ${remoteAddress} failed: ${error.message}`, () => fields)
+      this.#setUp.start(sc, remoteAddress)
     })
   }
 
@@ -479,7 +443,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     return make === undefined ? undefined : make(remoteAddress, handle)
   }
 
-  #onClose (sc: ServerConnection, error: RpcError | undefined): void {
+  #onClose (sc: ConnectionRecord, error: RpcError | undefined): void {
     this.#connections.delete(sc)
     this.#guards.closed(sc, error)
     sc.closedAt = this.#clock.now()

@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { TimerHandle } from '../scheduling/clock.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import type { ConnectionGuard } from './connection-guard.js'
 import type { RateLimitedLog } from './logger.js'
 import type { ServerContext } from './server-context.js'
@@ -8,7 +8,7 @@ import { SUSPENDED_GRACE_MS } from './server-options.js'
 
 /** What the watch needs of a connection. */
 export interface Watched {
-  readonly connection: Connection
+  readonly connection: FramedConnection
   readonly remoteAddress: string
 }
 

@@ -3,7 +3,7 @@ import { TLSSocket, createSecureContext, type SecureContext, type TlsOptions } f
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { RateLimitedLog } from './logger.js'
 import type { ServerContext } from './server-context.js'
-import type { ServerConnection } from './server-connection.js'
+import type { ConnectionRecord } from './connection-record.js'
 
 /**
  * The server's `tls` option: TLS from the first byte. Checks the options
@@ -50,7 +50,7 @@ export class TlsAccept {
    * the verified client certificate's CN ('' without one). A failure
    * closes the connection.
    */
-  handshake (sc: ServerConnection, socket: TLSSocket, secured: (user: string) => void): void {
+  handshake (sc: ConnectionRecord, socket: TLSSocket, secured: (user: string) => void): void {
     const ctx = this.#ctx
     const remoteAddress = sc.remoteAddress
     const connection = sc.connection

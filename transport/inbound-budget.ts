@@ -24,9 +24,14 @@ export class InboundBudget {
   readonly #held = new Map<InboundBudgetMember, number>()
   #total = 0
   #closed = 0
-  readonly #onClose: ((member: InboundBudgetMember, heldBytes: number) => void) | undefined
+  readonly #onClose: ((member: InboundBudgetMember, heldBytes: number, error: RpcError) => unknown) | undefined
 
-  constructor (maxBytes = DEFAULT_MAX_INBOUND_BUFFERED_BYTES, onClose?: (member: InboundBudgetMember, heldBytes: number) => void) {
+  /**
+   * `onClose` is told of each connection the budget closes, before it is
+   * destroyed; returning true, it closes the connection itself (after the
+   * protocol's last words), having stopped its reading.
+   */
+  constructor (maxBytes = DEFAULT_MAX_INBOUND_BUFFERED_BYTES, onClose?: (member: InboundBudgetMember, heldBytes: number, error: RpcError) => unknown) {
     this.maxBytes = maxBytes
     this.#onClose = onClose
   }
@@ -65,8 +70,9 @@ export class InboundBudget {
     this.#total -= most
     this.#held.delete(victim!)
     this.#closed++
-    this.#onClose?.(victim!, largest)
-    victim!.destroy(new RpcError(ErrorCode.FRAME_TOO_LARGE,
-      `closed: it had sent ${largest} bytes of an incomplete frame when the server's inbound buffers passed their budget of ${this.maxBytes} bytes`))
+    const error = new RpcError(ErrorCode.FRAME_TOO_LARGE,
+      `closed: it had sent ${largest} bytes of an incomplete frame when the server's inbound buffers passed their budget of ${this.maxBytes} bytes`)
+    if (this.#onClose?.(victim!, largest, error) === true) return
+    victim!.destroy(error)
   }
 }

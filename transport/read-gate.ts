@@ -1,6 +1,6 @@
 import type { ByteStream, ByteStreamListener } from './byte-stream.js'
 
-/** What probe reads of a paused connection set aside before they stop (`Connection.probeRead`): 64 KiB, one read's worth. */
+/** What probe reads of a paused connection set aside before they stop (`FramedConnection.probeRead`): 64 KiB, one read's worth. */
 export const PROBE_BYTES = 64 * 1024
 
 /**
@@ -8,9 +8,9 @@ export const PROBE_BYTES = 64 * 1024
  * reading resumes only when no reason holds it any more.
  */
 export const ReadStop = {
-  /** The server's outbound budget (`Connection.pauseReading`). */
+  /** The server's outbound budget (`FramedConnection.pauseReading`). */
   Paused: 1,
-  /** The application (`Connection.holdReading`: a broker holding back a publisher). */
+  /** The application (`FramedConnection.holdReading`: a broker holding back a publisher). */
   Held: 2,
   /** The connection's own unsent bytes passed `maxOutboundBytes` (what the kernel left of them). */
   Suspended: 4,

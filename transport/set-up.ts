@@ -1,6 +1,7 @@
 import type { Socket } from 'node:net'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import type { Deframer } from '../codec/frame-decoder.js'
+import { FrameDecoder, isScanFraming, type AnyFraming, type Deframer } from '../codec/frame-decoder.js'
+import { ScanDecoder } from '../codec/scan-decoder.js'
 import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
 import type { ByteStream } from './byte-stream.js'
 import { ChannelStream } from './channel-stream.js'
@@ -28,6 +29,9 @@ export interface SetUpHost {
   destroy: (error: RpcError) => void
 }
 
+/** The error a set-up that closed the connection on purpose (`HandshakeStep.close`) ends with: not a failure. */
+export const SET_UP_CLOSED = 'the set-up closed the connection'
+
 function setupFailed (err: unknown): HandshakeStep<unknown> {
   return { error: new RpcError(ErrorCode.NEGOTIATION_FAILED, `set-up failed: ${(err as Error).message}`, { cause: err }) }
 }
@@ -49,7 +53,15 @@ export class SetUp<T> {
   readonly promise: Promise<T>
   readonly #host: SetUpHost
   readonly #handshake: Handshake<T>
-  readonly #decoder: Deframer
+  #decoder: Deframer
+  /** A step switched the framing: frames after its own are read with this one. */
+  #nextFraming: AnyFraming | null = null
+  // What the peer sent behind a frame already (`onFrame`'s `pipelined`):
+  // bytes fed to the decoder less those of the frames it gave, plus held
+  // chunks not fed yet.
+  #bytesIn = 0
+  #bytesFramed = 0
+  #heldUndecoded = 0
   #resolve!: (value: T) => void
   #reject!: (error: RpcError) => void
   #state: 'running' | 'done' | 'failed' = 'running'
@@ -71,7 +83,8 @@ export class SetUp<T> {
   constructor (handshake: Handshake<T>, stream: ByteStream, decoder: Deframer, host: SetUpHost) {
     this.#handshake = handshake
     this.#stream = stream
-    this.#decoder = decoder
+    // A set-up framing of its own (PostgreSQL's untyped start-up packets), under the same frame limit.
+    this.#decoder = handshake.framing === undefined ? decoder : deframerOf(handshake.framing, decoder.maxFrameBytes)
     this.#host = host
     this.promise = new Promise<T>((resolve, reject) => {
       this.#resolve = resolve
@@ -134,11 +147,22 @@ export class SetUp<T> {
 
   // Decodes set-up frames; returns what follows the last one when the set-up ended in `chunk` (else null).
   #decode (chunk: Buffer): Buffer | null {
-    const error = this.#decoder.pushRanges(chunk, this.#onFrame)
+    this.#bytesIn += chunk.length
+    // An asynchronous step switched the framing: its held bytes are read with the new one.
+    this.#switchFraming()
+    let error = this.#decoder.pushRanges(chunk, this.#onFrame)
+    // A step switched the framing: the rest of the chunk is read with the new one.
+    while (this.#nextFraming !== null && this.#state === 'running' && !this.#holdRest && !this.#host.isClosed) {
+      const rest = chunk.subarray(this.#decoder.consumed)
+      this.#switchFraming()
+      chunk = rest
+      error = this.#decoder.pushRanges(rest, this.#onFrame)
+    }
     if (this.#holdRest) {
       // An asynchronous step stopped the decoding: the rest waits for it.
       this.#holdRest = false
       const rest = chunk.subarray(this.#decoder.consumed)
+      this.#bytesIn -= rest.length
       if (rest.length > 0) this.#held?.push(rest)
     } else if (this.#isDone()) {
       // The set-up ended in this chunk: the rest is the first regular bytes.
@@ -178,22 +202,36 @@ export class SetUp<T> {
     return chunk.subarray(take)
   }
 
+  // Frames from now on are read with the framing a step gave (the decoder stopped between frames).
+  #switchFraming (): void {
+    const framing = this.#nextFraming
+    if (framing === null) return
+    this.#nextFraming = null
+    const maxFrameBytes = this.#decoder.maxFrameBytes
+    this.#decoder.stop()
+    this.#decoder = deframerOf(framing, maxFrameBytes)
+  }
+
   #frame (buf: Buffer, start: number, end: number): boolean {
     if (this.#state !== 'running' || this.#host.isClosed || this.#host.isEnding) return false
     this.#host.frameRead()
+    this.#bytesFramed += end - start
+    const pipelined = this.#bytesIn - this.#bytesFramed + this.#heldUndecoded
     // A synchronous step runs now, so that a handshake that ends in this
     // read lets the frames after it through at once. An asynchronous one
     // (an authenticator, a TLS step) holds every byte after its frame until
     // it is applied: the step may change what those bytes are.
     let step: HandshakeStep<T> | Promise<HandshakeStep<T>>
     try {
-      step = this.#handshake.onFrame(Buffer.from(buf.subarray(start, end)))
+      step = this.#handshake.onFrame(Buffer.from(buf.subarray(start, end)), pipelined)
     } catch (err) {
       step = setupFailed(err) as HandshakeStep<T>
     }
     // A step that switches the stream is applied as an asynchronous one is: the rest of the chunk is the new stream's.
     if (!(step instanceof Promise) && step.upgrade === undefined) {
       this.#apply(step)
+      // A new framing reads the next frame: this decoder stops here (#decode goes on with the new one).
+      if (this.#nextFraming !== null) return false
       return this.#state === 'running' && !this.#host.isClosed
     }
     this.#held = []
@@ -230,6 +268,15 @@ export class SetUp<T> {
       this.#host.endAfterFlush(step.error)
       return
     }
+    if (step.close === true) {
+      // Done with the peer, without a failure (PostgreSQL's CancelRequest): what was sent goes out, then the end.
+      const closed = new RpcError(ErrorCode.CONNECTION_CLOSED, SET_UP_CLOSED)
+      this.#state = 'failed'
+      this.#reject(closed)
+      this.#host.endAfterFlush(closed)
+      return
+    }
+    if (step.framing !== undefined && step.done === undefined) this.#nextFraming = step.framing
     if (step.done !== undefined) {
       this.#state = 'done'
       this.#resolve(step.done)
@@ -250,7 +297,12 @@ export class SetUp<T> {
       for (const chunk of held) this.#channel.input(chunk)
       return
     }
+    let undecoded = 0
+    for (const chunk of held) undecoded += chunk.length
     for (let i = 0; i < held.length; i++) {
+      // Bytes of the chunks after this one count as pipelined behind its frames.
+      undecoded -= held[i]!.length
+      this.#heldUndecoded = undecoded
       if (this.#host.isClosed || this.#host.isEnding || this.#state === 'failed') return
       if (this.#isDone()) {
         this.#finish(held.slice(i))
@@ -262,6 +314,7 @@ export class SetUp<T> {
         return
       }
       const rest = this.#decode(held[i]!)
+      this.#heldUndecoded = 0
       if (this.#isDone()) {
         const out = rest === null ? [] : [rest]
         for (let j = i + 1; j < held.length; j++) out.push(held[j]!)
@@ -286,4 +339,9 @@ export class SetUp<T> {
     for (const frame of frames) for (const slice of frame) slices.push(slice)
     this.#stream.write(slices.length === 1 ? slices[0]! : Buffer.concat(slices))
   }
+}
+
+/** A decoder for `framing` (a length field or a scan) under `maxFrameBytes`. */
+function deframerOf (framing: AnyFraming, maxFrameBytes: number): Deframer {
+  return isScanFraming(framing) ? new ScanDecoder(framing, maxFrameBytes) : new FrameDecoder(framing, maxFrameBytes)
 }

@@ -10,7 +10,7 @@ const NO_SLICES: Buffer[] = []
 // the frames of one read (or turn) still form one run. A slab is never
 // written twice: it stays alive while runs of it are queued or in sockets.
 // Only one frame is encoded in it at a time (a frame encoded while another
-// is open goes elsewhere: Connection.writeFrame).
+// is open goes elsewhere: FramedConnection.writeFrame).
 export const SLAB_BYTES = 64 * 1024
 export const slab = new FrameChunk(SLAB_BYTES)
 // While a queue waits for 'drain', its small frames are encoded in place into

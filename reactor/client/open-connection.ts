@@ -80,8 +80,8 @@ export function openConnection<Req, Res> (owner: ConnectionOwner<Req, Res>, setu
     }
     connection.handshake<unknown>({
       ...handshake,
-      onFrame: (frame) => {
-        const step = onFrame(frame)
+      onFrame: (frame, pipelined) => {
+        const step = onFrame(frame, pipelined)
         return step instanceof Promise ? step.then(record) : record(step)
       }
     }).then((session) => {

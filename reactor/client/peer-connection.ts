@@ -5,7 +5,7 @@ import type { ClientHandshake } from '../../codec/client-protocol.js'
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { TimerHandle } from '../../scheduling/clock.js'
 import type { BusyPoller } from '../../transport/busy-poll.js'
-import { Connection } from '../../transport/connection.js'
+import { FramedConnection } from '../../transport/framed-connection.js'
 import { SocketReader, type ReadSink } from '../../transport/socket-reader.js'
 import { socketStream } from '../../transport/net-stream.js'
 import type { Balancer, Slot } from '../balancer.js'
@@ -20,7 +20,7 @@ export interface PushInfo {
 
 /** What a connection is opened with; the client makes it once. */
 export interface PeerSettings {
-  readonly framing: ConstructorParameters<typeof Connection>[1]['framing']
+  readonly framing: ConstructorParameters<typeof FramedConnection>[1]['framing']
   readonly maxFrameBytes: number
   readonly maxOutboundBytes: number | undefined
   readonly busyPoller: BusyPoller | undefined
@@ -71,7 +71,7 @@ export class PeerConnection<C> {
   readonly endpoint: string
   readonly slot: Slot
   readonly balancer: Balancer
-  readonly connection: Connection
+  readonly connection: FramedConnection
   /** The socket under the connection (its 'connect' and 'secureConnect' events). */
   readonly socket: Socket
   readonly owner: PeerOwner<C>
@@ -131,7 +131,7 @@ export class PeerConnection<C> {
     if (tls !== undefined && keepAlive) socket.setKeepAlive(true, settings.keepAliveMs)
     this.socket = socket
     const stream = socketStream(socket, reader)
-    this.connection = new Connection(stream, {
+    this.connection = new FramedConnection(stream, {
       socket,
       readPath: stream.readPath,
       framing: settings.framing,

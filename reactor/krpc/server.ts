@@ -95,7 +95,7 @@ export type ThreadServiceOptions = AddServiceOptions & {
   threads: number
 }
 
-/** Thread mode: a burst is held while some thread finishes a call at least this often (see ServiceDispatcher). */
+/** Thread mode: a burst is held while some thread finishes a call at least this often (see ServicePool). */
 const THREAD_HOLD_WINDOW_MS = 10
 
 /**

@@ -3,7 +3,7 @@
  * `worker_threads` threads, each with the service's handler module loaded
  * (`thread-worker.ts`), serving as the N workers of the service's
  * `WorkerPool`. The pool's EDF queue, LIFO parking, direct hand-off and the
- * dispatcher's burst absorption therefore apply unchanged: `run(call, i)`
+ * service pool's burst absorption therefore apply unchanged: `run(call, i)`
  * posts the call to thread i and settles when its answer is back.
  *
  * With `callsPerThread` k > 1 the pool has N·k workers and worker i posts to

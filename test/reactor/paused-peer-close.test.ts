@@ -1,7 +1,7 @@
 // A connection whose reading is paused (ConnectionHandle.pauseReading, the
 // outbound budget) is not polled for reading, so its peer's FIN or RST went
 // unseen: the connection and its partial frame stayed. The scan's probe
-// read (Connection.probeRead) sees the close within a scan period, and the
+// read (FramedConnection.probeRead) sees the close within a scan period, and the
 // bytes it reads from a peer that stays are set aside, counted in the
 // inbound budget, and decoded first when reading resumes.
 import t from 'tap'

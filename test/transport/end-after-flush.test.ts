@@ -1,5 +1,5 @@
 /**
- * Connection.endAfterFlush over a real loopback socket: what was sent before
+ * FramedConnection.endAfterFlush over a real loopback socket: what was sent before
  * reaches the peer, then the socket ends; a frame sent after that (an async
  * handler settling late) is dropped with an error, never written after the end.
  */
@@ -7,7 +7,7 @@ import t from 'tap'
 import { createServer, connect, type Socket } from 'node:net'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
 import { krpcFraming } from '../../codec/krpc/frames.js'
-import { Connection } from '../../transport/connection.js'
+import { FramedConnection } from '../../transport/framed-connection.js'
 import { socketStream } from '../../transport/net-stream.js'
 
 t.test('a frame sent after endAfterFlush is dropped, not written after the end', async t => {
@@ -23,7 +23,7 @@ t.test('a frame sent after endAfterFlush is dropped, not written after the end',
   const port = (server.address() as { port: number }).port
   const socket = connect({ port, host: '127.0.0.1' })
   await new Promise<void>((resolve) => socket.once('connect', resolve))
-  const connection = new Connection(socketStream(socket), { socket, framing: krpcFraming })
+  const connection = new FramedConnection(socketStream(socket), { socket, framing: krpcFraming })
   const closes: Array<RpcError | undefined> = []
   connection.attach({ onFrame: () => true, onClose: (error) => { closes.push(error) } })
   const frame = (byte: number): Buffer => Buffer.from([0, 0, 0, 1, byte])

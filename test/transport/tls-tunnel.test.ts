@@ -86,7 +86,7 @@ function tests (certs: TestCerts): void {
     j.clientChannel.stream.on('data', (chunk: Buffer) => { received += chunk.length })
     const ended = once(j.clientChannel.stream, 'end')
     j.clientRaw.pause()
-    // As Connection.endAfterFlush: end the TLS stream, destroy the socket when it has finished.
+    // As FramedConnection.endAfterFlush: end the TLS stream, destroy the socket when it has finished.
     let socketDone: boolean | undefined
     const finished = new Promise<void>((resolve) => {
       j.serverChannel.stream.end(payload, () => {

@@ -1,5 +1,5 @@
 /**
- * Connection.writeQueueBytes over TLS: the TLS handle counts a write whole
+ * FramedConnection.writeQueueBytes over TLS: the TLS handle counts a write whole
  * until it completes; the TCP handle under it shows the kernel taking the
  * bytes, the progress the idle scan must see.
  */
@@ -8,7 +8,7 @@ import { createServer, type Socket } from 'node:net'
 import { once } from 'node:events'
 import { TLSSocket, connect as tlsConnect, createSecureContext } from 'node:tls'
 import { krpcFraming } from '../../codec/krpc/frames.js'
-import { Connection } from '../../transport/connection.js'
+import { FramedConnection } from '../../transport/framed-connection.js'
 import { socketStream } from '../../transport/net-stream.js'
 import { haveOpenssl, makeCerts } from '../helpers/tls-certs.js'
 
@@ -34,7 +34,7 @@ if (!haveOpenssl()) {
     // The peer reads nothing from here on.
     client.pause()
     const socket = accepted[0]!
-    const connection = new Connection(socketStream(socket), { socket, framing: krpcFraming })
+    const connection = new FramedConnection(socketStream(socket), { socket, framing: krpcFraming })
     connection.attach({ onFrame: () => true, onClose: () => {} })
     socket.write(Buffer.alloc(32 << 20, 1))
     await new Promise(resolve => setTimeout(resolve, 50))

@@ -52,3 +52,31 @@ t.test('a filter of the wrong answer type fails', async t => {
   const errors = errorsOf(`server.use((req, ctx, next) => 42)`)
   t.equal(errors.length, 1, errors.join('\n'))
 })
+
+t.test('ctx.connection is a ConnectionHandle of the protocol\'s state; a group keeps typed data per member', async t => {
+  t.same(errorsOf(`
+import { ConnectionGroup, type ConnectionHandle } from ${JSON.stringify(entry)}
+const subscribers = new ConnectionGroup<{ user: string }, { qos: 0 | 1 | 2 }>()
+server.addRoutes('kv', {
+  get: (req: Get, ctx) => {
+    const handle: ConnectionHandle<{ user: string }> = ctx.connection
+    subscribers.add(handle, { qos: 1 })
+    for (const [member, data] of subscribers.entries()) if (data.qos > 0) member.send(member.state.user)
+    return ctx.connection.state.user + String(subscribers.get(handle)?.qos)
+  }
+})
+const plain = new ConnectionGroup()
+declare const any: ConnectionHandle
+plain.add(any)
+ConnectionGroup.sendOnce([subscribers], 'm', (_member, data) => data.qos === 1)
+`), [])
+  t.equal(errorsOf(`
+import { ConnectionGroup } from ${JSON.stringify(entry)}
+server.addRoutes('kv', { get: (req: Get, ctx) => { const n: number = ctx.connection.state; return String(n) } })
+`).length, 1, 'the state is not a number')
+  t.equal(errorsOf(`
+import { ConnectionGroup, type ConnectionHandle } from ${JSON.stringify(entry)}
+declare const h: ConnectionHandle
+new ConnectionGroup<unknown, { qos: number }>().add(h)
+`).length, 1, 'a group with member data needs the data')
+})

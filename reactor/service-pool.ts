@@ -6,7 +6,7 @@ import { WorkerPool, type RejectReason } from '../scheduling/worker-pool.js'
 import type { InboundCall } from './inbound-call.js'
 import type { MethodMetrics } from './metrics.js'
 
-export interface DispatcherOptions {
+export interface ServicePoolOptions {
   /** Concurrency slots (in-loop workers, or threads in thread mode). */
   workers: number
   /** Bound of the service queue. */
@@ -50,7 +50,7 @@ export interface DispatcherOptions {
  * of one turn, and each completion (`progressed`) feeds held calls into the
  * room it left, after the pool has taken its next call.
  */
-export class ServiceDispatcher {
+export class ServicePool {
   readonly pool: WorkerPool<InboundCall>
   readonly #clock: Clock
   readonly #held = new Denque<InboundCall>()
@@ -70,7 +70,7 @@ export class ServiceDispatcher {
     while (held.length > 0 && !this.pool.saturated()) this.pool.submit(held.shift()!)
   }
 
-  constructor (options: DispatcherOptions) {
+  constructor (options: ServicePoolOptions) {
     this.#clock = options.clock
     this.#burstLimit = options.burstLimit ?? 4096
     this.#holdWindowMs = options.holdWindowMs

@@ -9,7 +9,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { ScanFraming } from '../../codec/frame-decoder.js'
 import { krpcFraming } from '../../codec/krpc/frames.js'
 import type { HandshakeStep } from '../../codec/protocol.js'
-import { Connection, PROBE_BYTES, type ConnectionOptions } from '../../transport/connection.js'
+import { FramedConnection, PROBE_BYTES, type ConnectionOptions } from '../../transport/framed-connection.js'
 import { FakeStream, settle } from '../helpers/fake-stream.js'
 
 /** A KRPC-framed frame: 4-byte big-endian length, then `body`. */
@@ -33,7 +33,7 @@ const lineFraming: ScanFraming = {
 
 interface Opened {
   stream: FakeStream
-  connection: Connection
+  connection: FramedConnection
   /** Each frame delivered, copied. */
   frames: string[]
   closes: Array<RpcError | undefined>
@@ -41,7 +41,7 @@ interface Opened {
 
 function open (options: Partial<ConnectionOptions> = {}, onFrame?: (body: string) => boolean | undefined): Opened {
   const stream = new FakeStream()
-  const connection = new Connection(stream, { framing: krpcFraming, coalesceMicrotasks: false, ...options })
+  const connection = new FramedConnection(stream, { framing: krpcFraming, coalesceMicrotasks: false, ...options })
   const frames: string[] = []
   const closes: Array<RpcError | undefined> = []
   const prefix = options.framing === lineFraming ? 0 : 4
@@ -111,7 +111,7 @@ t.test('scanned frames split at every byte arrive whole and in order', async t =
 
 t.test('a frame view stays valid after later reads (the stream never reuses a read\'s bytes)', async t => {
   const stream = new FakeStream()
-  const connection = new Connection(stream, { framing: krpcFraming })
+  const connection = new FramedConnection(stream, { framing: krpcFraming })
   const kept: Buffer[] = []
   connection.attach({ onFrame: (buf, start, end) => { kept.push(buf.subarray(start, end)) }, onClose: () => {} })
   stream.peerSends(frame('first'))

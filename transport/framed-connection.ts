@@ -31,7 +31,7 @@ function makeDeframer (framing: AnyFraming, maxFrameBytes: number | undefined): 
  * escapes a stream callback: bad bytes end the connection with an error
  * passed to `onClose`.
  */
-export class Connection {
+export class FramedConnection {
   readonly #decoder: Deframer
   readonly #queue: TransferQueue
   readonly #gate: ReadGate

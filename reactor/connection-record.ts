@@ -1,19 +1,20 @@
 import type { RpcError } from '../codec/errors.js'
 import type { ConnectionHandle } from '../codec/protocol.js'
-import type { Connection } from '../transport/connection.js'
+import type { FramedConnection } from '../transport/framed-connection.js'
 import type { FrameCandidate } from './admission.js'
 import { ConnectionAnswers, type AnswerOrder } from './answer-order.js'
 import { CallTable } from './call-table.js'
 import { ScanRecord } from './connection-scan.js'
 import type { CallPeer, InboundCall } from './inbound-call.js'
 import { PushRecord } from './push-output-limit.js'
+import type { SessionQueue, SessionReads } from './session-order.js'
 
 /**
  * A connection's public handle as the server holds it (a
- * `ServerConnectionHandle`, which holds the ServerConnection in turn): handed
+ * `ServerConnectionHandle`, which holds the ConnectionRecord in turn): handed
  * out as `ctx.connection`, and told when the connection closes.
  */
-export interface ServerHandle extends ConnectionHandle {
+export interface ServerHandle extends ConnectionHandle, SessionReads {
   /** The connection closed: the handle lets go of it. */
   connectionClosed: (error: RpcError | undefined) => void
 }
@@ -26,8 +27,8 @@ export interface ServerHandle extends ConnectionHandle {
  * closing), `scan` (activity, the frame in progress, age) and `push` (the
  * push output limit).
  */
-export class ServerConnection implements FrameCandidate {
-  readonly connection: Connection
+export class ConnectionRecord implements FrameCandidate {
+  readonly connection: FramedConnection
   readonly remoteAddress: string
   /** Calls in flight, by call id (protocols that match by id) or by `seq` (in-order protocols). */
   readonly inFlight = new CallTable<InboundCall>()
@@ -37,6 +38,8 @@ export class ServerConnection implements FrameCandidate {
   readonly scan: ScanRecord
   /** What the push output limit follows of it (push-output-limit.ts). */
   readonly push = new PushRecord()
+  /** Its sequential calls (session-order.ts), once it has had one; null before. */
+  sequence: SessionQueue | null = null
   /** Closed by a bad frame (already counted). */
   badFrame = false
   /** When the connection closed; -1 while open. */
@@ -50,7 +53,7 @@ export class ServerConnection implements FrameCandidate {
   /** `framesRead` when the set-up was done (the set-up's own frames); -1 until then. */
   #framesAtReady = -1
 
-  constructor (connection: Connection, remoteAddress: string, now: number, order: AnswerOrder) {
+  constructor (connection: FramedConnection, remoteAddress: string, now: number, order: AnswerOrder) {
     this.connection = connection
     this.remoteAddress = remoteAddress
     this.answers = new ConnectionAnswers(order, connection, remoteAddress, this.inFlight)
