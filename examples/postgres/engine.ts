@@ -118,7 +118,12 @@ export function checkConstants (statement: Statement): void {
 /** The type of an expression's result (an unknown-typed literal or parameter in a result column is text). */
 export function staticType (expr: Expr, params: Array<TypeName | undefined>): TypeName {
   switch (expr.kind) {
-    case 'int': { const n = BigInt(expr.text); return n >= -2147483648n && n <= 2147483647n ? 'int4' : 'int8' }
+    case 'int': {
+      // Up to 9 digits always fit int4 (the common case, without a BigInt).
+      if (expr.text.length < 10) return 'int4'
+      const n = BigInt(expr.text)
+      return n >= -2147483648n && n <= 2147483647n ? 'int4' : 'int8'
+    }
     case 'numeric': return 'numeric'
     case 'string': return 'unknown'
     case 'null': return 'unknown'

@@ -4,7 +4,7 @@ import { decodeParam, writeDataRow, writeRowDescription } from './results.js'
 import type { KvView } from './engine.js'
 import { parseCached, type Reply, type Shared } from './shared.js'
 import { SqlSyntaxError, type Statement } from './sql.js'
-import { MessageReader, type MessageWriter } from './wire.js'
+import { MessageReader, READY_FOR_QUERY, writeCommandComplete, type MessageWriter } from './wire.js'
 
 /**
  * The extended query protocol of one session: Parse, Bind, Describe,
@@ -110,7 +110,7 @@ export class Extended {
     if (session.status === 'I') this.#portals.clear()
     const out = session.out
     session.flushNotices(out)
-    out.begin('Z').byte(session.status.charCodeAt(0)).end()
+    out.raw(READY_FOR_QUERY[session.status])
     return { bytes: out.take(), close: false }
   }
 
@@ -249,7 +249,7 @@ export class Extended {
       return
     }
     const tag = result.columns !== null && maxRows > 0 ? `SELECT ${sent}` : result.tag
-    out.begin('C').cstr(tag).end()
+    writeCommandComplete(out, tag)
   }
 
   #close (reader: MessageReader, out: MessageWriter): void {

@@ -5,6 +5,7 @@
  *   node dist/examples/postgres/main.js [--port 5432] [--host 127.0.0.1]
  *     [--password SECRET] [--user NAME=SECRET ...]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
+ *     [--io auto|io_uring|epoll|node]
  *
  * A user named with `--user NAME=SECRET` authenticates with SCRAM-SHA-256;
  * every other user too with `--password` (their common password), else is
@@ -52,14 +53,24 @@ export function postgresServer (options: PostgresServerOptions = {}): ProtocolSe
     parsed: new Map()
   }
   const protocol = pgProtocol(shared, options.maxMessageBytes)
-  const server = new ProtocolServer(options.tls === undefined ? protocol : { ...protocol, handshake: tlsHandshake(options.tls, shared) }, {
-    // A session waits for its client as long as the client likes (PostgreSQL has no idle timeout by default).
-    idleTimeoutMs: 0,
-    // Sessions order their own messages (session-order.ts); no shared pool of workers, so a sleeping session holds no one up.
-    scheduler: 'direct'
-  })
+  // Each connection switches the idle close off for itself (protocol.ts), and runs its messages in order
+  // (`execution: 'sequential'`): a sleeping session holds no one else up.
+  const server = new ProtocolServer(options.tls === undefined ? protocol : { ...protocol, handshake: tlsHandshake(options.tls, shared) })
   server.addRoutes('pg', pgHandlers())
   return server
+}
+
+/**
+ * `--io`, as the other examples take it. This build's server has one
+ * transport, node:net (`auto` and `node` pick it); `io_uring` and `epoll`
+ * need the native transport (`ServerOptions.io`), not in this build: they
+ * are refused rather than ignored. Once `ServerOptions.io` is here, the
+ * value goes through to the server as the memcached example's does.
+ */
+function ioFlag (text: string | undefined): 'auto' | 'node' | undefined {
+  if (text === undefined || text === 'auto' || text === 'node') return text
+  if (text === 'io_uring' || text === 'epoll') throw new RangeError(`--io ${text} needs the native transport, which this build does not have (auto and node serve)`)
+  throw new RangeError(`--io must be auto, io_uring, epoll or node, got ${text}`)
 }
 
 function port (text: string | undefined, fallback: number): number {
@@ -77,10 +88,12 @@ async function main (argv: string[]): Promise<void> {
       host: { type: 'string' },
       password: { type: 'string' },
       user: { type: 'string', multiple: true },
+      io: { type: 'string' },
       ...TLS_FLAG_OPTIONS
     },
     strict: true
   })
+  ioFlag(values.io)
   const users = new Map<string, string>()
   for (const entry of values.user ?? []) {
     const at = entry.indexOf('=')

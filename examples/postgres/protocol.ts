@@ -1,28 +1,26 @@
-import type { CallHead, CallInfo, ConnectionHandle, RefusalReason, ServerProtocol } from '../../reactor/index.js'
+import type { CallContext, CallHead, CallInfo, ConnectionHandle, RefusalReason, RouteHandlers, ServerProtocol } from '../../reactor/index.js'
 import type { RpcError } from '../../codec/errors.js'
 import { Session } from './session.js'
 import type { Reply, Shared } from './shared.js'
-import { SessionOrder } from './session-order.js'
 import { CANCEL_REQUEST_CODE, fatalError, GSSENC_REQUEST_CODE, lastWordsOf, pgFraming, SSL_REQUEST_CODE } from './wire.js'
 
 /**
  * PostgreSQL's protocol v3 as a nyala `ServerProtocol`: every client
  * packet is a call of the group `pg`, its route the message type (a letter,
  * or `startup`, `ssl`, `gss`, `cancel` for the untyped packets before the
- * start), answered in order. The session (session.ts) runs them one at a
- * time (session-order.ts).
+ * start), answered in order. The protocol's `execution: 'sequential'`
+ * runs one connection's messages one at a time, in arrival order, each
+ * after the previous one was answered, as a PostgreSQL backend does.
  */
 
-/** A connection's state: its session and the order its messages run in. */
+/** A connection's state: its session. */
 export class PgConnection {
   readonly session: Session
-  readonly order: SessionOrder
   /** Decoding has passed the start-up packet: later frames are typed messages (as the scanner sees them). */
   typed = false
 
   constructor (shared: Shared, connection: ConnectionHandle | null) {
     this.session = new Session(shared)
-    this.order = new SessionOrder(connection)
     connection?.on('close', () => this.session.closed())
   }
 }
@@ -46,9 +44,14 @@ export function pgProtocol (shared: Shared, maxFrameBytes = 1024 * 1024): Server
   return {
     name: 'postgres',
     ordering: 'in-order',
+    execution: 'sequential',
     maxFrameBytes,
     framing: pgFraming,
-    connectionState: (_remote, connection) => new PgConnection(shared, connection),
+    connectionState: (_remote, connection) => {
+      // A session waits for its client as long as the client likes (PostgreSQL's idle_session_timeout is 0 by default).
+      connection.setIdleTimeout(0)
+      return new PgConnection(shared, connection)
+    },
     decodeHead (buf: Buffer, start: number, end: number, head: CallHead, state?: PgConnection): RpcError | null {
       head.service = 'pg'
       if (state !== undefined && !state.typed) {
@@ -73,9 +76,20 @@ export function pgProtocol (shared: Shared, maxFrameBytes = 1024 * 1024): Server
     protocolError: (error: RpcError) => {
       const words = lastWordsOf(error)
       return words === null ? null : [words]
-    }
+    },
+    lastWords: (reason) => [LAST_WORDS[reason]]
   }
 }
+
+// What PostgreSQL says before the closes the server decides (postgres.c's ProcessInterrupts; the rest have no PostgreSQL counterpart).
+const LAST_WORDS = {
+  shutdown: fatalError('57P01', 'terminating connection due to administrator command'),
+  idle: fatalError('57P05', 'terminating connection due to idle-session timeout'),
+  age: fatalError('57P01', 'terminating connection due to administrator command'),
+  'frame-timeout': fatalError('08P01', 'terminating connection: the message did not arrive in time'),
+  'slow-frame': fatalError('08P01', 'terminating connection: the message arrives too slowly'),
+  'inbound-budget': fatalError('53200', 'out of memory', 'The server\'s inbound buffers are full.')
+} as const
 
 function refusalBytes (reason: RefusalReason, message: string): Buffer {
   switch (reason) {
@@ -86,26 +100,29 @@ function refusalBytes (reason: RefusalReason, message: string): Buffer {
   }
 }
 
-/** The handlers of the group `pg`: each message goes to its session, after the session's earlier ones. */
-export function pgHandlers (): Record<string, (body: PgRequest, ctx: { connectionState: PgConnection, closeConnection: () => void }) => Reply | Promise<Reply>> {
-  const finish = (reply: Reply, close: () => void): Reply => {
-    if (reply.close) close()
+type PgContext = CallContext<PgConnection>
+
+/** The handlers of the group `pg`: each message goes to its session (the protocol runs a session's messages one at a time). */
+export function pgHandlers (): RouteHandlers<PgRequest, Reply, PgConnection> {
+  const finish = (reply: Reply, ctx: PgContext): Reply => {
+    if (reply.close) ctx.closeConnection()
     return reply
   }
-  const run = (ctx: { connectionState: PgConnection, closeConnection: () => void }, step: (session: Session) => Reply | Promise<Reply>): Reply | Promise<Reply> => {
-    const { session, order } = ctx.connectionState
-    const result = order.run(() => step(session))
-    return result instanceof Promise ? result.then(reply => finish(reply, () => ctx.closeConnection())) : finish(result, () => ctx.closeConnection())
+  const run = (ctx: PgContext, step: (session: Session) => Reply | Promise<Reply>): Reply | Promise<Reply> => {
+    const result = step(ctx.connectionState.session)
+    return result instanceof Promise ? result.then(reply => finish(reply, ctx)) : finish(result, ctx)
   }
-  const handlers: Record<string, (body: PgRequest, ctx: { connectionState: PgConnection, closeConnection: () => void }) => Reply | Promise<Reply>> = {
+  const handlers: RouteHandlers<PgRequest, Reply, PgConnection> = {
     startup: (packet, ctx) => run(ctx, session => session.startupPacket(packet, 0, packet.length)),
     cancel: (packet, ctx) => run(ctx, session => session.cancelPacket(packet, 0, packet.length)),
-    ssl: (packet, ctx) => run(ctx, session => session.phase === 'startup' ? { bytes: Buffer.from('N'), close: false } : NO_REPLY),
-    gss: (packet, ctx) => run(ctx, session => session.phase === 'startup' ? { bytes: Buffer.from('N'), close: false } : NO_REPLY)
+    ssl: (_packet, ctx) => run(ctx, session => session.phase === 'startup' ? ANSWER_N : NO_REPLY),
+    gss: (_packet, ctx) => run(ctx, session => session.phase === 'startup' ? ANSWER_N : NO_REPLY)
   }
   for (const letter of 'QPBEDCHSXFdcfp') {
     const type = letter.charCodeAt(0)
-    handlers[letter] = (body, ctx) => run(ctx, session => session.message(type, body))
+    handlers[letter] = (body: PgRequest, ctx: PgContext) => run(ctx, session => session.message(type, body))
   }
   return handlers
 }
+
+const ANSWER_N: Reply = { bytes: Buffer.from('N'), close: false }

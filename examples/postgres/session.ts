@@ -6,7 +6,7 @@ import { SqlSyntaxError, type Statement } from './sql.js'
 import { parseCached, type Reply, type Shared } from './shared.js'
 import { backendKey, cancelTarget, passwordMessage, startupMessage, type BackendKey, type Startup } from './startup.js'
 import type { ScramExchange } from './auth.js'
-import { MessageWriter, writeError, type ErrorFields } from './wire.js'
+import { MessageWriter, READY_FOR_QUERY, writeCommandComplete, writeError, type ErrorFields } from './wire.js'
 
 const NONE: Reply = { bytes: null, close: false }
 const CLOSE: Reply = { bytes: null, close: true }
@@ -166,11 +166,11 @@ export class Session {
       if (!described) writeRowDescription(out, result.columns, formats)
       for (const row of result.rows) writeDataRow(out, result.columns, row, formats)
     }
-    out.begin('C').cstr(result.tag).end()
+    writeCommandComplete(out, result.tag)
   }
 
   #ready (out: MessageWriter): Reply {
-    out.begin('Z').byte(this.status.charCodeAt(0)).end()
+    out.raw(READY_FOR_QUERY[this.status])
     return { bytes: out.take(), close: false }
   }
 

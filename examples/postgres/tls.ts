@@ -19,13 +19,15 @@ export function tlsHandshake (tls: TlsOptions, shared: Shared): (remote: string)
   const requestCert = tls.requestCert === true
   return (remote) => ({
     maxFrameBytes: 10_000,
-    onFrame (frame: Buffer): HandshakeStep<{ user?: string }> {
+    onFrame (frame: Buffer, pipelined: number): HandshakeStep<{ user?: string }> {
       const code = frame.readInt32BE(4)
+      // CVE-2021-23214: bytes sent behind an SSLRequest, before its answer, are refused, not read as TLS.
+      if (code === SSL_REQUEST_CODE && pipelined > 0) return { send: [[UNENCRYPTED_AFTER_SSL]], close: true }
       if (code === SSL_REQUEST_CODE) return { send: [[Buffer.from('S')]], upgrade: (raw) => secureChannel(raw, secureContext, requestCert), done: {} }
       if (code === GSSENC_REQUEST_CODE) return { send: [[Buffer.from('N')]] }
       if (code === CANCEL_REQUEST_CODE) {
         new Session(shared).cancelPacket(frame, 0, frame.length)
-        return { error: new RpcError(ErrorCode.CONNECTION_CLOSED, 'cancel request served') }
+        return { close: true }
       }
       const host = remote.slice(0, remote.lastIndexOf(':')).replace(/^\[|\]$/g, '')
       return {
@@ -35,6 +37,9 @@ export function tlsHandshake (tls: TlsOptions, shared: Shared): (remote: string)
     }
   })
 }
+
+const UNENCRYPTED_AFTER_SSL = fatalError('08P01', 'received unencrypted data after SSL request',
+  'This could be either a client-software bug or evidence of an attempted man-in-the-middle attack.')
 
 // node:tls over a Duplex of ours: what the connection reads from the socket is pushed in, what TLS writes goes to the socket.
 function secureChannel (raw: Socket, secureContext: ReturnType<typeof createSecureContext>, requestCert: boolean): SecureChannel {

@@ -172,6 +172,33 @@ export class MessageWriter {
   }
 }
 
+/** ReadyForQuery ('Z') for each transaction status, built once. */
+export const READY_FOR_QUERY: Readonly<Record<'I' | 'T' | 'E', Buffer>> = {
+  I: Buffer.from([0x5a, 0, 0, 0, 5, 0x49]),
+  T: Buffer.from([0x5a, 0, 0, 0, 5, 0x54]),
+  E: Buffer.from([0x5a, 0, 0, 0, 5, 0x45])
+}
+
+// CommandComplete messages by tag, built once each (bounded: cleared when full; tags repeat: SELECT 1, INSERT 0 1, BEGIN).
+const COMMAND_COMPLETE = new Map<string, Buffer>()
+const MAX_COMMAND_TAGS = 256
+
+/** CommandComplete ('C') with `tag`. */
+export function writeCommandComplete (out: MessageWriter, tag: string): void {
+  let message = COMMAND_COMPLETE.get(tag)
+  if (message === undefined) {
+    const length = Buffer.byteLength(tag)
+    message = Buffer.allocUnsafe(6 + length)
+    message[0] = 0x43
+    message.writeInt32BE(5 + length, 1)
+    message.write(tag, 5)
+    message[5 + length] = 0
+    if (COMMAND_COMPLETE.size >= MAX_COMMAND_TAGS) COMMAND_COMPLETE.clear()
+    COMMAND_COMPLETE.set(tag, message)
+  }
+  out.raw(message)
+}
+
 /** The fields of an ErrorResponse or NoticeResponse. */
 export interface ErrorFields {
   severity: 'ERROR' | 'FATAL' | 'WARNING' | 'NOTICE'

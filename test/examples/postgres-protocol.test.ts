@@ -10,6 +10,7 @@
 import t from 'tap'
 import { realPostgres, realPostgresMissing } from '../helpers/real-postgres.js'
 import { startExample } from '../helpers/postgres-example.js'
+import { postgresServer } from '../../examples/postgres/main.js'
 import { message, packet, query, RawConnection, SSL_REQUEST, startup, sync } from '../helpers/pg-raw.js'
 
 const missing = realPostgresMissing() ?? false
@@ -151,4 +152,23 @@ t.test('one session runs its messages in order; sleeping sessions hold up no oth
     t.same(await watcher.conn.until(readyCount(1)), ['C DELETE 1', 'Z I'])
     for (const c of [sleeper.conn, watcher.conn, ...others.map(o => o.conn)]) c.end()
   }
+})
+
+t.test('a server shutdown tells an idle session FATAL 57P01 first, as PostgreSQL\'s fast shutdown does', { skip: missing, timeout: 120_000 }, async (t) => {
+  const real = await realPostgres(t)
+  const ours = postgresServer()
+  const port = (await ours.listen(0, '127.0.0.1')).port
+  t.teardown(() => ours.close())
+  const outcomes: Array<{ messages: string[], closed: boolean }> = []
+  for (const [at, stop] of [[real.port, () => { real.child.kill('SIGINT') }], [port, () => { void ours.close() }]] as const) {
+    const { conn } = await startedConnection(at)
+    conn.received = Buffer.alloc(0)
+    stop()
+    const messages = await conn.until(() => false, 5000)
+    outcomes.push({ messages, closed: conn.socket.readableEnded || conn.socket.destroyed })
+    conn.end()
+  }
+  t.same(outcomes[1], outcomes[0])
+  t.match(outcomes[1]!.messages[0], /S=FATAL V=FATAL C=57P01 M=terminating connection due to administrator command/)
+  t.equal(outcomes[1]!.closed, true)
 })

@@ -3,14 +3,15 @@
  * `S` and the session continues in TLS (sslmode=verify-ca against the
  * test CA); a client that will not encrypt is refused 28000, as a
  * `hostssl`-only PostgreSQL refuses it; a CancelRequest sent in the clear
- * still cancels.
+ * still cancels; data pipelined behind an SSLRequest is refused with
+ * PostgreSQL's FATAL before any TLS.
  */
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
 import pg from 'pg'
 import { withCerts } from '../helpers/tls-certs.js'
 import { run, startExample } from '../helpers/postgres-example.js'
-import { packet, query, RawConnection, startup } from '../helpers/pg-raw.js'
+import { packet, query, RawConnection, SSL_REQUEST, startup } from '../helpers/pg-raw.js'
 
 const int32 = (n: number): Buffer => { const b = Buffer.alloc(4); b.writeInt32BE(n); return b }
 
@@ -50,6 +51,17 @@ t.test('psql over TLS', { skip: noPsql, timeout: 60_000 }, (t) => {
       const messages = await plain.until(() => false, 1000)
       t.match(messages, [/^E S=FATAL V=FATAL C=28000/])
       plain.end()
+    })
+    t.test('data pipelined after an SSLRequest is refused before any TLS, as without TLS (CVE-2021-23214)', async (t) => {
+      const port = await startExample(t, { tls: { cert: certs.serverCert, key: certs.serverKey } })
+      const conn = new RawConnection(port)
+      await conn.ready()
+      conn.write(Buffer.concat([SSL_REQUEST, startup()]))
+      const messages = await conn.until(() => false, 1500)
+      t.equal(conn.received[0], 0x45, 'no S: the answer is the ErrorResponse')
+      t.same(messages, ['E S=FATAL V=FATAL C=08P01 M=received unencrypted data after SSL request D=This could be either a client-software bug or evidence of an attempted man-in-the-middle attack.'])
+      t.ok(conn.socket.readableEnded || conn.socket.destroyed, 'closed')
+      conn.end()
     })
     t.end()
   })
