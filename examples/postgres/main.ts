@@ -15,6 +15,8 @@
  * Prints `listening on HOST:PORT` once it serves; SIGINT/SIGTERM close it.
  * One process: the table `kv` is shared by every session of it.
  */
+import { IO_FLAG_OPTIONS, ioFromFlags } from '../../bin/io-flag.js'
+import type { IoOption } from '../../transport/io.js'
 import type { TlsOptions } from 'node:tls'
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -37,6 +39,8 @@ export interface PostgresServerOptions {
   serverVersion?: string
   /** The largest message accepted; default 1 MiB. */
   maxMessageBytes?: number
+  /** The transport of plain connections (`ServerOptions.io`); default auto. With `tls`, node:net (the upgrade after SSLRequest needs its socket). */
+  io?: IoOption
 }
 
 /** One server and its in-memory table. */
@@ -55,22 +59,9 @@ export function postgresServer (options: PostgresServerOptions = {}): ProtocolSe
   const protocol = pgProtocol(shared, options.maxMessageBytes)
   // Each connection switches the idle close off for itself (protocol.ts), and runs its messages in order
   // (`execution: 'sequential'`): a sleeping session holds no one else up.
-  const server = new ProtocolServer(options.tls === undefined ? protocol : { ...protocol, handshake: tlsHandshake(options.tls, shared) })
+  const server = new ProtocolServer(options.tls === undefined ? protocol : { ...protocol, handshake: tlsHandshake(options.tls, shared), upgradesInSetUp: true }, { io: options.io })
   server.addRoutes('pg', pgHandlers())
   return server
-}
-
-/**
- * `--io`, as the other examples take it. This build's server has one
- * transport, node:net (`auto` and `node` pick it); `io_uring` and `epoll`
- * need the native transport (`ServerOptions.io`), not in this build: they
- * are refused rather than ignored. Once `ServerOptions.io` is here, the
- * value goes through to the server as the memcached example's does.
- */
-function ioFlag (text: string | undefined): 'auto' | 'node' | undefined {
-  if (text === undefined || text === 'auto' || text === 'node') return text
-  if (text === 'io_uring' || text === 'epoll') throw new RangeError(`--io ${text} needs the native transport, which this build does not have (auto and node serve)`)
-  throw new RangeError(`--io must be auto, io_uring, epoll or node, got ${text}`)
 }
 
 function port (text: string | undefined, fallback: number): number {
@@ -88,19 +79,19 @@ async function main (argv: string[]): Promise<void> {
       host: { type: 'string' },
       password: { type: 'string' },
       user: { type: 'string', multiple: true },
-      io: { type: 'string' },
+      ...IO_FLAG_OPTIONS,
       ...TLS_FLAG_OPTIONS
     },
     strict: true
   })
-  ioFlag(values.io)
+  const io = ioFromFlags(values)
   const users = new Map<string, string>()
   for (const entry of values.user ?? []) {
     const at = entry.indexOf('=')
     if (at <= 0) throw new RangeError(`--user takes NAME=PASSWORD, got ${entry}`)
     users.set(entry.slice(0, at), entry.slice(at + 1))
   }
-  const server = postgresServer({ users, password: values.password, tls: tlsFromFlags(values) })
+  const server = postgresServer({ users, password: values.password, tls: tlsFromFlags(values), io })
   const address = await server.listen(port(values.port, 5432), values.host ?? '127.0.0.1')
   console.log(`listening on ${address.address}:${address.port}`)
   const close = (): void => { server.close().then(() => process.exit(0), () => process.exit(1)) }
