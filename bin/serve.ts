@@ -32,7 +32,8 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
               [--require-client-cert] [--encrypt-loopback] [--password-file FILE]
       Serves the demo service nyala.demo.CalculatorService. Prints
       "listening on HOST:PORT" once it accepts connections (the real port
-      with --port 0). SIGINT/SIGTERM close it gracefully: calls in flight
+      with --port 0), then "io: BACKEND" (io_uring, epoll or node: the
+      transport, --io / NYALA_IO). SIGINT/SIGTERM close it gracefully: calls in flight
       are answered, then it exits 0. Calls go through an earliest-deadline-
       first queue (--queue fifo: arrival order, the old behaviour) to
       --workers concurrent handlers. --metrics-port serves Prometheus text
@@ -217,6 +218,8 @@ export async function serve (args: string[]): Promise<number> {
   const address = reactors.address
   const shown = address.host.includes(':') ? `[${address.host}]` : address.host
   process.stdout.write(`listening on ${shown}:${address.port}\n`)
+  // Which transport serves (issue 39), on a line of its own: scripts match `listening on HOST:PORT` alone.
+  process.stdout.write(`io: ${reactors.io}\n`)
   if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
   if (process.env.npm_lifecycle_event === 'start') {
     process.stdout.write(`try: ./bin/nyala call ${shown}:${address.port} nyala.demo.CalculatorService.Add '{"x":1,"y":2}'\n`)

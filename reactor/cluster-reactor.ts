@@ -6,6 +6,7 @@
  * usage and metrics requests, and drains and exits when the primary asks,
  * when it gets SIGTERM or SIGINT, or when the primary is gone.
  */
+import type { IoBackend } from '../transport/io.js'
 import { ListenError, type ServesReactor as Server } from './server.js'
 import { installSharedScheduling, SCHED_MESSAGE, type FromBroker, type SharedScheduling, type ToBroker } from './cluster-tokens.js'
 
@@ -23,7 +24,7 @@ export type ToReactor =
   | { type: typeof SCHED_MESSAGE, ops: FromBroker[] }
 
 export type FromReactor =
-  | { type: 'nyala:reactor-listening', host: string, port: number }
+  | { type: 'nyala:reactor-listening', host: string, port: number, io: IoBackend }
   | { type: 'nyala:reactor-failed', message: string, listen?: { code: string, host: string, port: number, message: string } }
   | { type: 'nyala:reactor-usage', id: number, usage: NodeJS.ResourceUsage }
   | { type: 'nyala:reactor-metrics', id: number, metrics: object[] }
@@ -106,7 +107,7 @@ export function runReactor (options: ReactorOptions): Promise<never> {
     if (options.maxConnectionAgeMs !== undefined) server.setMaxConnectionAgeMs(options.maxConnectionAgeMs)
     const bound = await server.listen(port, options.host, { reusePort: distribution === 'reusePort' })
     listening = true
-    send({ type: 'nyala:reactor-listening', host: bound.address, port: bound.port })
+    send({ type: 'nyala:reactor-listening', host: bound.address, port: bound.port, io: server.stats().io })
   }
   start().catch((err: unknown) => {
     const message = err instanceof Error ? err.message : String(err)

@@ -19,6 +19,7 @@
 import cluster, { type Worker } from 'node:cluster'
 import { AggregatorRegistry, Counter, Gauge, Registry } from 'prom-client'
 import { ErrorCode, RpcError } from '../codec/errors.js'
+import type { IoBackend } from '../transport/io.js'
 import { ListenError, type ServesReactor as Server } from './server.js'
 import { resolveLogger, type Logger } from './logger.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SHARED, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
@@ -74,6 +75,8 @@ export interface Reactors {
     /** The port bound. */
     port: number
   }
+  /** The transport the reactors serve on (`io_uring`, `epoll` or `node`): the first listening reactor's, as its server's `stats().io` says. */
+  readonly io: 'io_uring' | 'epoll' | 'node'
   /** How connections reach the reactors: `single` with `reactors: 1` (this process serves). */
   readonly distribution: 'round-robin' | 'reusePort' | 'single'
   /** Every process serving: the primary first in cluster mode, then the reactors that listen (not one still starting). */
@@ -155,6 +158,7 @@ async function serveInProcess (options: ReactorsOptions): Promise<Reactors> {
   const usage = (): ProcessUsage[] => [{ pid: process.pid, usage: process.resourceUsage() }]
   return {
     address: { host: bound.address, port: bound.port },
+    io: server.stats().io,
     distribution: 'single',
     pids: () => [process.pid],
     resourceUsage: async () => usage().map(u => u.usage),
@@ -205,6 +209,7 @@ class ClusterReactors implements Reactors {
   readonly #broker: ClusterBroker | null
   readonly #byId = new Map<number, Worker>()
   #address: { host: string, port: number } | null = null
+  #io: IoBackend = 'node'
   #nextId = 1
   #started: { resolve: () => void, reject: (err: Error) => void } | null = null
   #closing: Promise<void> | null = null
@@ -220,6 +225,10 @@ class ClusterReactors implements Reactors {
       if (worker !== undefined) send(worker, message)
     }
     this.#broker = options.sharedScheduler === false ? null : new ClusterBroker(toReactor)
+  }
+
+  get io (): IoBackend {
+    return this.#io
   }
 
   get address (): { host: string, port: number } {
@@ -353,6 +362,7 @@ class ClusterReactors implements Reactors {
           return
         }
         slot.listening = true
+        if (this.#address === null) this.#io = message.io
         this.#address ??= { host: message.host, port: message.port }
         this.#log.info(`reactor ${slot.index} (pid ${worker.process.pid}) listening on ${message.host}:${message.port}`, { reactor: slot.index, pid: worker.process.pid, host: message.host, port: message.port })
         if (this.#closing !== null) {

@@ -461,4 +461,4 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
 }
 
 /** What `serveReactors` needs of a server it runs in each reactor: a `ProtocolServer`, or a server wrapping one (KRPC's). */
-export type ServesReactor = Pick<ProtocolServer, 'listen' | 'close' | 'metrics' | 'setMaxConnectionAgeMs'>
+export type ServesReactor = Pick<ProtocolServer, 'listen' | 'close' | 'metrics' | 'setMaxConnectionAgeMs' | 'stats'>

@@ -19,7 +19,7 @@
  * together (default 100), so opening more connections does not buy more.
  * The rest are answered `-ERR rate limited` (over the connection's limit)
  * or `-ERR rate limited (address)` by a filter, without reaching a
- * handler. Prints `listening on HOST:PORT` once it serves.
+ * handler. Prints `listening on HOST:PORT` once it serves, then `io: BACKEND` (the transport).
  */
 import { pathToFileURL } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -176,6 +176,7 @@ if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.a
   const server = chatServer({ rate: positive('rate', values.rate), addressRate: positive('address-rate', values['address-rate']), io })
   const address = await server.listen(Number(values.port), values.host)
   console.log(`listening on ${address.address}:${address.port}`)
+  console.log(`io: ${server.stats().io}`)
   const stop = (): void => { void server.close({ graceMs: 1000 }).then(() => process.exit(0)) }
   process.once('SIGINT', stop)
   process.once('SIGTERM', stop)

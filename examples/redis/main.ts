@@ -32,7 +32,7 @@
  * buffers are freed (the server's idleCollection, reactor/idle-collection.ts;
  * NYALA_IDLE_GC=0 turns it off).
  *
- * Prints `listening on HOST:PORT` once it serves. Every reactor process
+ * Prints `listening on HOST:PORT` once it serves, then `io: BACKEND` (the transport). Every reactor process
  * has its own keyspace: with `--reactors` above 1 a key set through one
  * connection is not seen through a connection that landed on another
  * reactor, so more than one reactor suits only clients that shard by
@@ -209,6 +209,7 @@ async function main (argv: string[]): Promise<void> {
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)
+  console.log(`io: ${served.io}`)
   const close = (): void => { served.close().then(() => process.exit(0), () => process.exit(1)) }
   process.once('SIGINT', close)
   process.once('SIGTERM', close)

@@ -22,6 +22,9 @@ t.test('serve with scheduling flags and --metrics-port; call; SIGTERM exits 0', 
   const server = nyala(['serve', '--reactors', '1', '--port', '0', '--metrics-port', '0', '--workers', '2', '--queue-length', '5', '--queue', 'fifo', '--busy-poll-us', '50'])
   t.teardown(() => { if (server.child.exitCode === null) server.child.kill('SIGKILL') })
   const [, endpoint] = await waitFor(server, /listening on (127\.0\.0\.1:\d+)/)
+  const [, io] = await waitFor(server, /listening on 127\.0\.0\.1:\d+\nio: (\S+)\n/)
+  t.ok(['io_uring', 'epoll', 'node'].includes(io!), `the transport, on the line after: io: ${io}`)
+  if (process.env.NYALA_IO !== undefined && process.env.NYALA_IO !== '' && process.env.NYALA_IO !== 'auto') t.equal(io, process.env.NYALA_IO)
   const [, metricsUrl] = await waitFor(server, /metrics on (http:\/\/\S+)/)
 
   const call = nyala(['call', endpoint!, 'nyala.demo.CalculatorService.Add', '{"x":1,"y":2}'])

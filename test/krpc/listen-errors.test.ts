@@ -41,7 +41,11 @@ t.test('a failed listen leaves no listener behind: neither its \'error\' nor its
     return (listen as (...a: unknown[]) => NetServer).apply(this, args)
   } as typeof listen
   t.teardown(() => { NetServerClass.prototype.listen = listen })
-  // node:net's own listener is what this test watches (the native transport's listener holds no callbacks).
+  // node:net's own listener is what this test watches (the native transport's listener holds no callbacks):
+  // io 'node', and NYALA_IO (which overrides the option, .ci/run's native passes set it) unset while it listens.
+  const savedIo = process.env.NYALA_IO
+  delete process.env.NYALA_IO
+  t.teardown(() => { if (savedIo !== undefined) process.env.NYALA_IO = savedIo })
   const server = new Server({ logger: null, io: 'node' }).addService(CalculatorService, calculatorHandlers)
   t.teardown(() => server.close({ graceMs: 0 }))
   for (let i = 0; i < 3; i++) {
