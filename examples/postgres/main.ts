@@ -94,6 +94,7 @@ async function main (argv: string[]): Promise<void> {
   const server = postgresServer({ users, password: values.password, tls: tlsFromFlags(values), io })
   const address = await server.listen(port(values.port, 5432), values.host ?? '127.0.0.1')
   console.log(`listening on ${address.address}:${address.port}`)
+  console.log(`io: ${server.stats().io}`)
   const close = (): void => { server.close().then(() => process.exit(0), () => process.exit(1)) }
   process.once('SIGINT', close)
   process.once('SIGTERM', close)
