@@ -22,6 +22,7 @@ import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { IoBackend } from '../transport/io.js'
 import { ListenError, type ServesReactor as Server } from './server.js'
 import { resolveLogger, type Logger } from './logger.js'
+import { isEvalFlag, reactorExecArgv } from './reactor-exec-argv.js'
 import { ENV_DISTRIBUTION, ENV_PORT, ENV_SHARED, ENV_SLOT, runReactor, type FromReactor, type ToReactor } from './cluster-reactor.js'
 import { ClusterBroker } from './cluster-broker.js'
 import { SCHED_MESSAGE } from './cluster-tokens.js'
@@ -469,6 +470,8 @@ class ClusterReactors implements Reactors {
  * row: `baseMs`, doubling per death, at most `maxMs`. Deaths in a row are
  * counted until a reactor runs for `max(10 s, maxMs)`.
  */
+export { reactorExecArgv } from './reactor-exec-argv.js'
+
 export function restartDelayMs (deaths: number, backoff: { baseMs: number, maxMs: number }): number {
   return Math.min(backoff.maxMs, backoff.baseMs * 2 ** Math.max(0, deaths - 1))
 }
@@ -477,25 +480,6 @@ function send (worker: Worker, message: ToReactor): void {
   if (!worker.isConnected()) return
   // With a callback, a send on a closing channel reports to it instead of throwing.
   worker.send(message, undefined, () => {})
-}
-
-function isEvalFlag (arg: string): boolean {
-  return arg === '-e' || arg === '--eval' || arg === '-p' || arg === '--print' || arg.startsWith('--eval=') || arg.startsWith('--print=')
-}
-
-/** This process's Node options for a reactor that runs a script: the loaders stay, `--eval CODE` and `--input-type` go. */
-export function reactorExecArgv (execArgv: readonly string[]): string[] {
-  const out: string[] = []
-  for (let i = 0; i < execArgv.length; i++) {
-    const arg = execArgv[i]!
-    if (arg === '-e' || arg === '--eval' || arg === '-p' || arg === '--print' || arg === '--input-type') {
-      i++
-      continue
-    }
-    if (isEvalFlag(arg) || arg.startsWith('--input-type=')) continue
-    out.push(arg)
-  }
-  return out
 }
 
 interface SupervisorMetrics { registry: Registry, restarts: Counter }
