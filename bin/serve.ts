@@ -218,7 +218,7 @@ export async function serve (args: string[]): Promise<number> {
   const address = reactors.address
   const shown = address.host.includes(':') ? `[${address.host}]` : address.host
   process.stdout.write(`listening on ${shown}:${address.port}\n`)
-  // Which transport serves (issue 39), on a line of its own: scripts match `listening on HOST:PORT` alone.
+  // Which transport serves, on a line of its own: scripts match `listening on HOST:PORT` alone.
   process.stdout.write(`io: ${reactors.io}\n`)
   if (metricsServer !== null) process.stdout.write(`metrics on http://${shown}:${(metricsServer.address() as AddressInfo).port}/metrics\n`)
   if (process.env.npm_lifecycle_event === 'start') {
