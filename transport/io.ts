@@ -4,10 +4,10 @@ import { NativeReactor, type NativeBackend } from './native/reactor.js'
  * Which transport carries a server's or client's plain TCP connections:
  * `io_uring` or `epoll` (the native transport, transport/native/), `node`
  * (node:net), or `auto`: epoll, else node:net. io_uring is taken only
- * when asked for by name: under a read budget that stops and restarts
- * reading within a turn it still loses bytes in two suites (the outbound
- * budget's pause and resume; a start-up message right behind PostgreSQL's
- * SSLRequest), so it is not the default until that is found. The environment variable NYALA_IO, when set, overrides
+ * when asked for by name: with the per-read frame budget, a non-reader
+ * paused by the outbound budget and then reading again is not answered in
+ * full on it (test/reactor/limits.test.ts), so it is not the default until
+ * that is found. The environment variable NYALA_IO, when set, overrides
  * what the code asked for. TLS connections always use node:tls.
  */
 export type IoOption = 'auto' | 'io_uring' | 'epoll' | 'node'
