@@ -5,6 +5,7 @@
 # then syscalls per request of each server under strace -c -f.
 #
 #   sh bench/native-io.sh [ROUNDS=6] [SECONDS=5]      (after npm run build and transport/native/build.sh)
+#   NO_STRACE=1 sh bench/native-io.sh ...             (throughput only)
 #
 # Prints one line per run and, per round, each server's TPS / memcached's.
 # Hold the bench lock: flock /tmp/nyala-bench.lock sh bench/native-io.sh
@@ -55,7 +56,8 @@ while [ "$r" -le "$rounds" ]; do
   r=$((r + 1))
 done
 
-# Syscalls per request: strace -c -f on each server during a fixed number of requests.
+# Syscalls per request: strace -c -f on each server during a fixed number of requests (NO_STRACE=1: skipped).
+[ "${NO_STRACE:-}" = 1 ] && exit 0
 requests=200000
 echo "syscalls per request ($requests requests, memcaslap -T 1 -c 16 -B -x $requests)"
 for s in memcached io_uring epoll node; do
