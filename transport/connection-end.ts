@@ -1,16 +1,15 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { Deframer } from '../codec/frame-decoder.js'
-import type { ByteStream } from './byte-stream.js'
+import type { ConnectionHandler } from './connection-options.js'
 import type { ReadGate } from './read-gate.js'
 import type { TransferQueue } from './transfer-queue.js'
 
 /** The parts of a framed connection its end touches. */
 export interface EndingParts {
   readonly decoder: Deframer
+  /** Its reading, and the stream frames travel on now (set-up may switch it). */
   readonly gate: ReadGate
   readonly queue: TransferQueue
-  /** The stream frames travel on now (set-up may switch it). */
-  readonly stream: ByteStream
   /** Takes the set-up still running (the connection forgets it), to be aborted with the close's reason; null: none runs. */
   takeSetUp: () => { abort: (error: RpcError | undefined) => void } | null
   /** Tells the inbound budget what the connection holds now. */
@@ -23,7 +22,8 @@ export interface EndingParts {
  * How a framed connection ends, and whether it has: open, ending (its last
  * frames flush, nothing more is read or queued), closed. The four ways in:
  * `destroy`, `reset` (an RST), `flushAndDestroy` (what is queued goes to
- * the kernel first) and `endAfterFlush` (a half-close once all is written).
+ * the kernel first) and `endAfterFlush` (a half-close once all is written);
+ * and what a broken framing ends in (`framingError`).
  */
 export class ConnectionEnd {
   /** Closed: nothing is read, queued or delivered any more. */
@@ -52,7 +52,7 @@ export class ConnectionEnd {
     const setup = parts.takeSetUp()
     parts.reportHeld()
     parts.queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
-    parts.stream.close()
+    parts.gate.stream.close()
     setup?.abort(error)
     parts.closed(error)
   }
@@ -60,7 +60,7 @@ export class ConnectionEnd {
   /** Closes the connection with an RST (the peer sees ECONNRESET), as `destroy` otherwise. */
   reset (error?: RpcError): void {
     if (this.closed) return
-    this.#parts.stream.reset()
+    this.#parts.gate.stream.reset()
     this.destroy(error)
   }
 
@@ -74,6 +74,28 @@ export class ConnectionEnd {
     this.destroy(error)
   }
 
+  /**
+   * Reads no more frames (the rest of the current read and later reads are
+   * dropped), without ending the socket: answers already due still go out.
+   */
+  stopReading (): void {
+    if (this.closed) return
+    this.#parts.decoder.stop()
+    this.#parts.reportHeld()
+  }
+
+  /** The stream's framing broke: `handler` may take it over (reading stops, it ends the connection itself); else the connection goes. */
+  framingError (error: RpcError, handler: ConnectionHandler | null): void {
+    if (this.closed) return
+    if (handler?.onFramingError !== undefined && !this.ending && handler.onFramingError(error)) {
+      this.stopReading()
+      return
+    }
+    // The answers to the frames before the bad bytes (queued while this read
+    // was handled) still go out, as for a frame the owner refuses.
+    this.flushAndDestroy(error)
+  }
+
   /** Writes the queued frames, then ends the stream (after a fatal error reply, or a server's drained shutdown). */
   endAfterFlush (error?: RpcError): void {
     if (this.closed || this.ending) return
@@ -85,6 +107,6 @@ export class ConnectionEnd {
     parts.queue.flushNow()
     // Nothing may follow the end: later sends are dropped, not written after it.
     parts.queue.close(error ?? new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection ending'))
-    parts.stream.end(() => this.destroy(error))
+    parts.gate.stream.end(() => this.destroy(error))
   }
 }

@@ -60,9 +60,15 @@ export class ReadGate {
     this.#host = host
   }
 
-  /** The stream frames travel on from now on (a set-up that switched to TLS; no probe is armed in set-up). */
+  /** The stream frames travel on (the socket's, or the secure channel a set-up switched to). */
+  get stream (): ByteStream {
+    return this.#stream
+  }
+
+  /** Reads come from `stream` from now on, to the connection's listener (a set-up that switched to TLS; no probe is armed in set-up). */
   switchStream (stream: ByteStream): void {
     this.#stream = stream
+    stream.listen(this.#host.listener)
   }
 
   /** The connection closed: nothing is read or released any more. */
@@ -85,6 +91,13 @@ export class ReadGate {
     if ((this.#reasons & reason) !== 0) return
     this.#reasons |= reason
     this.#stream.pauseReading()
+  }
+
+  /** The connection's unsent bytes passed its bound: nothing more is read until the peer takes enough (`ReadStop.Suspended`). False: closed, or suspended already. */
+  suspend (): boolean {
+    if (this.#host.isClosed || (this.#reasons & ReadStop.Suspended) !== 0) return false
+    this.stop(ReadStop.Suspended)
+    return true
   }
 
   /** Ends `reason`; the stream reads again once no other reason holds it. */

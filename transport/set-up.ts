@@ -5,28 +5,30 @@ import { ScanDecoder } from '../codec/scan-decoder.js'
 import type { Handshake, HandshakeStep, SecureChannel } from '../codec/protocol.js'
 import type { ByteStream } from './byte-stream.js'
 import { ChannelStream } from './channel-stream.js'
+import type { ConnectionCounters } from './connection-counters.js'
+import type { ConnectionEnd } from './connection-end.js'
+import type { HeldBytes } from './held-bytes.js'
+import { ReadStop, type ReadGate } from './read-gate.js'
+import type { TransferQueue } from './transfer-queue.js'
 
-/** What a connection's set-up needs of its connection. */
-export interface SetUpHost {
+/**
+ * The parts of its connection a set-up works with, each the owner of its
+ * own state: it reads whether the connection is closed or ending, ends it,
+ * stops its reading, switches its stream and counts its frames.
+ */
+export interface SetUpParts {
   /** The node:net socket under the stream, for a step's `upgrade`; null when there is none (a test's stream). */
   readonly socket: Socket | null
-  readonly isClosed: boolean
-  readonly isEnding: boolean
-  /** A set-up frame was read (the connection counts set-up frames with the others). */
-  frameRead: () => void
-  /** Frames travel on `stream` from now on (the secure channel a step switched to). */
-  switchStream: (stream: ByteStream) => void
-  /** Stops reading while an asynchronous step runs (`stop` true), or reads again. */
-  holdReads: (stop: boolean) => void
-  /** Tells the inbound budget what the connection holds now (this set-up's partial frame included). */
-  reportHeld: () => void
-  /** The set-up succeeded: regular frames flow, and `rest` (read past the last set-up frame) is the first of them. Called before the promise settles. */
-  finished: (rest: Buffer[]) => void
-  /** The set-up's framing broke: the connection goes (what it queued still goes out). */
-  framingError: (error: RpcError) => void
-  /** A step refused the peer: its reply goes out, then the stream ends. */
-  endAfterFlush: (error: RpcError) => void
-  destroy: (error: RpcError) => void
+  /** Closed or ending; a refused peer's reply goes out before the end (`endAfterFlush`), a broken framing's queue too (`flushAndDestroy`). */
+  readonly end: ConnectionEnd
+  /** Stopped (`ReadStop.SetUp`) while an asynchronous step runs; reads from the secure channel a step switched to. */
+  readonly gate: ReadGate
+  /** Held until the set-up is done (set-up frames bypass it); writes to the secure channel a step switched to. */
+  readonly queue: TransferQueue
+  /** Set-up frames are counted with the others. */
+  readonly counters: ConnectionCounters
+  /** The inbound budget's count, this set-up's partial frame included. */
+  readonly held: HeldBytes
 }
 
 /** The error a set-up that closed the connection on purpose (`HandshakeStep.close`) ends with: not a failure. */
@@ -42,8 +44,8 @@ function setupFailed (err: unknown): HandshakeStep<unknown> {
  * secure channel (TLS inside the negotiation), and the bytes read while an
  * asynchronous step runs, held until it is applied (the step may change
  * what they are: TLS records, not frames). It ends with the stream frames
- * travel on and the bytes read past its last frame (`SetUpHost.finished`),
- * as a WebSocket server's upgrade hands over its socket and head; only then
+ * travel on and the bytes read past its last frame (`done`), as a
+ * WebSocket server's upgrade hands over its socket and head; only then
  * does the framed connection decode them. The promise settles with the
  * handshake's result, or rejects with its error or the connection's close
  * reason.
@@ -51,7 +53,10 @@ function setupFailed (err: unknown): HandshakeStep<unknown> {
 export class SetUp<T> {
   /** Settles when the set-up is done, failed, or the connection closed under it. */
   readonly promise: Promise<T>
-  readonly #host: SetUpHost
+  readonly #parts: SetUpParts
+  readonly #end: ConnectionEnd
+  /** The set-up succeeded: regular frames flow, and `rest` (read past the last set-up frame) is the first of them. Called before the promise settles. */
+  readonly #done: (rest: Buffer[]) => void
   readonly #handshake: Handshake<T>
   #decoder: Deframer
   /** A step switched the framing: frames after its own are read with this one. */
@@ -80,12 +85,14 @@ export class SetUp<T> {
   #heldRaw = false
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#frame(buf, start, end)
 
-  constructor (handshake: Handshake<T>, stream: ByteStream, decoder: Deframer, host: SetUpHost) {
+  constructor (handshake: Handshake<T>, decoder: Deframer, parts: SetUpParts, done: (rest: Buffer[]) => void) {
     this.#handshake = handshake
-    this.#stream = stream
+    this.#stream = parts.gate.stream
     // A set-up framing of its own (PostgreSQL's untyped start-up packets), under the same frame limit.
     this.#decoder = handshake.framing === undefined ? decoder : deframerOf(handshake.framing, decoder.maxFrameBytes)
-    this.#host = host
+    this.#parts = parts
+    this.#end = parts.end
+    this.#done = done
     this.promise = new Promise<T>((resolve, reject) => {
       this.#resolve = resolve
       this.#reject = reject
@@ -129,7 +136,7 @@ export class SetUp<T> {
     }
     if (this.#preamble !== null) {
       chunk = this.#takePreamble(chunk)
-      if (chunk.length === 0 || this.#host.isClosed) return
+      if (chunk.length === 0 || this.#end.closed) return
     }
     const rest = this.#decode(chunk)
     if (this.#isDone()) this.#finish(rest === null ? [] : [rest])
@@ -152,7 +159,7 @@ export class SetUp<T> {
     this.#switchFraming()
     let error = this.#decoder.pushRanges(chunk, this.#onFrame)
     // A step switched the framing: the rest of the chunk is read with the new one.
-    while (this.#nextFraming !== null && this.#state === 'running' && !this.#holdRest && !this.#host.isClosed) {
+    while (this.#nextFraming !== null && this.#state === 'running' && !this.#holdRest && !this.#end.closed) {
       const rest = chunk.subarray(this.#decoder.consumed)
       this.#switchFraming()
       chunk = rest
@@ -169,8 +176,9 @@ export class SetUp<T> {
       const rest = chunk.subarray(this.#decoder.consumed)
       return rest.length > 0 ? rest : null
     }
-    if (error !== null && this.#state === 'running' && !this.#host.isClosed) this.#host.framingError(error)
-    else this.#host.reportHeld()
+    // The set-up's framing broke: the connection goes (what it queued still goes out).
+    if (error !== null && this.#state === 'running' && !this.#end.closed) this.#end.flushAndDestroy(error)
+    else if (!this.#end.closed) this.#parts.held.report(this.heldBytes)
     return null
   }
 
@@ -178,7 +186,7 @@ export class SetUp<T> {
   #finish (rest: Buffer[]): void {
     if (this.#handedOver) return
     this.#handedOver = true
-    this.#host.finished(rest)
+    this.#done(rest)
   }
 
   // Collects the client preamble (server side) before any frame.
@@ -196,7 +204,7 @@ export class SetUp<T> {
     const verdict = this.#handshake.checkPreamble?.(collected) ?? null
     if (verdict !== null) {
       // A bad preamble is closed without a reply.
-      this.#host.destroy(verdict)
+      this.#end.destroy(verdict)
       return chunk.subarray(chunk.length)
     }
     return chunk.subarray(take)
@@ -213,8 +221,8 @@ export class SetUp<T> {
   }
 
   #frame (buf: Buffer, start: number, end: number): boolean {
-    if (this.#state !== 'running' || this.#host.isClosed || this.#host.isEnding) return false
-    this.#host.frameRead()
+    if (this.#state !== 'running' || this.#end.closed || this.#end.ending) return false
+    this.#parts.counters.framesRead++
     this.#bytesFramed += end - start
     const pipelined = this.#bytesIn - this.#bytesFramed + this.#heldUndecoded
     // A synchronous step runs now, so that a handshake that ends in this
@@ -232,12 +240,12 @@ export class SetUp<T> {
       this.#apply(step)
       // A new framing reads the next frame: this decoder stops here (#decode goes on with the new one).
       if (this.#nextFraming !== null) return false
-      return this.#state === 'running' && !this.#host.isClosed
+      return this.#state === 'running' && !this.#end.closed
     }
     this.#held = []
     this.#holdRest = true
     this.#heldRaw = this.#channel === null
-    this.#host.holdReads(true)
+    this.#parts.gate.stop(ReadStop.SetUp)
     const apply = (s: HandshakeStep<T>): void => {
       this.#apply(s)
       this.#releaseHeld()
@@ -248,15 +256,15 @@ export class SetUp<T> {
   }
 
   #apply (step: HandshakeStep<T>): void {
-    if (this.#host.isClosed || this.#state !== 'running') return
+    if (this.#end.closed || this.#state !== 'running') return
     if (step.send !== undefined) this.#write(step.send)
     if (step.upgrade !== undefined) {
       try {
-        const socket = this.#host.socket
+        const socket = this.#parts.socket
         if (socket === null) throw new Error('no socket to switch to a secure channel')
         this.#upgrade(step.upgrade(socket))
       } catch (err) {
-        this.#host.destroy(setupFailed(err).error!)
+        this.#end.destroy(setupFailed(err).error!)
         return
       }
     }
@@ -265,7 +273,7 @@ export class SetUp<T> {
     if (step.error !== undefined) {
       this.#state = 'failed'
       this.#reject(step.error)
-      this.#host.endAfterFlush(step.error)
+      this.#end.endAfterFlush(step.error)
       return
     }
     if (step.close === true) {
@@ -273,7 +281,7 @@ export class SetUp<T> {
       const closed = new RpcError(ErrorCode.CONNECTION_CLOSED, SET_UP_CLOSED)
       this.#state = 'failed'
       this.#reject(closed)
-      this.#host.endAfterFlush(closed)
+      this.#end.endAfterFlush(closed)
       return
     }
     if (step.framing !== undefined && step.done === undefined) this.#nextFraming = step.framing
@@ -287,8 +295,8 @@ export class SetUp<T> {
   #releaseHeld (): void {
     const held = this.#held
     this.#held = null
-    if (held === null || this.#host.isClosed) return
-    this.#host.holdReads(false)
+    if (held === null || this.#end.closed) return
+    this.#parts.gate.start(ReadStop.SetUp)
     if (this.#heldRaw && this.#channel !== null) {
       // Done already: what the channel decrypts from here on is regular bytes.
       if (this.#isDone()) this.#finish([])
@@ -303,7 +311,7 @@ export class SetUp<T> {
       // Bytes of the chunks after this one count as pipelined behind its frames.
       undecoded -= held[i]!.length
       this.#heldUndecoded = undecoded
-      if (this.#host.isClosed || this.#host.isEnding || this.#state === 'failed') return
+      if (this.#end.closed || this.#end.ending || this.#state === 'failed') return
       if (this.#isDone()) {
         this.#finish(held.slice(i))
         return
@@ -330,7 +338,8 @@ export class SetUp<T> {
     const stream = new ChannelStream(channel, this.#stream)
     this.#channel = stream
     this.#stream = stream
-    this.#host.switchStream(stream)
+    this.#parts.queue.switchSink(stream)
+    this.#parts.gate.switchStream(stream)
   }
 
   // Set-up frames bypass the (held) transfer queue.
@@ -341,7 +350,7 @@ export class SetUp<T> {
   }
 }
 
-/** A decoder for `framing` (a length field or a scan) under `maxFrameBytes`. */
-function deframerOf (framing: AnyFraming, maxFrameBytes: number): Deframer {
+/** A decoder for `framing` (a length field or a scan) under `maxFrameBytes` (undefined: the decoder's default). */
+export function deframerOf (framing: AnyFraming, maxFrameBytes: number | undefined): Deframer {
   return isScanFraming(framing) ? new ScanDecoder(framing, maxFrameBytes) : new FrameDecoder(framing, maxFrameBytes)
 }
