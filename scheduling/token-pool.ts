@@ -16,7 +16,7 @@
  */
 import type { Clock, TimerHandle } from './clock.js'
 import type { Queued } from './service-queue.js'
-import type { RejectReason, WorkerPoolStats } from './worker-pool.js'
+import { MAX_TIMER_MS, PoolFront, runItem, type RejectReason, type WorkerPoolStats } from './pool-front.js'
 
 /** How a pool talks to its broker (through whatever carries messages between the processes). */
 export interface TokenLink {
@@ -37,17 +37,12 @@ export interface TokenPoolOptions<T extends Queued> {
   connect: (pool: TokenPool<T>) => TokenLink
 }
 
-const MAX_TIMER_MS = 2 ** 31 - 1
-
-function isThenable (value: unknown): value is PromiseLike<void> {
-  return typeof (value as PromiseLike<void> | undefined)?.then === 'function'
-}
-
 export class TokenPool<T extends Queued> {
   readonly #clock: Clock
   readonly #run: (item: T, worker: number) => Promise<void> | void
-  readonly #reject: (item: T, reason: RejectReason, message: string) => void
-  readonly #describe: (item: T) => string
+  /** The counters, the closed flag, the arrival checks and the rejections (as `WorkerPool`'s). */
+  readonly #front: PoolFront<T>
+  readonly #stats: WorkerPoolStats
   readonly #link: TokenLink
   /** Worker ids of idle tokens; the end is the most recently parked. */
   readonly #idle: number[] = []
@@ -62,11 +57,7 @@ export class TokenPool<T extends Queued> {
   #recalled = false
   /** The broker is gone: nothing more is wanted. */
   #lost = false
-  readonly #stats: WorkerPoolStats = {
-    submitted: 0, handedOff: 0, queued: 0, overflows: 0, evictions: 0, expired: 0, shutdownRejected: 0, completed: 0
-  }
 
-  #closed = false
   #closing: Promise<void> | undefined
   #resolveClosing: (() => void) | undefined
   #graceTimer: TimerHandle | undefined
@@ -77,8 +68,8 @@ export class TokenPool<T extends Queued> {
     if (!Number.isSafeInteger(workers) || workers < 0) throw new RangeError(`workers must be a non-negative integer, got ${workers}`)
     this.#clock = options.clock
     this.#run = options.run
-    this.#reject = options.reject
-    this.#describe = options.describe ?? (() => 'call')
+    this.#front = new PoolFront(options, 'the service queue shared by the reactors is full')
+    this.#stats = this.#front.stats
     for (let i = 0; i < workers; i++) this.#newId()
     for (let worker = workers - 1; worker >= 0; worker--) this.#idle.push(worker)
     this.#link = options.connect(this)
@@ -124,7 +115,7 @@ export class TokenPool<T extends Queued> {
   }
 
   get closed (): boolean {
-    return this.#closed
+    return this.#front.closed
   }
 
   /** Entries wait at the broker: freed tokens go back. */
@@ -138,18 +129,8 @@ export class TokenPool<T extends Queued> {
   }
 
   submit (item: T, now?: number): void {
+    if (!this.#front.admit(item, now)) return
     const stats = this.#stats
-    stats.submitted++
-    if (this.#closed) {
-      stats.shutdownRejected++
-      this.#notify(item, 'shutdown')
-      return
-    }
-    if (item.deadline !== Infinity && (now ?? this.#clock.now()) >= item.deadline) {
-      stats.expired++
-      this.#notify(item, 'expired')
-      return
-    }
     const worker = this.#idle.pop()
     if (worker !== undefined) {
       stats.handedOff++
@@ -158,7 +139,7 @@ export class TokenPool<T extends Queued> {
     }
     if (this.#lost) {
       stats.overflows++
-      this.#notify(item, 'full')
+      this.#front.notify(item, 'full')
       return
     }
     const id = this.#nextId++
@@ -179,7 +160,7 @@ export class TokenPool<T extends Queued> {
     }
     if (item.deadline !== Infinity && this.#clock.now() >= item.deadline) {
       this.#stats.expired++
-      this.#notify(item, 'expired')
+      this.#front.notify(item, 'expired')
       this.#tokenFree(worker)
       return
     }
@@ -194,7 +175,7 @@ export class TokenPool<T extends Queued> {
     if (reason === 'full') this.#stats.overflows++
     else if (reason === 'evicted') this.#stats.evictions++
     else this.#stats.expired++
-    this.#notify(item, reason)
+    this.#front.notify(item, reason)
     this.#settleClosing()
   }
 
@@ -231,7 +212,7 @@ export class TokenPool<T extends Queued> {
 
   close (graceMs: number): Promise<void> {
     if (Number.isNaN(graceMs) || graceMs < 0) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`)
-    this.#closed = true
+    this.#front.closed = true
     this.#closing ??= new Promise<void>(resolve => { this.#resolveClosing = resolve })
     // A closing reactor keeps no token idle: others may need it.
     this.#giveIdle()
@@ -254,26 +235,14 @@ export class TokenPool<T extends Queued> {
 
   #runOn (worker: number, item: T): void {
     this.#running++
-    let pending: PromiseLike<void> | undefined
-    try {
-      const result = this.#run(item, worker)
-      pending = isThenable(result) ? result : undefined
-    } catch {
-      pending = undefined
-    }
-    if (pending !== undefined) {
-      const settled = this.#settled[worker]!
-      if (pending instanceof Promise) pending.then(settled, settled)
-      else void Promise.resolve(pending).then(settled, settled)
-      return
-    }
+    if (!runItem(this.#run, item, worker, this.#settled)) return
     this.#stats.completed++
     this.#running--
     this.#tokenFree(worker)
   }
 
   #tokenFree (worker: number): void {
-    if (!this.#lost && (this.#recalled || this.#closed || this.#waiting.size > 0)) {
+    if (!this.#lost && (this.#recalled || this.#front.closed || this.#waiting.size > 0)) {
       this.#freeIds.push(worker)
       this.#link.give(1)
     } else {
@@ -286,7 +255,7 @@ export class TokenPool<T extends Queued> {
     const left = [...this.#waiting.values()]
     this.#waiting.clear()
     this.#stats.shutdownRejected += left.length
-    for (const item of left) this.#notify(item, 'shutdown')
+    for (const item of left) this.#front.notify(item, 'shutdown')
     this.#settleClosing()
   }
 
@@ -311,26 +280,5 @@ export class TokenPool<T extends Queued> {
     if (this.#graceTimer !== undefined) this.#clock.clearTimer(this.#graceTimer)
     this.#graceTimer = undefined
     resolve()
-  }
-
-  #notify (item: T, reason: RejectReason): void {
-    try {
-      this.#reject(item, reason, this.#message(item, reason))
-    } catch (error) {
-      queueMicrotask(() => { throw error })
-    }
-  }
-
-  #message (item: T, reason: RejectReason): string {
-    const what = this.#describe(item)
-    switch (reason) {
-      case 'full':
-      case 'evicted':
-        return `${what} dropped due to backpressure: the service queue shared by the reactors is full`
-      case 'expired':
-        return `${what} waited in the queue past client deadline`
-      case 'shutdown':
-        return `${what} rejected: server is shutting down`
-    }
   }
 }

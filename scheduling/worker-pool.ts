@@ -14,9 +14,9 @@
  */
 import type { Clock, TimerHandle } from './clock.js'
 import type { DeadlineQueue, Queued } from './service-queue.js'
+import { MAX_TIMER_MS, PoolFront, runItem, type RejectReason, type WorkerPoolStats } from './pool-front.js'
 
-/** Why an item was not run. */
-export type RejectReason = 'full' | 'evicted' | 'expired' | 'shutdown'
+export type { RejectReason, WorkerPoolStats } from './pool-front.js'
 
 export interface WorkerPoolOptions<T extends Queued> {
   /** Concurrency slots, numbered 0..workers-1; 0 only queues (items run never). */
@@ -35,33 +35,6 @@ export interface WorkerPoolOptions<T extends Queued> {
   describe?: ((item: T) => string) | undefined
 }
 
-/** Counters since construction. `submitted` = settled by run or reject + in flight + queued. */
-export interface WorkerPoolStats {
-  submitted: number
-  /** Given straight to a parked worker. */
-  handedOff: number
-  /** Admitted to the queue (including newcomers that evicted an item). */
-  queued: number
-  /** Newcomers refused because the queue was full. */
-  overflows: number
-  /** Queued items pushed out by a newcomer with an earlier deadline. */
-  evictions: number
-  /** Rejected for a passed deadline: on arrival, by the expiry timer or at dequeue. */
-  expired: number
-  /** Rejected because the pool was closing. */
-  shutdownRejected: number
-  /** Runs that settled (returned, resolved, threw or rejected). */
-  completed: number
-}
-
-// Longer timer delays overflow setTimeout into 1 ms; a timer this long just
-// fires early and is re-armed.
-const MAX_TIMER_MS = 2 ** 31 - 1
-
-function isThenable (value: unknown): value is PromiseLike<void> {
-  return typeof (value as PromiseLike<void> | undefined)?.then === 'function'
-}
-
 /**
  * Runs submitted items on `workers` slots, queueing the rest in a
  * `DeadlineQueue`. Every submitted item is either run once or rejected once.
@@ -75,8 +48,9 @@ export class WorkerPool<T extends Queued> {
   readonly #queue: DeadlineQueue<T>
   readonly #clock: Clock
   readonly #run: (item: T, worker: number) => Promise<void> | void
-  readonly #reject: (item: T, reason: RejectReason, message: string) => void
-  readonly #describe: (item: T) => string
+  /** The counters, the closed flag, the arrival checks and the rejections. */
+  readonly #front: PoolFront<T>
+  readonly #stats: WorkerPoolStats
   /** Idle workers; the end is the most recently parked, the next to get work. */
   readonly #parked: number[] = []
   readonly #settled: Array<() => void> = []
@@ -84,15 +58,11 @@ export class WorkerPool<T extends Queued> {
   readonly #abandoned = new Set<number>()
   /** Ids of abandoned runs that have settled since, to be reused by the next `abandon`. */
   readonly #freeIds: number[] = []
-  readonly #stats: WorkerPoolStats = {
-    submitted: 0, handedOff: 0, queued: 0, overflows: 0, evictions: 0, expired: 0, shutdownRejected: 0, completed: 0
-  }
 
   /** The one expiry timer, due at or before the earliest queued deadline. */
   #expiryTimer: TimerHandle | undefined
   #expiryAt = Infinity
 
-  #closed = false
   #closing: Promise<void> | undefined
   #resolveClosing: (() => void) | undefined
   #graceTimer: TimerHandle | undefined
@@ -108,8 +78,8 @@ export class WorkerPool<T extends Queued> {
     this.#queue = queue
     this.#clock = options.clock
     this.#run = options.run
-    this.#reject = options.reject
-    this.#describe = options.describe ?? (() => 'call')
+    this.#front = new PoolFront(options, `service queue is full with ${queue.maxLength} items`)
+    this.#stats = this.#front.stats
     // All start parked with worker 0 on top, so work goes to 0, then 1, ...
     for (let worker = workers - 1; worker >= 0; worker--) this.#parked.push(worker)
     // One settle callback per worker, made once: no closure per item.
@@ -174,7 +144,7 @@ export class WorkerPool<T extends Queued> {
 
   /** True once `close` has been called. */
   get closed (): boolean {
-    return this.#closed
+    return this.#front.closed
   }
 
   /** No worker is parked and the queue is full: the next submit would be refused or evict. */
@@ -188,20 +158,8 @@ export class WorkerPool<T extends Queued> {
    * 'full'), possibly evicting a queued item instead ('evicted').
    */
   submit (item: T, now?: number): void {
+    if (!this.#front.admit(item, now)) return
     const stats = this.#stats
-    stats.submitted++
-    if (this.#closed) {
-      stats.shutdownRejected++
-      this.#notify(item, 'shutdown')
-      return
-    }
-    // Checked before taking a slot: a dead call must neither run nor evict a
-    // live one. Without a deadline there is nothing to check (nor a clock to read).
-    if (item.deadline !== Infinity && (now ?? this.#clock.now()) >= item.deadline) {
-      stats.expired++
-      this.#notify(item, 'expired')
-      return
-    }
     const worker = this.#parked.pop()
     if (worker !== undefined) {
       stats.handedOff++
@@ -213,7 +171,7 @@ export class WorkerPool<T extends Queued> {
     if (dropped === item) stats.overflows++
     else if (dropped !== undefined) stats.evictions++
     this.#armExpiry()
-    if (dropped !== undefined) this.#notify(dropped, dropped === item ? 'full' : 'evicted')
+    if (dropped !== undefined) this.#front.notify(dropped, dropped === item ? 'full' : 'evicted')
   }
 
   /**
@@ -225,7 +183,7 @@ export class WorkerPool<T extends Queued> {
    */
   close (graceMs: number): Promise<void> {
     if (Number.isNaN(graceMs) || graceMs < 0) throw new RangeError(`graceMs must be >= 0, got ${graceMs}`)
-    this.#closed = true
+    this.#front.closed = true
     this.#closing ??= new Promise<void>(resolve => { this.#resolveClosing = resolve })
     const end = this.#clock.now() + graceMs
     if (this.#resolveClosing !== undefined && end < this.#graceEnd) {
@@ -240,29 +198,11 @@ export class WorkerPool<T extends Queued> {
   #runOn (worker: number, first: T | undefined): void {
     // A loop, not recursion: many synchronous runs in a row must not grow the stack.
     for (let item = first; item !== undefined; item = this.#next()) {
-      const pending = this.#invoke(item, worker)
-      if (pending !== undefined) {
-        const settled = this.#settled[worker]!
-        // A native promise settles once; Promise.resolve tames odd thenables (settling twice, throwing).
-        if (pending instanceof Promise) pending.then(settled, settled)
-        else void Promise.resolve(pending).then(settled, settled)
-        return
-      }
+      if (!runItem(this.#run, item, worker, this.#settled)) return
       this.#stats.completed++
     }
     this.#parked.push(worker)
     this.#settleClosing()
-  }
-
-  /** Calls `run`; returns its promise if it is async, undefined once it has finished. */
-  #invoke (item: T, worker: number): PromiseLike<void> | undefined {
-    try {
-      const result = this.#run(item, worker)
-      return isThenable(result) ? result : undefined
-    } catch {
-      // `run` answers its own errors; a throw ends the run like a return.
-      return undefined
-    }
   }
 
   /** The next item to run, after rejecting the expired ones ahead of it. */
@@ -282,7 +222,7 @@ export class WorkerPool<T extends Queued> {
     const expired = this.#queue.takeExpired(now)
     this.#stats.expired += expired.length
     this.#armExpiry()
-    for (const item of expired) this.#notify(item, 'expired')
+    for (const item of expired) this.#front.notify(item, 'expired')
   }
 
   /**
@@ -330,7 +270,7 @@ export class WorkerPool<T extends Queued> {
       const left = this.#queue.drain()
       this.#stats.shutdownRejected += left.length
       this.#armExpiry()
-      for (const item of left) this.#notify(item, 'shutdown')
+      for (const item of left) this.#front.notify(item, 'shutdown')
       this.#settleClosing()
     }, delay)
   }
@@ -344,28 +284,5 @@ export class WorkerPool<T extends Queued> {
     this.#graceTimer = undefined
     this.#disarmExpiry()
     resolve()
-  }
-
-  #notify (item: T, reason: RejectReason): void {
-    try {
-      this.#reject(item, reason, this.#message(item, reason))
-    } catch (error) {
-      // The pool's books are already updated; surface the bug without
-      // leaving the remaining items of a batch unanswered.
-      queueMicrotask(() => { throw error })
-    }
-  }
-
-  #message (item: T, reason: RejectReason): string {
-    const what = this.#describe(item)
-    switch (reason) {
-      case 'full':
-      case 'evicted':
-        return `${what} dropped due to backpressure: service queue is full with ${this.#queue.maxLength} items`
-      case 'expired':
-        return `${what} waited in the queue past client deadline`
-      case 'shutdown':
-        return `${what} rejected: server is shutting down`
-    }
   }
 }
