@@ -30,8 +30,6 @@ export class ConnectionEnd {
   closed = false
   /** Ending (`endAfterFlush`): no frame is delivered any more, though the stream still flushes. */
   ending = false
-  /** Why it closed (undefined: closed by us without an error). */
-  closeError: RpcError | undefined
   #endingError: RpcError | undefined
   readonly #parts: EndingParts
 
@@ -45,7 +43,6 @@ export class ConnectionEnd {
     this.closed = true
     // Ending for a reason (a refused negotiation): the peer's close that follows is not the reason.
     if (this.#endingError !== undefined) error = this.#endingError
-    this.closeError = error
     const parts = this.#parts
     parts.decoder.stop()
     parts.gate.clear()
