@@ -17,7 +17,7 @@ import type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './co
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 export { PROBE_BYTES } from './read-gate.js'
-export { DEFAULT_MAX_FRAMES_PER_READ } from './read-turns.js'
+export { DEFAULT_MAX_ANSWER_BYTES_PER_READ, DEFAULT_MAX_FRAMES_PER_READ } from './read-turns.js'
 export type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
 export type { FrameEncoder } from './frame-writer.js'
 
@@ -87,7 +87,7 @@ export class FramedConnection {
       reportHeld: () => this.#reportHeld(),
       decodeKept: (chunk) => { if (!this.#end.closed && !this.#end.ending) this.#decode(chunk) }
     })
-    this.#turns = new ReadTurns(this.#gate, options.maxFramesPerRead)
+    this.#turns = new ReadTurns(this.#gate, options.maxFramesPerRead, options.maxAnswerBytesPerRead)
     this.#end = new ConnectionEnd({
       decoder: this.#decoder,
       gate: this.#gate,
@@ -355,7 +355,7 @@ export class FramedConnection {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
     const turns = this.#turns
-    turns.startRead()
+    turns.startRead(this.#queue.outputBytes)
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.#framingError(error)
@@ -397,6 +397,6 @@ export class FramedConnection {
       this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
       return false
     }
-    return handler.onFrame(buf, start, end) !== false && !this.#end.closed && this.#turns.frame()
+    return handler.onFrame(buf, start, end) !== false && !this.#end.closed && this.#turns.frame(this.#queue.outputBytes)
   }
 }
