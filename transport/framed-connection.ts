@@ -359,7 +359,7 @@ export class FramedConnection {
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.#framingError(error)
-      // The read's frame budget is spent: the rest waits for the next turn (ReadTurns).
+      // The read's budget (frames, answer bytes) is spent: the rest waits for the next turn (ReadTurns).
       else if (turns.spent) { if (!this.#end.closed && !this.#end.ending) turns.keepRest(chunk, this.#decoder.consumed) }
       else if (this.#budget !== null && this.#decoder.heldBytes !== this.#heldReported) this.#reportHeld()
     } finally {
