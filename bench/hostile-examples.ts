@@ -9,6 +9,9 @@
  * /proc/PID/status, and measures RSS again 30 s after the attack ended.
  * Every loop is bounded in count and time; every socket is destroyed and
  * the child killed by its PID when the scenario ends, failed or not.
+ * `HOSTILE_EXAMPLE_FLAGS` (words split on spaces) are added to every
+ * example's command line: a limit set otherwise than by default
+ * (`HOSTILE_EXAMPLE_FLAGS='--max-answer-bytes-per-read 262144'`).
  */
 import { spawn, type ChildProcess } from 'node:child_process'
 import { readFileSync } from 'node:fs'
@@ -50,7 +53,8 @@ interface ExampleProc { pid: number, port: number, exited: () => boolean, kill: 
 /** Starts `examples/NAME/main.js` on a free loopback port (under `ulimit -n` when asked). */
 async function startExample (run: ExampleRun, name: string, flags: readonly string[] = [], ulimit?: number): Promise<ExampleProc> {
   const script = join(ROOT, 'dist', 'examples', name, 'main.js')
-  const args = [script, '--port', '0', '--host', '127.0.0.1', ...flags]
+  const extra = (process.env.HOSTILE_EXAMPLE_FLAGS ?? '').split(' ').filter(w => w.length > 0)
+  const args = [script, '--port', '0', '--host', '127.0.0.1', ...flags, ...extra]
   const shown = `node dist/examples/${name}/main.js ${args.slice(1).join(' ')}`
   run.command = ulimit === undefined ? shown : `bash -c 'ulimit -n ${ulimit} && exec ${shown}'`
   const child: ChildProcess = ulimit === undefined
@@ -142,15 +146,17 @@ async function pipelineWithoutReading (socket: Socket, request: Buffer, untilMs:
  * counts the ones whose answer (`isAnswer` says when the bytes so far hold
  * one) arrives within 1 s; reconnects when the server closes it.
  */
-async function goodClient (run: ExampleRun, port: number, request: Buffer, isAnswer: (bytes: Buffer) => boolean, untilMs: number): Promise<{ sent: number, answered: number }> {
+async function goodClient (run: ExampleRun, port: number, request: Buffer, isAnswer: (bytes: Buffer) => boolean, untilMs: number): Promise<Served> {
   let sent = 0
   let answered = 0
+  const latencies: number[] = []
   let socket: Socket | null = null
   while (now() < untilMs) {
     socket ??= await open(run, port, 1000)
     if (socket === null) { sent++; await sleep(100); continue }
     const s: Socket = socket
     sent++
+    const sentAt = now()
     const ok = await new Promise<boolean>((resolve) => {
       let got = Buffer.alloc(0)
       const done = (value: boolean): void => { clearTimeout(timer); s.off('data', onData); s.off('close', onClose); resolve(value) }
@@ -161,20 +167,36 @@ async function goodClient (run: ExampleRun, port: number, request: Buffer, isAns
       s.once('close', onClose)
       s.write(request)
     })
-    if (ok) answered++
-    else { s.destroy(); socket = null }
+    if (ok) { answered++; latencies.push(now() - sentAt) } else { s.destroy(); socket = null }
     await sleep(100)
   }
   socket?.destroy()
-  return { sent, answered }
+  return { sent, answered, latencies }
+}
+
+/** What the good clients got: requests sent, answered within 1 s, and the answered ones' latencies in ms. */
+interface Served { sent: number, answered: number, latencies: number[] }
+
+/** The good clients' figures summed. */
+function sumServed (all: readonly Served[]): Served {
+  return { sent: all.reduce((a, g) => a + g.sent, 0), answered: all.reduce((a, g) => a + g.answered, 0), latencies: all.flatMap(g => g.latencies) }
+}
+
+/** The answered requests' latency: median, 90th percentile and slowest. */
+function latencyFigure (latencies: readonly number[]): string {
+  if (latencies.length === 0) return 'none answered'
+  const sorted = [...latencies].sort((a, b) => a - b)
+  const at = (q: number): string => sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))]!.toFixed(0)
+  return `median ${at(0.5)} ms, p90 ${at(0.9)} ms, slowest ${sorted[sorted.length - 1]!.toFixed(0)} ms`
 }
 
 /** The checks every scenario shares: peak RSS within `boundBytes` above the level before, good clients served, RSS 30 s after. */
-async function judge (run: ExampleRun, proc: ExampleProc, before: number, peak: number, boundBytes: number, boundText: string, good: { sent: number, answered: number }): Promise<void> {
+async function judge (run: ExampleRun, proc: ExampleProc, before: number, peak: number, boundBytes: number, boundText: string, good: Served): Promise<void> {
   run.figure('server RSS before', `${mib(before)} MiB`)
   run.figure('server peak RSS', `${mib(peak)} MiB (rise ${mib(peak - before)} MiB)`)
   run.check('server peak RSS', `≤ before + ${boundText}`, `rise ${mib(peak - before)} MiB`, peak - before <= boundBytes)
   const share = good.sent === 0 ? 0 : good.answered / good.sent
+  run.figure('good answers within 1 s, latency', latencyFigure(good.latencies))
   run.check('good requests answered within 1 s', '≥ 90 %', `${good.answered} of ${good.sent} (${(100 * share).toFixed(1)} %)`, share >= 0.9)
   await sleep(AFTER_MS)
   const after = proc.exited() ? 0 : memoryOf(proc.pid).rss
@@ -209,7 +231,7 @@ async function nonReaders (run: ExampleRun, example: string, attackers: number, 
   const sockets = (await Promise.all(Array.from({ length: attackers }, () => open(run, proc.port)))).filter((s): s is Socket => s !== null)
   const goods = Promise.all([0, 1, 2].map(() => goodClient(run, proc.port, good, isAnswer, until)))
   const written = await Promise.all(sockets.map(s => pipelineWithoutReading(s, attack, until)))
-  const served = (await goods).reduce((a, g) => ({ sent: a.sent + g.sent, answered: a.answered + g.answered }), { sent: 0, answered: 0 })
+  const served = sumServed(await goods)
   const closed = sockets.filter(s => s.destroyed || s.readableEnded).length
   for (const s of sockets) s.destroy()
   const peak = sampler.stop()
@@ -242,7 +264,7 @@ async function tinyPushes (run: ExampleRun): Promise<void> {
   publisher.resume()
   const goods = Promise.all([0, 1, 2].map(() => goodClient(run, proc.port, resp('PING'), respAnswered, until)))
   const written = await pipelineWithoutReadingFrom(publisher, resp('PUBLISH', 'tiny', 'x'.repeat(16)), until)
-  const served = (await goods).reduce((a, g) => ({ sent: a.sent + g.sent, answered: a.answered + g.answered }), { sent: 0, answered: 0 })
+  const served = sumServed(await goods)
   const closed = subscribers.filter(s => s.destroyed || s.readableEnded).length
   for (const s of subscribers) s.destroy()
   publisher.destroy()

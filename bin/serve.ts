@@ -23,7 +23,7 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
               [--io auto|io_uring|epoll|node]
               [--frame-timeout-ms 60000] [--max-inbound-buffered-bytes N]
               [--max-outbound-bytes N] [--max-outbound-buffered-bytes N]
-              [--max-frames-per-read N]
+              [--max-frames-per-read N] [--max-answer-bytes-per-read N]
               [--max-connections N] [--max-negotiating-connections 1000]
               [--max-negotiation-bytes N] [--abandon-after-ms 5000]
               [--shutdown-grace-ms 30000] [--burst-limit 4096]
@@ -59,7 +59,9 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       --max-outbound-bytes (100 MiB) of unsent answers, all connections
       --max-outbound-buffered-bytes (512 MiB) before the heaviest stop
       being read; one read of a connection is decoded at most
-      --max-frames-per-read requests a turn, the rest waits for the next;
+      --max-frames-per-read requests a turn, and none after those whose
+      answers passed --max-answer-bytes-per-read (64 KiB), the rest waits
+      for the next;
       --max-connections (default: the descriptor limit less a
       reserve) and --max-negotiating-connections bound connections; a
       negotiation frame is at most --max-negotiation-bytes (1 MiB); a
@@ -102,6 +104,7 @@ export async function serve (args: string[]): Promise<number> {
       'max-inbound-buffered-bytes': { type: 'string' },
       'max-outbound-bytes': { type: 'string' },
       'max-frames-per-read': { type: 'string' },
+      'max-answer-bytes-per-read': { type: 'string' },
       'max-outbound-buffered-bytes': { type: 'string' },
       'max-connections': { type: 'string' },
       'max-negotiating-connections': { type: 'string' },
@@ -128,6 +131,7 @@ export async function serve (args: string[]): Promise<number> {
     maxInboundBufferedBytes: 'max-inbound-buffered-bytes',
     maxOutboundBytes: 'max-outbound-bytes',
     maxFramesPerRead: 'max-frames-per-read',
+    maxAnswerBytesPerRead: 'max-answer-bytes-per-read',
     maxOutboundBufferedBytes: 'max-outbound-buffered-bytes',
     maxConnections: 'max-connections',
     maxNegotiatingConnections: 'max-negotiating-connections',

@@ -87,6 +87,16 @@ export interface ServerOptions {
    */
   maxFramesPerRead?: number
   /**
+   * Bytes the requests of one read may queue on their connection (answers,
+   * streamed parts, pushes to it) before the rest of that read waits for
+   * the next event-loop turn, as past `maxFramesPerRead` (default 64 KiB;
+   * the request that passes it is answered whole): a request that asks for
+   * many answers (a SUBSCRIBE of 100 channels is 100 replies) counts by what
+   * it produces, so a connection that makes much output per request yields
+   * to the others sooner.
+   */
+  maxAnswerBytesPerRead?: number
+  /**
    * The slow-consumer limits of connections that have received a push
    * (`ConnectionHandle.send`, `ConnectionGroup.send`), as Redis's
    * `client-output-buffer-limit pubsub`: past `hardBytes` unsent bytes

@@ -398,6 +398,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
       maxFrameBytes: this.#options.maxMessageBytes,
       maxOutboundBytes: this.#options.maxOutboundBytes,
       maxFramesPerRead: this.#options.maxFramesPerRead,
+      maxAnswerBytesPerRead: this.#options.maxAnswerBytesPerRead,
       busyPoller: this.#poller,
       inboundBudget: this.#inbound,
       onBackedUp: () => this.#outbound.watch(connection),

@@ -57,6 +57,15 @@ export interface ConnectionOptions {
    * `DEFAULT_MAX_FRAMES_PER_READ` (64).
    */
   maxFramesPerRead?: number | undefined
+  /**
+   * Bytes the frames of one read may queue on the connection (answers,
+   * streamed parts, pushes to it) before the rest of the read waits for
+   * the next event-loop turn, as past `maxFramesPerRead`; the frame that
+   * passes it is handled whole. Requests that each ask for many answers
+   * (a SUBSCRIBE of 100 channels) are then counted by what they produce, not
+   * as one frame each. Default `DEFAULT_MAX_ANSWER_BYTES_PER_READ` (64 KiB).
+   */
+  maxAnswerBytesPerRead?: number | undefined
   /** Touched on every read and send, so the owner's event loop keeps polling a while (see BusyPoller); none by default. */
   busyPoller?: BusyPoller | undefined
   /** The reactor-wide budget for bytes held in incomplete inbound frames; none by default. */

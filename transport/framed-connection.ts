@@ -15,7 +15,7 @@ import type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './co
 
 export type { Handshake, HandshakeStep } from '../codec/protocol.js'
 export { PROBE_BYTES } from './read-gate.js'
-export { DEFAULT_MAX_FRAMES_PER_READ } from './read-turns.js'
+export { DEFAULT_MAX_ANSWER_BYTES_PER_READ, DEFAULT_MAX_FRAMES_PER_READ } from './read-turns.js'
 export type { ConnectionHandler, ConnectionOptions, ConnectionStats } from './connection-options.js'
 export type { FrameEncoder } from './frame-writer.js'
 
@@ -74,7 +74,7 @@ export class FramedConnection {
       decodeKept: (chunk) => { if (!this.#end.closed && !this.#end.ending) this.#decode(chunk) }
     })
     this.#held = new HeldBytes(options.inboundBudget ?? null, this, this.#decoder, this.#gate)
-    this.#turns = new ReadTurns(this.#gate, options.maxFramesPerRead)
+    this.#turns = new ReadTurns(this.#gate, options.maxFramesPerRead, options.maxAnswerBytesPerRead)
     this.#end = new ConnectionEnd({
       decoder: this.#decoder,
       gate: this.#gate,
@@ -283,11 +283,11 @@ export class FramedConnection {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
     const turns = this.#turns
-    turns.startRead()
+    turns.startRead(this.#queue.outputBytes)
     try {
       const error = this.#decoder.pushRanges(chunk, this.#onFrame)
       if (error !== null) this.#end.framingError(error, this.#handler)
-      // The read's frame budget is spent: the rest waits for the next turn (ReadTurns).
+      // The read's budget (frames, answer bytes) is spent: the rest waits for the next turn (ReadTurns).
       else if (turns.spent) { if (!this.#end.closed && !this.#end.ending) turns.keepRest(chunk, this.#decoder.consumed) }
       else if (this.#held.moved) this.#reportHeld()
     } finally {
@@ -306,6 +306,6 @@ export class FramedConnection {
       this.destroy(new RpcError(ErrorCode.MALFORMED_FRAME, 'frame received before the connection was ready'))
       return false
     }
-    return handler.onFrame(buf, start, end) !== false && !this.#end.closed && this.#turns.frame()
+    return handler.onFrame(buf, start, end) !== false && !this.#end.closed && this.#turns.frame(this.#queue.outputBytes)
   }
 }

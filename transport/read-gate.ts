@@ -16,7 +16,7 @@ export const ReadStop = {
   Suspended: 4,
   /** An asynchronous set-up step runs: the bytes after its frame may be another stream's (TLS). */
   SetUp: 8,
-  /** The read's frame budget is spent (`maxFramesPerRead`): the rest of it is kept aside for the next turn. */
+  /** The read's budget is spent (`maxFramesPerRead`, `maxAnswerBytesPerRead`): the rest of it is kept aside for the next turn. */
   Turn: 16
 } as const
 

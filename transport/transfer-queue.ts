@@ -72,6 +72,8 @@ export class TransferQueue {
   readonly #onOverBound: (() => void) | undefined
   readonly #queue = new Denque<OutboundTransfer>()
   #queuedBytes = 0
+  // Every byte taken (queued or written at once), a running total (outputBytes).
+  #outputBytes = 0
   // Frames queued: a SlabRun entry holds several.
   #queuedFrames = 0
   // In-place frames: the run still open at the back of the queue (null when
@@ -130,6 +132,7 @@ export class TransferQueue {
     // Nothing queued and not backed up: write now, and batch whatever else
     // this turn produces.
     if (this.#dropIfCancelled(transfer)) return true
+    this.#outputBytes += transfer.bytes
     this.#stats.immediateWrites++
     this.#writeTransfer(transfer)
     this.#scheduleFlush()
@@ -150,9 +153,10 @@ export class TransferQueue {
   }
 
   /** The bound on bytes queued or buffered (`maxOutboundBytes`). */
-  get maxOutboundBytes (): number {
-    return this.#maxOutboundBytes
-  }
+  get maxOutboundBytes (): number { return this.#maxOutboundBytes }
+
+  /** Bytes taken since the queue was made, a running total: what one read's requests produced is its rise while they were handled. */
+  get outputBytes (): number { return this.#outputBytes }
 
   /**
    * Where a frame with no hooks (a server's answer, a client's request
@@ -213,6 +217,7 @@ export class TransferQueue {
   // A frame was queued: write it (or schedule it) as the queue's state says.
   #queued (bytes: number): void {
     this.#queuedBytes += bytes
+    this.#outputBytes += bytes
     if (this.#waitingDrain && this.#queuedBytes >= this.#backedUpSignalled + BACKED_UP_SIGNAL_BYTES) this.#signalBackedUp()
     this.#schedule(bytes)
   }
@@ -266,9 +271,7 @@ export class TransferQueue {
    * are held back and written together then (one write for the read's
    * answers instead of one for the first and one for the rest).
    */
-  beginRead (): void {
-    this.#reading = true
-  }
+  beginRead (): void { this.#reading = true }
 
   /** The read is handled: its answers go out now, a lone one as an immediate write, several as one batch. */
   endRead (): void {
@@ -303,9 +306,7 @@ export class TransferQueue {
   }
 
   /** Holds writes (queued, not sent) until `release`: used while the connection negotiates. */
-  hold (): void {
-    this.#held = true
-  }
+  hold (): void { this.#held = true }
 
   /** Ends a hold and sends what queued meanwhile. */
   release (): void {
@@ -370,9 +371,7 @@ export class TransferQueue {
   }
 
   /** True while the queue waits for the socket's 'drain'. */
-  get isWaitingDrain (): boolean {
-    return this.#waitingDrain
-  }
+  get isWaitingDrain (): boolean { return this.#waitingDrain }
 
   /** True when nothing waits here or in the socket's buffer. */
   get isIdle (): boolean {

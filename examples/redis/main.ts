@@ -4,6 +4,7 @@
  *   node dist/examples/redis/main.js [--port 6379] [--host 127.0.0.1]
  *     [--reactors 1] [--maxmemory-mb 64] [--request-timeout-ms 1000]
  *     [--proto-max-bulk-len BYTES] [--max-message-mb 50] [--max-arguments 1048576]
+ *     [--max-answer-bytes-per-read 65536]
  *     [--client-output-buffer-limit-pubsub HARD SOFT SECONDS] [--shutdown-grace-ms 30000]
  *     [--tls-cert FILE --tls-key FILE [--tls-ca FILE] [--tls-require-client-cert]]
  *     [--io auto|io_uring|epoll|node]
@@ -18,6 +19,12 @@
  * one above SOFT for SECONDS without a break is closed then; 0 turns a
  * limit off. Sizes take Redis's units (b, k, kb, m, mb, g, gb). The three
  * values may also be given as one argument ("32mb 8mb 60").
+ *
+ * `--max-answer-bytes-per-read` is the server's `maxAnswerBytesPerRead`
+ * (docs/limits.md): once the commands of one read have queued that many
+ * reply bytes on their connection, the rest of the read waits for the next
+ * event-loop turn, so a client pipelining commands with many replies each
+ * (SUBSCRIBE of 100 channels) lets the other clients be served in between.
  *
  * SIGINT/SIGTERM stop it as `nyala serve` does: commands in flight and
  * queued are answered, then it exits 0, within `--shutdown-grace-ms`
@@ -79,6 +86,8 @@ export interface RedisServerOptions {
    * 60 000 ms; 0 turns a limit off.
    */
   pubsubOutputLimit?: { hardBytes?: number, softBytes?: number, softMs?: number }
+  /** Reply bytes the commands of one read may queue before the rest of the read waits for the next turn (`ServerOptions.maxAnswerBytesPerRead`); default 64 KiB. */
+  maxAnswerBytesPerRead?: number | undefined
 }
 
 /** What a server gives its Pub/Sub connections by default, as Redis's `client-output-buffer-limit pubsub 32mb 8mb 60`. */
@@ -97,7 +106,8 @@ export function redisServer (options: RedisServerOptions = {}): ProtocolServer &
     idleTimeoutMs: 0,
     tls: options.tls,
     io: options.io,
-    pushOutputLimit: { ...DEFAULT_PUBSUB_OUTPUT_LIMIT, ...options.pubsubOutputLimit }
+    pushOutputLimit: { ...DEFAULT_PUBSUB_OUTPUT_LIMIT, ...options.pubsubOutputLimit },
+    maxAnswerBytesPerRead: options.maxAnswerBytesPerRead
   })
   let port = 0
   server.addRoutes('redis', redisHandlers(store, {
@@ -184,6 +194,7 @@ async function main (argv: string[]): Promise<void> {
       'proto-max-bulk-len': { type: 'string' },
       'max-message-mb': { type: 'string' },
       'max-arguments': { type: 'string' },
+      'max-answer-bytes-per-read': { type: 'string' },
       'shutdown-grace-ms': { type: 'string' },
       ...TLS_FLAG_OPTIONS,
       ...IO_FLAG_OPTIONS
@@ -199,13 +210,15 @@ async function main (argv: string[]): Promise<void> {
   const maxMessageBytes = nonNegativeInteger('max-message-mb', values['max-message-mb'], DEFAULT_MAX_FRAME_BYTES / 1024 / 1024) * 1024 * 1024
   const maxArguments = nonNegativeInteger('max-arguments', values['max-arguments'], DEFAULT_MAX_ARGUMENTS)
   const graceMs = nonNegativeInteger('shutdown-grace-ms', values['shutdown-grace-ms'], 30_000)
+  const answerBytes = values['max-answer-bytes-per-read']
+  const maxAnswerBytesPerRead = answerBytes === undefined ? undefined : nonNegativeInteger('max-answer-bytes-per-read', answerBytes, 0)
   const tls = tlsFromFlags(values)
   const io = ioFromFlags(values)
   // The reactor processes forked for --reactors above 1 start with the allocator tuning (see ../malloc-env.ts);
   // each one's server collects once it is idle after it grew (its idleCollection option, on by default).
   tuneForkedProcesses()
   const served = await serveReactors({
-    reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit, io })
+    reactors, host, port, graceMs, build: () => redisServer({ maxMemoryBytes, requestTimeoutMs, protoMaxBulkLen, maxMessageBytes, maxArguments, tls, pubsubOutputLimit, io, maxAnswerBytesPerRead })
   })
   if (reactors > 1) console.error(`warning: ${reactors} reactors, ${reactors} separate keyspaces (see examples/redis/main.ts)`)
   console.log(`listening on ${served.address.host}:${served.address.port}`)

@@ -163,6 +163,7 @@ export class PeerConnection<C> {
       // bytes): a read's answers are settled in one turn, not split like a
       // server's requests (the split costs a setImmediate and a read stop).
       maxFramesPerRead: Infinity,
+      maxAnswerBytesPerRead: Infinity,
       busyPoller: settings.busyPoller
     })
     if (tls !== undefined) socket.once('connect', () => { this.tlsHandshaking = true })
