@@ -2,12 +2,13 @@
  * The postgres example against a real PostgreSQL 15, under pgbench with a
  * one-statement script (`SELECT 1;`), 4 clients, 10 s per run:
  *
- *   npx tsc -p tsconfig.json && flock /tmp/nyala-bench.lock node dist/bench/postgres.js [--rounds 3] [--seconds 10] [--modes simple,prepared]
+ *   npx tsc -p tsconfig.json && flock /tmp/nyala-bench.lock node dist/bench/postgres.js [--rounds 3] [--seconds 10] [--modes simple,prepared] [--io auto|io_uring|epoll|node]
  *
  * It makes a fresh data directory in a temporary folder (initdb, trust,
  * run as the `postgres` user when started as root), starts
  * `postgres -p <free port> -c fsync=off` on 127.0.0.1, and
- * `node dist/examples/postgres/main.js --port 0`. Each round runs
+ * `node dist/examples/postgres/main.js --port 0 [--io IO]` (its transport;
+ * default auto). Each round runs
  * `pgbench -n -c 4 -T <seconds> -M <mode> -f select1.sql` once against each
  * server per mode, one after the other, the order flipped every round
  * (the VM's speed drifts, so only runs close in time compare). It prints
@@ -23,7 +24,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { spawnSync } from 'node:child_process'
 import { chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { userInfo } from 'node:os'
+import { loadavg, userInfo } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
@@ -75,6 +76,7 @@ async function main (): Promise<void> {
       rounds: { type: 'string', default: '3' },
       seconds: { type: 'string', default: '10' },
       modes: { type: 'string', default: 'simple,prepared' },
+      io: { type: 'string' },
       'max-minutes': { type: 'string', default: '15' }
     },
     strict: true
@@ -95,8 +97,8 @@ async function main (): Promise<void> {
     const script = join(dir, 'select1.sql')
     writeFileSync(script, 'SELECT 1;\n')
     const postgres = await startPostgres(dir)
-    const example = await startNode([EXAMPLE, '--port', '0'])
-    console.log(`pgbench -n -c 4 -T ${seconds} -M MODE -f select1.sql (SELECT 1;); ${rounds} rounds; postgres pid ${postgres.child.pid}, example pid ${example.child.pid}; ratio = example / postgres`)
+    const example = await startNode([EXAMPLE, '--port', '0', ...(values.io === undefined ? [] : ['--io', values.io])])
+    console.log(`pgbench -n -c 4 -T ${seconds} -M MODE -f select1.sql (SELECT 1;); ${rounds} rounds; postgres pid ${postgres.child.pid}, example pid ${example.child.pid} (--io ${values.io ?? 'auto'}); ratio = example / postgres; load average ${loadavg().map(n => n.toFixed(2)).join(' ')}`)
     console.log('mode      round   postgres tps    example tps   ratio')
     const summary: string[] = []
     const ratios = new Map<string, number[]>()
