@@ -2,16 +2,18 @@
  * The postgres example against a real PostgreSQL 15, under pgbench with a
  * one-statement script (`SELECT 1;`), 4 clients, 10 s per run:
  *
- *   npx tsc -p tsconfig.json && flock /tmp/nyala-bench.lock node dist/bench/postgres.js [--rounds 3] [--seconds 10] [--modes simple,prepared]
+ *   npx tsc -p tsconfig.json && flock /tmp/nyala-bench.lock node dist/bench/postgres.js [--rounds 3] [--seconds 10] [--modes simple,prepared] [--io auto|io_uring|epoll|node]
  *
  * It makes a fresh data directory in a temporary folder (initdb, trust,
  * run as the `postgres` user when started as root), starts
  * `postgres -p <free port> -c fsync=off` on 127.0.0.1, and
- * `node dist/examples/postgres/main.js --port 0`. Each round runs
+ * `node dist/examples/postgres/main.js --port 0 [--io IO]` (its transport;
+ * default auto). Each round runs
  * `pgbench -n -c 4 -T <seconds> -M <mode> -f select1.sql` once against each
  * server per mode, one after the other, the order flipped every round
  * (the VM's speed drifts, so only runs close in time compare). It prints
- * each pair's tps and ratio (example / postgres) and, per mode, the
+ * each pair's tps and ratio (example / postgres), each server's CPU per
+ * transaction (user + system time of all its processes, from /proc), and, per mode, the
  * median ratio and how many pairs the example won. A run with a failed
  * transaction is an error.
  *
@@ -22,12 +24,12 @@
  */
 import type { ChildProcess } from 'node:child_process'
 import { spawnSync } from 'node:child_process'
-import { chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
-import { userInfo } from 'node:os'
+import { chownSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { loadavg, userInfo } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { HOST, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll } from './processes.js'
+import { CLOCK_TICKS, HOST, childrenOf, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll } from './processes.js'
 
 const EXAMPLE = fileURLToPath(new URL('../examples/postgres/main.js', import.meta.url))
 const PG_BIN = '/usr/lib/postgresql/15/bin'
@@ -60,13 +62,30 @@ async function startPostgres (dir: string): Promise<{ child: ChildProcess, port:
   return { child, port }
 }
 
-async function pgbench (port: number, mode: string, seconds: number, script: string): Promise<number> {
+// CPU ticks of a server: its own, its live children's, and those of the children it reaped (PostgreSQL's backends end with their connection).
+function serverTicks (pid: number): number {
+  const fields = (p: number): string[] => { const stat = readFileSync(`/proc/${p}/stat`, 'latin1'); return stat.slice(stat.lastIndexOf(')') + 2).split(' ') }
+  const own = fields(pid)
+  let ticks = Number(own[11]) + Number(own[12]) + Number(own[13]) + Number(own[14])
+  for (const child of childrenOf(pid)) {
+    try { const f = fields(child); ticks += Number(f[11]) + Number(f[12]) } catch { /* gone meanwhile: reaped, counted above next time */ }
+  }
+  return ticks
+}
+
+// One pgbench run: its tps, and the server's CPU per transaction (µs; user + system, all its processes).
+async function pgbench (port: number, pid: number, mode: string, seconds: number, script: string): Promise<{ tps: number, cpuUs: number }> {
   const args = ['-n', '-c', '4', '-T', String(seconds), '-M', mode, '-f', script, '-h', HOST, '-p', String(port), '-U', 'test', 'test']
+  const before = serverTicks(pid)
   const { code, out } = await runBounded('pgbench', args, (seconds + 60) * 1000)
+  // The backends' exit and reaping: a moment after pgbench's.
+  await new Promise(resolve => setTimeout(resolve, 300))
+  const ticks = serverTicks(pid) - before
   const tps = /tps = ([\d.]+) \(without initial connection time\)/.exec(out)
   const failed = /number of failed transactions: (\d+)/.exec(out)
-  if (code !== 0 || tps === null || failed === null || failed[1] !== '0') throw new Error(`pgbench ${args.join(' ')} failed (exit ${code}): ${out.slice(-500)}`)
-  return Number(tps[1])
+  const done = /number of transactions actually processed: (\d+)/.exec(out)
+  if (code !== 0 || tps === null || failed === null || failed[1] !== '0' || done === null) throw new Error(`pgbench ${args.join(' ')} failed (exit ${code}): ${out.slice(-500)}`)
+  return { tps: Number(tps[1]), cpuUs: ticks * (1e6 / CLOCK_TICKS) / Number(done[1]) }
 }
 
 async function main (): Promise<void> {
@@ -75,6 +94,7 @@ async function main (): Promise<void> {
       rounds: { type: 'string', default: '3' },
       seconds: { type: 'string', default: '10' },
       modes: { type: 'string', default: 'simple,prepared' },
+      io: { type: 'string' },
       'max-minutes': { type: 'string', default: '15' }
     },
     strict: true
@@ -95,21 +115,25 @@ async function main (): Promise<void> {
     const script = join(dir, 'select1.sql')
     writeFileSync(script, 'SELECT 1;\n')
     const postgres = await startPostgres(dir)
-    const example = await startNode([EXAMPLE, '--port', '0'])
-    console.log(`pgbench -n -c 4 -T ${seconds} -M MODE -f select1.sql (SELECT 1;); ${rounds} rounds; postgres pid ${postgres.child.pid}, example pid ${example.child.pid}; ratio = example / postgres`)
-    console.log('mode      round   postgres tps    example tps   ratio')
+    const example = await startNode([EXAMPLE, '--port', '0', ...(values.io === undefined ? [] : ['--io', values.io])])
+    console.log(`pgbench -n -c 4 -T ${seconds} -M MODE -f select1.sql (SELECT 1;); ${rounds} rounds; postgres pid ${postgres.child.pid}, example pid ${example.child.pid} (--io ${values.io ?? 'auto'}); ratio = example / postgres; load average ${loadavg().map(n => n.toFixed(2)).join(' ')}`)
+    console.log('mode      round   postgres tps    example tps   ratio   server CPU µs/transaction: postgres example')
     const summary: string[] = []
     const ratios = new Map<string, number[]>()
     for (let round = 0; round < rounds; round++) {
       const exampleFirst = round % 2 === 1
       for (const mode of modes) {
         const tps: { postgres?: number, example?: number } = {}
+        const cpu: { postgres?: number, example?: number } = {}
         for (const which of exampleFirst ? ['example', 'postgres'] as const : ['postgres', 'example'] as const) {
-          tps[which] = await pgbench((which === 'postgres' ? postgres : example).port, mode, seconds, script)
+          const server = which === 'postgres' ? postgres : example
+          const run = await pgbench(server.port, server.child.pid!, mode, seconds, script)
+          tps[which] = run.tps
+          cpu[which] = run.cpuUs
         }
         const ratio = tps.example! / tps.postgres!
         ratios.set(mode, [...(ratios.get(mode) ?? []), ratio])
-        console.log(`${mode.padEnd(9)} ${String(round + 1).padStart(5)}  ${tps.postgres!.toFixed(0).padStart(13)}  ${tps.example!.toFixed(0).padStart(13)}   ${ratio.toFixed(3)}${exampleFirst ? '  (example first)' : ''}`)
+        console.log(`${mode.padEnd(9)} ${String(round + 1).padStart(5)}  ${tps.postgres!.toFixed(0).padStart(13)}  ${tps.example!.toFixed(0).padStart(13)}   ${ratio.toFixed(3)}   ${cpu.postgres!.toFixed(1).padStart(6)} ${cpu.example!.toFixed(1).padStart(6)}${exampleFirst ? '  (example first)' : ''}`)
       }
     }
     for (const [mode, values] of ratios) {

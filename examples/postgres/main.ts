@@ -26,7 +26,6 @@ import { scramSecret, type ScramSecret } from './auth.js'
 import { KvTable } from './engine.js'
 import { pgHandlers, pgProtocol } from './protocol.js'
 import type { Shared } from './shared.js'
-import { tlsHandshake } from './tls.js'
 
 export interface PostgresServerOptions {
   /** Users and their passwords (SCRAM-SHA-256); the users not listed are trusted, unless `password` is given. */
@@ -56,10 +55,11 @@ export function postgresServer (options: PostgresServerOptions = {}): ProtocolSe
     table: new KvTable(),
     parsed: new Map()
   }
-  const protocol = pgProtocol(shared, options.maxMessageBytes)
-  // Each connection switches the idle close off for itself (protocol.ts), and runs its messages in order
-  // (`execution: 'sequential'`): a sleeping session holds no one else up.
-  const server = new ProtocolServer(options.tls === undefined ? protocol : { ...protocol, handshake: tlsHandshake(options.tls, shared), upgradesInSetUp: true }, { io: options.io })
+  // The start-up is the connection's set-up (handshake.ts); each connection switches the idle close off for
+  // itself (protocol.ts), and runs its messages in order (`execution: 'sequential'`): a sleeping session holds no
+  // one else up. The start-up may take a minute, PostgreSQL's authentication_timeout.
+  const protocol = pgProtocol(shared, options.maxMessageBytes, options.tls)
+  const server = new ProtocolServer(protocol, { io: options.io, negotiationTimeoutMs: 60_000 })
   server.addRoutes('pg', pgHandlers())
   return server
 }

@@ -1,23 +1,25 @@
+import type { TlsOptions } from 'node:tls'
 import type { CallContext, CallHead, CallInfo, ConnectionHandle, RefusalReason, RouteHandlers, ServerProtocol } from '../../reactor/index.js'
 import type { RpcError } from '../../codec/errors.js'
+import { pgHandshake } from './handshake.js'
 import { Session } from './session.js'
 import type { Reply, Shared } from './shared.js'
-import { CANCEL_REQUEST_CODE, fatalError, GSSENC_REQUEST_CODE, lastWordsOf, pgFraming, SSL_REQUEST_CODE } from './wire.js'
+import { fatalError, isGroup, messageFraming, StreamError } from './wire.js'
 
 /**
- * PostgreSQL's protocol v3 as a nyala `ServerProtocol`: every client
- * packet is a call of the group `pg`, its route the message type (a letter,
- * or `startup`, `ssl`, `gss`, `cancel` for the untyped packets before the
- * start), answered in order. The protocol's `execution: 'sequential'`
- * runs one connection's messages one at a time, in arrival order, each
- * after the previous one was answered, as a PostgreSQL backend does.
+ * PostgreSQL's protocol v3 as a nyala `ServerProtocol`: the start-up is the
+ * connection's set-up (handshake.ts); then every client message is a call
+ * of the group `pg`, its route the message type (a letter), or `group` for
+ * extended-query messages that arrived together up to a Sync or Flush (one
+ * call for pgbench's Bind, Execute, Sync), answered in order. The
+ * protocol's `execution: 'sequential'` runs one connection's calls one at a
+ * time, in arrival order, each after the previous one was answered, as a
+ * PostgreSQL backend does.
  */
 
 /** A connection's state: its session. */
 export class PgConnection {
   readonly session: Session
-  /** Decoding has passed the start-up packet: later frames are typed messages (as the scanner sees them). */
-  typed = false
 
   constructor (shared: Shared, connection: ConnectionHandle | null) {
     this.session = new Session(shared)
@@ -25,41 +27,34 @@ export class PgConnection {
   }
 }
 
-/** The request a route gets: the message body (the whole packet for untyped ones). */
+/** The request a route gets: the message body (a group's: its messages, whole). */
 export type PgRequest = Buffer
 
-const ROUTE_KEYS = new Map<string, object>()
-function routeKey (name: string): object {
-  let key = ROUTE_KEYS.get(name)
-  if (key === undefined) { key = Object.freeze({ name }); ROUTE_KEYS.set(name, key) }
-  return key
-}
 const TYPE_NAMES: string[] = Array.from({ length: 256 }, (_, i) => String.fromCharCode(i))
-const TYPE_KEYS: object[] = TYPE_NAMES.map(routeKey)
+const TYPE_KEYS: object[] = TYPE_NAMES.map(name => Object.freeze({ name }))
+const GROUP_KEY = Object.freeze({ name: 'group' })
 
-const NO_REPLY: Reply = { bytes: null, close: false }
-
-/** The protocol, for a server whose sessions share `shared`. */
-export function pgProtocol (shared: Shared, maxFrameBytes = 1024 * 1024): ServerProtocol<PgRequest, Reply, PgConnection> {
+/** The protocol, for a server whose sessions share `shared`; with `tls`, an SSLRequest is answered `S` and TLS is required. */
+export function pgProtocol (shared: Shared, maxFrameBytes = 1024 * 1024, tls?: TlsOptions): ServerProtocol<PgRequest, Reply, PgConnection> {
   return {
     name: 'postgres',
     ordering: 'in-order',
     execution: 'sequential',
     maxFrameBytes,
-    framing: pgFraming,
+    framing: messageFraming(maxFrameBytes),
+    handshake: pgHandshake(tls),
+    // The upgrade after an SSLRequest needs a node:net socket.
+    upgradesInSetUp: tls !== undefined,
     connectionState: (_remote, connection) => {
       // A session waits for its client as long as the client likes (PostgreSQL's idle_session_timeout is 0 by default).
       connection.setIdleTimeout(0)
       return new PgConnection(shared, connection)
     },
-    decodeHead (buf: Buffer, start: number, end: number, head: CallHead, state?: PgConnection): RpcError | null {
+    decodeHead (buf: Buffer, start: number, end: number, head: CallHead): RpcError | null {
       head.service = 'pg'
-      if (state !== undefined && !state.typed) {
-        const code = buf.readInt32BE(start + 4)
-        const name = code === SSL_REQUEST_CODE ? 'ssl' : code === GSSENC_REQUEST_CODE ? 'gss' : code === CANCEL_REQUEST_CODE ? 'cancel' : 'startup'
-        if (name !== 'ssl' && name !== 'gss') state.typed = true
-        head.method = name
-        head.routeKey = routeKey(name)
+      if (isGroup(buf, start, end)) {
+        head.method = 'group'
+        head.routeKey = GROUP_KEY
         return null
       }
       const type = buf[start]!
@@ -73,10 +68,7 @@ export function pgProtocol (shared: Shared, maxFrameBytes = 1024 * 1024): Server
       if (reply.bytes !== null && reply.bytes.length > 0) out.append(reply.bytes)
     },
     refusal: (_call: CallInfo, reason: RefusalReason, message: string) => [refusalBytes(reason, message)],
-    protocolError: (error: RpcError) => {
-      const words = lastWordsOf(error)
-      return words === null ? null : [words]
-    },
+    protocolError: (error: RpcError) => error instanceof StreamError && error.words !== null ? [error.words] : null,
     lastWords: (reason) => [LAST_WORDS[reason]]
   }
 }
@@ -113,10 +105,7 @@ export function pgHandlers (): RouteHandlers<PgRequest, Reply, PgConnection> {
     return result instanceof Promise ? result.then(reply => finish(reply, ctx)) : finish(result, ctx)
   }
   const handlers: RouteHandlers<PgRequest, Reply, PgConnection> = {
-    startup: (packet, ctx) => run(ctx, session => session.startupPacket(packet, 0, packet.length)),
-    cancel: (packet, ctx) => run(ctx, session => session.cancelPacket(packet, 0, packet.length)),
-    ssl: (_packet, ctx) => run(ctx, session => session.phase === 'startup' ? ANSWER_N : NO_REPLY),
-    gss: (_packet, ctx) => run(ctx, session => session.phase === 'startup' ? ANSWER_N : NO_REPLY)
+    group: (frame, ctx) => run(ctx, session => session.messages(frame))
   }
   for (const letter of 'QPBEDCHSXFdcfp') {
     const type = letter.charCodeAt(0)
@@ -124,5 +113,3 @@ export function pgHandlers (): RouteHandlers<PgRequest, Reply, PgConnection> {
   }
   return handlers
 }
-
-const ANSWER_N: Reply = { bytes: Buffer.from('N'), close: false }

@@ -40,7 +40,7 @@ export class Session {
     this.extended = new Extended(this)
   }
 
-  /** The untyped packet before the start: StartupMessage (or another version). */
+  /** The untyped packet that starts the session: StartupMessage (or another version). */
   startupPacket (buf: Buffer, start: number, end: number): Reply {
     if (this.phase !== 'startup') return NONE
     this.key = backendKey(this.shared)
@@ -95,9 +95,8 @@ export class Session {
     })
   }
 
-  /** A typed message (`type` its byte) with its body. */
+  /** A typed message (`type` its byte) with its body, once started. */
   message (type: number, body: Buffer): Reply | Promise<Reply> {
-    if (this.phase === 'auth-first' || this.phase === 'auth-final') return this.#password(type, body)
     if (this.phase !== 'ready') return NONE
     switch (type) {
       case 0x51: return this.extended.skipping ? NONE : this.query(body.toString('utf8', 0, Math.max(0, body.length - 1)))
@@ -108,7 +107,40 @@ export class Session {
     }
   }
 
-  #password (type: number, body: Buffer): Reply {
+  /**
+   * The messages of a group (wire.ts's messageFraming: extended-query
+   * messages up to a Sync or Flush that arrived together), `frame` holding
+   * them whole, one after another: each in turn, as if it came alone, and
+   * their answers in one reply. A message that closes the session ends it.
+   */
+  messages (frame: Buffer): Reply | Promise<Reply> {
+    return this.#group(frame, 0, null)
+  }
+
+  #group (frame: Buffer, from: number, answers: Buffer[] | null): Reply | Promise<Reply> {
+    let at = from
+    while (at < frame.length) {
+      const type = frame[at]!
+      const end = at + 1 + frame.readInt32BE(at + 1)
+      const reply = this.message(type, frame.subarray(at + 5, end))
+      at = end
+      if (reply instanceof Promise) {
+        const rest = at
+        return reply.then(r => this.#groupNext(frame, rest, answers, r))
+      }
+      if (reply.bytes !== null) (answers ??= []).push(reply.bytes)
+      if (reply.close) return joined(answers, true)
+    }
+    return joined(answers, false)
+  }
+
+  #groupNext (frame: Buffer, at: number, answers: Buffer[] | null, reply: Reply): Reply | Promise<Reply> {
+    if (reply.bytes !== null) (answers ??= []).push(reply.bytes)
+    return reply.close ? joined(answers, true) : this.#group(frame, at, answers)
+  }
+
+  /** A password message (`type` should be 'p') of the SCRAM exchange the start-up asked for. */
+  password (type: number, body: Buffer): Reply {
     if (type !== 0x70) return fatal('08P01', `expected SASL response, got message type ${type}`)
     const first = this.phase === 'auth-first'
     const result = passwordMessage(this.shared, this.key!, this.scram!, this.startup!, first, body)
@@ -266,6 +298,12 @@ export class Session {
     this.flushNotices(out)
     this.#emit(out, result, formats, described)
   }
+}
+
+// The answers of a group's messages as one reply (in the common case, Sync's alone).
+function joined (answers: Buffer[] | null, close: boolean): Reply {
+  const bytes = answers === null ? null : answers.length === 1 ? answers[0]! : Buffer.concat(answers)
+  return bytes === null && !close ? NONE : { bytes, close }
 }
 
 function fatal (code: string, message: string): Reply {

@@ -4,13 +4,13 @@ import type { FrameScanner, ScanFraming } from '../../codec/frame-decoder.js'
 /**
  * PostgreSQL's frontend/backend protocol v3 on the wire
  * (https://www.postgresql.org/docs/15/protocol-message-formats.html): the
- * framing of what a client sends, and a writer for what the server sends.
+ * framings of what a client sends, and a writer for what the server sends.
  *
  * A connection starts with untyped packets (int32 length, int32 code, body:
- * StartupMessage, SSLRequest, GSSENCRequest, CancelRequest); once a
- * StartupMessage has been read every message is typed (a byte, then an
- * int32 length that counts itself). The scanner of each connection
- * follows that switch itself.
+ * StartupMessage, SSLRequest, GSSENCRequest, CancelRequest), read by the
+ * set-up (handshake.ts) with `startupFraming`; SCRAM's password messages
+ * are typed (`authFraming`); once started every message is typed (a byte,
+ * then an int32 length that counts itself): `messageFraming`.
  */
 
 export const PROTOCOL_3_0 = 196608
@@ -19,70 +19,130 @@ export const GSSENC_REQUEST_CODE = 80877104
 export const CANCEL_REQUEST_CODE = 80877102
 /** PostgreSQL's MAX_STARTUP_PACKET_LENGTH. */
 export const MAX_STARTUP_PACKET_BYTES = 10000
+/** PostgreSQL's PG_MAX_AUTH_TOKEN_LENGTH: the largest password message (its type byte and length aside). */
+export const MAX_AUTH_MESSAGE_BYTES = 65535
 
 /** The message types a client may send once started (PostgresMain's switch); any other byte is fatal. */
-const FRONTEND_TYPES = new Set('QPBEDCHSXFdcfp'.split('').map(c => c.charCodeAt(0)))
+const FRONTEND_TYPES = new Uint8Array(256)
+for (const c of 'QPBEDCHSXFdcfp') FRONTEND_TYPES[c.charCodeAt(0)] = 1
+/** The extended-query messages a group holds (Parse, Bind, Describe, Execute, Close), and those that end one (Sync, Flush). */
+const GROUPED = new Uint8Array(256)
+for (const c of 'PBDEC') GROUPED[c.charCodeAt(0)] = 1
+for (const c of 'SH') GROUPED[c.charCodeAt(0)] = 2
+/** The most messages one group holds (pgbench's prepared transaction is 3: Bind, Execute, Sync; `pg`'s query 5). */
+export const MAX_GROUP_MESSAGES = 64
 
-// What to say before closing, per scan error (protocolError reads it back): bytes, or null for a silent close.
-const LAST_WORDS = new WeakMap<RpcError, Buffer | null>()
+/**
+ * An error that closes the stream after `words` (null: without a reply), as
+ * PostgreSQL does for what it cannot read; the protocol's `protocolError`
+ * sends the words.
+ */
+export class StreamError extends RpcError {
+  readonly words: Buffer | null
 
-/** An error that closes the stream after `words` (null: without a reply), as PostgreSQL does for what it cannot read. */
-export function streamError (message: string, words: Buffer | null): RpcError {
-  const error = new RpcError(ErrorCode.MALFORMED_FRAME, message)
-  LAST_WORDS.set(error, words)
-  return error
-}
-
-/** The words a stream error carries (`streamError`); null for any other error (an oversized frame: PostgreSQL closes silently). */
-export function lastWordsOf (error: RpcError): Buffer | null {
-  return LAST_WORDS.get(error) ?? null
+  constructor (message: string, words: Buffer | null) {
+    super(ErrorCode.MALFORMED_FRAME, message)
+    this.words = words
+  }
 }
 
 function readI32 (buf: Uint8Array, at: number): number {
   return (buf[at]! << 24) | (buf[at + 1]! << 16) | (buf[at + 2]! << 8) | buf[at + 3]!
 }
 
-/** The scanner of one connection: untyped start-up packets, then typed messages. */
-class PgScanner implements FrameScanner {
-  #typed = false
-  // The last packet was an SSLRequest or GSSENCRequest with bytes behind it in the same read.
-  #dataAfterRequest = false
+// The size of the typed message at `at` when it is whole before `end`; 0 when it is not (or its length is below 4).
+function wholeMessage (buf: Buffer, at: number, end: number): number {
+  if (end - at < 5) return 0
+  const length = readI32(buf, at + 1)
+  return length >= 4 && end - at >= length + 1 ? length + 1 : 0
+}
+
+/**
+ * The scanner of a started connection's typed messages. Extended-query
+ * messages that arrived together up to and including a Sync or Flush are
+ * one frame (a group, at most MAX_GROUP_MESSAGES messages and the frame
+ * limit): one call answers them at once, as PostgreSQL processes them and
+ * flushes at Sync. A group is formed only from what has arrived; a
+ * message is never held back waiting for the rest of one.
+ */
+class MessageScanner implements FrameScanner {
+  readonly #maxFrameBytes: number
+
+  constructor (maxFrameBytes: number) {
+    this.#maxFrameBytes = maxFrameBytes
+  }
 
   scan (buf: Buffer, start: number, end: number): number | RpcError {
-    if (this.#dataAfterRequest) {
-      // CVE-2021-23214: bytes pipelined behind an SSLRequest are refused, not read as the start-up.
-      return streamError('unencrypted data after SSL request', fatalError('08P01', 'received unencrypted data after SSL request',
-        'This could be either a client-software bug or evidence of an attempted man-in-the-middle attack.'))
+    const type = buf[start]!
+    if (FRONTEND_TYPES[type] !== 1) {
+      return new StreamError('invalid frontend message type', fatalError('08P01', `invalid frontend message type ${type}`))
     }
     const have = end - start
-    if (this.#typed) {
-      if (!FRONTEND_TYPES.has(buf[start]!)) {
-        return streamError('invalid frontend message type', fatalError('08P01', `invalid frontend message type ${buf[start]!}`))
-      }
-      if (have < 5) return 0
-      const length = readI32(buf, start + 1)
-      // pq_getmessage: a length below its own 4 bytes is a lost stream, closed without a reply.
-      if (length < 4) return streamError('invalid message length', null)
-      return have >= length + 1 ? length + 1 : -(length + 1)
+    if (have < 5) return 0
+    const length = readI32(buf, start + 1)
+    // pq_getmessage: a length below its own 4 bytes is a lost stream, closed without a reply.
+    if (length < 4) return new StreamError('invalid message length', null)
+    if (have < length + 1) return -(length + 1)
+    return GROUPED[type] === 1 ? this.#group(buf, start, end, length + 1) : length + 1
+  }
+
+  // The group that starts with the message of `first` bytes at `start`, if the rest of it up to a Sync or Flush is here; else the message alone.
+  #group (buf: Buffer, start: number, end: number, first: number): number {
+    const limit = Math.min(end, start + this.#maxFrameBytes)
+    let at = start + first
+    for (let count = 1; count < MAX_GROUP_MESSAGES && at < limit; count++) {
+      const kind = GROUPED[buf[at]!]
+      if (kind === 0) break
+      const size = wholeMessage(buf, at, limit)
+      if (size === 0) break
+      at += size
+      if (kind === 2) return at - start
     }
-    if (have < 4) return 0
-    const length = readI32(buf, start)
-    if (length < 8 || length > MAX_STARTUP_PACKET_BYTES) return streamError('invalid length of startup packet', null)
-    if (have < length) return -length
-    const code = readI32(buf, start + 4)
-    if (code === SSL_REQUEST_CODE || code === GSSENC_REQUEST_CODE) {
-      this.#dataAfterRequest = have > length
-    } else {
-      this.#typed = true
-    }
-    return length
+    return first
   }
 
   reset (): void {}
 }
 
-/** The framing of PostgreSQL's client messages: one scanner per connection. */
-export const pgFraming: ScanFraming = { scanner: () => new PgScanner() }
+/** True when the frame `buf[start, end)` is a group of messages (messageFraming), not one. */
+export function isGroup (buf: Buffer, start: number, end: number): boolean {
+  return start + 1 + readI32(buf, start + 1) < end
+}
+
+/** The framing of a started connection's messages, grouping extended-query messages up to Sync within `maxFrameBytes`. */
+export function messageFraming (maxFrameBytes: number): ScanFraming {
+  return { scanner: () => new MessageScanner(maxFrameBytes) }
+}
+
+/** The untyped start-up packets; a length outside 8..MAX_STARTUP_PACKET_BYTES closes the connection without a reply. */
+class StartupScanner implements FrameScanner {
+  scan (buf: Buffer, start: number, end: number): number | RpcError {
+    if (end - start < 4) return 0
+    const length = readI32(buf, start)
+    if (length < 8 || length > MAX_STARTUP_PACKET_BYTES) return new StreamError('invalid length of startup packet', null)
+    return end - start >= length ? length : -length
+  }
+
+  reset (): void {}
+}
+
+/** The framing of the set-up's untyped packets (StartupMessage, SSLRequest, GSSENCRequest, CancelRequest). */
+export const startupFraming: ScanFraming = { scanner: () => new StartupScanner() }
+
+/** Typed messages during authentication, any type (the set-up refuses all but a password message, as PostgreSQL does). */
+class AuthScanner implements FrameScanner {
+  scan (buf: Buffer, start: number, end: number): number | RpcError {
+    if (end - start < 5) return 0
+    const length = readI32(buf, start + 1)
+    if (length < 4) return new StreamError('invalid message length', null)
+    return end - start >= length + 1 ? length + 1 : -(length + 1)
+  }
+
+  reset (): void {}
+}
+
+/** The framing of SCRAM's password messages in the set-up. */
+export const authFraming: ScanFraming = { scanner: () => new AuthScanner() }
 
 /**
  * Builds backend messages into one growing buffer: `begin(type)`, fields,

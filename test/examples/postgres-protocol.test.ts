@@ -75,6 +75,16 @@ const CASES: Case[] = [
     wait: readyCount(7)
   },
   {
+    // Each batch in one write: the example reads the messages up to a Sync or Flush as one call (a group).
+    name: 'extended batches in one write: Describe, Flush, an error skipping to Sync, the next batch, a Query behind',
+    send: [startup(), Buffer.concat([
+      parseMsg('', 'SELECT $1::int AS n'), bind('', '', [Buffer.from('7')]), describe('P', ''), execute(''), message('H'),
+      parseMsg('', 'SELECT \'x\'::int'), bind('', '', []), execute(''), describe('S', ''), sync(),
+      parseMsg('s', 'SELECT 2 AS two'), describe('S', 's'), bind('', 's', []), execute(''), close('S', 's'), sync(), query('SELECT 3'),
+      bind('', 'nope', []), execute(''), sync(), sync()])],
+    wait: readyCount(6)
+  },
+  {
     name: 'transaction status through the extended protocol',
     send: [startup(), parseMsg('', 'BEGIN'), bind('', '', []), execute(''), sync(), parseMsg('', 'SELECT \'q\'::int'), bind('', '', []), execute(''), sync(),
       parseMsg('', 'SELECT 1'), sync(), parseMsg('', 'ROLLBACK'), bind('', '', []), execute(''), sync()],
@@ -179,4 +189,33 @@ t.test('a server shutdown tells an idle session FATAL 57P01 first, as PostgreSQL
   t.same(outcomes[1], outcomes[0])
   t.match(outcomes[1]!.messages[0], /S=FATAL V=FATAL C=57P01 M=terminating connection due to administrator command/)
   t.equal(outcomes[1]!.closed, true)
+})
+
+t.test('extended-query messages that arrive together up to a Sync or Flush are one call', async (t) => {
+  const server = postgresServer()
+  const { port } = await server.listen(0, '127.0.0.1')
+  t.teardown(() => server.close())
+  const conn = new RawConnection(port)
+  t.teardown(() => conn.end())
+  await conn.ready()
+  conn.write(startup())
+  await conn.until(readyCount(1))
+  conn.write(parseMsg('s', 'SELECT 1 AS one'), sync())
+  await conn.until(readyCount(2))
+  const calls = (): number => server.stats().callsReceived
+  let before = calls()
+  // pgbench's prepared transaction.
+  conn.write(bind('', 's', []), execute(''), sync())
+  let messages = await conn.until(readyCount(3))
+  t.equal(calls() - before, 1, 'Bind, Execute, Sync: one call')
+  t.same(messages.slice(-4), ['2', 'D 31', 'C SELECT 1', 'Z I'], 'answered as three messages')
+  before = calls()
+  conn.write(bind('', 's', []), execute(''), message('H'), sync())
+  messages = await conn.until(readyCount(4))
+  t.equal(calls() - before, 2, 'Bind, Execute, Flush: one call; the Sync behind it another')
+  t.same(messages.slice(-4), ['2', 'D 31', 'C SELECT 1', 'Z I'])
+  before = calls()
+  conn.write(query('SELECT 2'), bind('', 's', []), query('SELECT 3'))
+  messages = await conn.until(readyCount(6))
+  t.equal(calls() - before, 3, 'a Query is a call of its own, and a Bind without its Sync too')
 })

@@ -167,6 +167,21 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       done(q)
     })
 
+    t.test('reads of later turns into the same slab come in the same Buffer (one Buffer per slab, not per turn)', async (t) => {
+      const p = await pair(r)
+      // The raw stream's reads, each in a turn of its own (the client waits for each to arrive).
+      const slabs: Buffer[] = []
+      let bytes = 0
+      p.stream.listen({ onRead: (buf, start, end) => { slabs.push(buf); bytes += end - start }, onWritable: () => {}, onEnd: () => {}, onError: () => {}, onClose: () => {} })
+      for (let i = 1; i <= 8; i++) {
+        p.client.write(Buffer.from('0123456789'))
+        await until(() => bytes === 10 * i, `read ${i}`)
+      }
+      // A slab holds 256 KiB: eight 10-byte reads fill at most the end of one and the start of the next.
+      t.ok(new Set(slabs).size <= 2, `8 reads came in ${new Set(slabs).size} Buffers`)
+      done(p)
+    })
+
     t.test('a client connection through the reactor', async (t) => {
       const server = await pair(r, (body, connection) => { connection.send({ slices: [frame(`re:${body}`)], bytes: body.length + 7 }) })
       const stream = await r.connect(server.listener.address.port, '127.0.0.1')

@@ -119,7 +119,13 @@ char *read_room (reactor_t *r, size_t need, size_t *room) {
     if (s == NULL) return NULL;
     s->refs = 1;
     s->used = 0;
-    if (r->slab != NULL) slab_release(r->slab);
+    s->js = NULL;
+    if (r->slab != NULL) {
+      /* Full: its Buffer lives on while JS holds views of it (the finalizer drops the Buffer's ref). */
+      if (r->slab->js != NULL) napi_delete_reference(r->env, r->slab->js);
+      r->slab->js = NULL;
+      slab_release(r->slab);
+    }
     r->slab = s;
   }
   size_t rest = SLAB_BYTES - r->slab->used;
@@ -141,15 +147,22 @@ int note_read (reactor_t *r, int slot, size_t n) {
   return 0;
 }
 
-/* The turn's slabs as Buffers, each holding its slab. */
+/* The turn's slabs as Buffers, each holding its slab: the slab's Buffer of earlier turns while the reactor still fills it. */
 static napi_value turn_buffers (reactor_t *r) {
   napi_env env = r->env;
   napi_value array, buf;
   napi_create_array_with_length(env, (size_t)r->n_turn_slabs, &array);
   for (int i = 0; i < r->n_turn_slabs; i++) {
     slab_t *s = r->turn_slabs[i];
-    if (napi_create_external_buffer(env, SLAB_BYTES, s->data, slab_finalize, s, &buf) == napi_ok) s->refs++;
-    else napi_get_undefined(env, &buf);
+    if (s->js == NULL || napi_get_reference_value(env, s->js, &buf) != napi_ok || buf == NULL) {
+      if (napi_create_external_buffer(env, SLAB_BYTES, s->data, slab_finalize, s, &buf) == napi_ok) {
+        s->refs++;
+        /* Kept for the next turns only while the reactor fills this slab (a full one is let go). */
+        if (s == r->slab && s->js == NULL) napi_create_reference(env, buf, 1, &s->js);
+      } else {
+        napi_get_undefined(env, &buf);
+      }
+    }
     napi_set_element(env, array, (uint32_t)i, buf);
   }
   return array;

@@ -48,10 +48,15 @@ enum {
   EV_ACCEPT_ERROR = 7 /* listener, ACCEPT_ERROR, errno: out of descriptors; accepting resumes when a connection closes */
 };
 
-/* A slab: freed when neither the reactor (filling it) nor any JS Buffer over it holds it. */
+/*
+ * A slab: freed when neither the reactor (filling it) nor any JS Buffer over it holds it.
+ * One JS Buffer per slab, not per turn: V8 counts each Buffer's 256 KiB as external memory,
+ * and a Buffer a turn (thousands a second) forced a full collection every few turns.
+ */
 typedef struct slab {
   int refs;
   size_t used;
+  napi_ref js; /* its Buffer, held while the reactor fills the slab (later turns hand out the same one); NULL before the first */
   char data[SLAB_BYTES];
 } slab_t;
 
