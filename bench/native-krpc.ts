@@ -5,7 +5,7 @@
  * alternating rounds within one run:
  *
  *   npx tsc -p tsconfig.json && node dist/bench/native-krpc.js [--rounds 3] [--run-seconds 2]
- *     [--modes async100,sync1,sync16] [--io epoll,io_uring,node] [--max-minutes 3]
+ *     [--modes async100,sync1,sync16] [--io epoll,io_uring,node] [--max-minutes 3] [--profile-dir DIR]
  *
  * Modes as rpc-bench's: async100 is one connection with 100 `Add`s
  * outstanding (the load's callback API), sync1 one connection with one call
@@ -18,7 +18,8 @@
  * once, the order rotating every round. Printed per round: each system's
  * calls/s and server CPU µs per call, each nyala transport's server CPU per
  * call over raw's and its calls/s over nyala on node:net's; then per mode
- * and transport the medians and the rounds won.
+ * and transport the medians and the rounds won. With `--profile-dir` each
+ * server runs with `--cpu-prof` and writes its profile there when it exits.
  *
  * Hold the bench lock (`flock /tmp/nyala-bench.lock`). Bounded: each run is
  * bounded by rpc-bench's start and drain timeouts, the whole bench by
@@ -38,7 +39,7 @@ const MODES: Record<string, Pick<BenchConfig, 'mode' | 'clientThreads' | 'asyncC
 const CPU_BAR = 1.2
 
 /** One run of `system` ('raw' or a nyala transport) in `mode`. */
-async function runOne (system: string, mode: string, runSeconds: number): Promise<BenchRun> {
+async function runOne (system: string, mode: string, runSeconds: number, serverExecArgv: string[]): Promise<BenchRun> {
   const config: BenchConfig = {
     ...MODES[mode]!,
     workerThreads: undefined,
@@ -46,7 +47,8 @@ async function runOne (system: string, mode: string, runSeconds: number): Promis
     runSeconds,
     warmupSeconds: 1,
     payloadBytes: 0,
-    against: []
+    against: [],
+    serverExecArgv
   }
   const before = process.env.NYALA_IO
   if (system !== 'raw') process.env.NYALA_IO = system
@@ -68,7 +70,8 @@ async function main (): Promise<void> {
       'run-seconds': { type: 'string', default: '2' },
       modes: { type: 'string', default: 'async100,sync1,sync16' },
       io: { type: 'string', default: 'epoll,io_uring,node' },
-      'max-minutes': { type: 'string', default: '3' }
+      'max-minutes': { type: 'string', default: '3' },
+      'profile-dir': { type: 'string' }
     },
     strict: true
   })
@@ -82,6 +85,8 @@ async function main (): Promise<void> {
   // rpc-bench's runs stop their own processes; past the deadline the bench stops waiting for more runs.
   const deadline = Date.now() + maxMinutes * 60_000
   const systems = ['raw', ...ios]
+  // --profile-dir: each server writes a CPU profile there when it exits.
+  const serverExecArgv = values['profile-dir'] === undefined ? [] : ['--cpu-prof', `--cpu-prof-dir=${values['profile-dir']}`]
   console.log(`nyala bench's runs, --run-seconds ${runSeconds} (warm-up 1 s), one server reactor, Add; modes ${modes.join(', ')}; systems ${systems.join(', ')} (nyala's server on NYALA_IO=IO); ${rounds} rounds`)
   console.log('cells: calls/s, server user+sys CPU µs per call [CPU per call / raw\'s; calls/s / nyala on node\'s]')
   const cpuRatios = new Map<string, number[]>()
@@ -92,7 +97,7 @@ async function main (): Promise<void> {
       const runs = new Map<string, BenchRun>()
       for (const system of order) {
         if (Date.now() > deadline) { console.log(`--max-minutes ${maxMinutes} passed: stopping`); break done }
-        const run = await runOne(system, mode, runSeconds)
+        const run = await runOne(system, mode, runSeconds, serverExecArgv)
         if (run.errors > 0) throw new Error(`${system} ${mode}: ${run.errors} errors, first ${run.firstError}`)
         runs.set(system, run)
       }
