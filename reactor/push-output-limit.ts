@@ -92,6 +92,13 @@ export class PushOutputLimit implements ConnectionGuard<Pushed> {
       return false
     }
     this.#ctx.counters.pushSent()
+    // Within both limits the verdict needs no time: no clock read per push (a fan-out pushes to every member).
+    const unsent = connection.outboundBytes + sc.answers.heldBytes
+    if ((this.hardBytes === 0 || unsent <= this.hardBytes) && (this.softBytes === 0 || unsent <= this.softBytes)) {
+      sc.push.softSince = -1
+      if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
+      return true
+    }
     return this.#judgePushed(sc, this.#ctx.clock.now())
   }
 
