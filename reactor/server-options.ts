@@ -369,6 +369,14 @@ export function groupDefaultsOf (options: ServerOptions): GroupDefaults {
   }
 }
 
+/** `maxFramesPerRead` and `maxAnswerBytesPerRead` are at least 1 (Infinity: no budget) when given, else INVALID_ARGUMENT: checked when the server is made, not at its first connection. */
+export function checkReadBudgets (options: ServerOptions): void {
+  for (const name of ['maxFramesPerRead', 'maxAnswerBytesPerRead'] as const) {
+    const value = options[name]
+    if (value !== undefined && !(value >= 1)) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `${name} must be at least 1, got ${String(value)}`)
+  }
+}
+
 /** `tlsHandshakeTimeoutMs` resolved: a positive integer, else INVALID_ARGUMENT (checked with or without `tls`). */
 export function tlsHandshakeTimeoutOf (options: ServerOptions): number {
   const ms = options.tlsHandshakeTimeoutMs

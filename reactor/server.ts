@@ -29,7 +29,7 @@ import { ConnectionScan } from './connection-scan.js'
 import { ServerContext, type ResolvedServerOptions } from './server-context.js'
 import { SlowConsumerWatch } from './slow-consumer.js'
 import {
-  tlsHandshakeTimeoutOf, writeWatermarksOf,
+  checkReadBudgets, tlsHandshakeTimeoutOf, writeWatermarksOf,
   type ServerConnectionStats, type ServerLimits, type ServerOptions, type ServerStats
 } from './server-options.js'
 import { TlsAccept } from './tls-accept.js'
@@ -111,6 +111,7 @@ export class ProtocolServer<Req = any, Res = any, State = any, Data = any> { // 
     this.#slowConsumers = new SlowConsumerWatch(ctx)
     this.#watermarks = writeWatermarksOf(options, DEFAULT_HIGH_WATERMARK_BYTES, DEFAULT_LOW_WATERMARK_BYTES)
     const handshakeMs = tlsHandshakeTimeoutOf(options)
+    checkReadBudgets(options)
     if (options.tls !== undefined) this.#tls = new TlsAccept(options.tls, handshakeMs, ctx)
     const budgets = serverBudgets(ctx)
     this.#inbound = budgets.inbound

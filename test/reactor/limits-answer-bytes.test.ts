@@ -60,3 +60,12 @@ t.test('a pipelined flood of requests with 100 answers each is decoded a budget\
   t.equal(flood.text.split('\n').filter(l => l === `+${PART}`).length, requests * PARTS, 'every part, once')
   t.equal(parts, requests * PARTS)
 })
+
+t.test('a read budget below 1 is refused when the server is made, not at its first connection', async t => {
+  const { ProtocolServer } = await import('../../reactor/index.js')
+  for (const options of [{ maxAnswerBytesPerRead: 0 }, { maxFramesPerRead: 0 }, { maxAnswerBytesPerRead: Number.NaN }]) {
+    t.throws(() => new ProtocolServer(partLines(), { logger: null, ...options }), /must be at least 1/, JSON.stringify(options))
+  }
+  const server = new ProtocolServer(partLines(), { logger: null, maxAnswerBytesPerRead: Infinity, maxFramesPerRead: Infinity })
+  t.ok(server, 'Infinity: no budget')
+})
