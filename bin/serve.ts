@@ -50,7 +50,7 @@ export const SERVE_USAGE = `  nyala serve [--host 127.0.0.1] [--port 7050] [--ma
       latency for a core spinning while busy (docs/performance.md).
       --io picks the transport of plain TCP connections: io_uring or epoll
       (the native transport), node (node:net), or auto (the default):
-      epoll, else node (io_uring only by name); NYALA_IO overrides it. A named
+      io_uring, else epoll, else node; NYALA_IO overrides it. A named
       backend that cannot start is a start-up error.
       Limits per reactor against hostile or broken peers (docs/limits.md):
       a frame must arrive within --frame-timeout-ms;

@@ -40,6 +40,9 @@ export class OutboundBudget {
   #timer: TimerHandle | null = null
   #pauses = 0
   #over = false
+  /** A check runs; `#again`: a connection was watched meanwhile, so it runs once more. */
+  #checking = false
+  #again = false
   readonly #check = (): void => {
     this.#timer = null
     this.check()
@@ -67,8 +70,30 @@ export class OutboundBudget {
     this.check()
   }
 
-  /** Sums the watched connections' unsent bytes, pauses or resumes reading, and keeps checking while any is backed up. */
+  /**
+   * Sums the watched connections' unsent bytes, pauses or resumes reading,
+   * and keeps checking while any is backed up. A resumed connection may
+   * decode what it had read already at once and back up again (`watch`
+   * from inside the check): that check runs once this one is done, so the
+   * connection is watched, and paused when over, whatever the order.
+   */
   check (): void {
+    if (this.#checking) {
+      this.#again = true
+      return
+    }
+    this.#checking = true
+    try {
+      do {
+        this.#again = false
+        this.#checkOnce()
+      } while (this.#again)
+    } finally {
+      this.#checking = false
+    }
+  }
+
+  #checkOnce (): void {
     let total = 0
     for (const member of this.#watched) {
       if (member.isClosed) {
@@ -76,9 +101,10 @@ export class OutboundBudget {
         continue
       }
       if (!member.isBackedUp) {
-        // It drained: it holds no more than a socket buffer, so it reads again.
-        if (member.isReadingPaused) member.resumeReading()
+        // It drained: it holds no more than a socket buffer, so it reads
+        // again (forgotten first: reading may back it up and watch it anew).
         this.#watched.delete(member)
+        if (member.isReadingPaused) member.resumeReading()
         continue
       }
       total += member.outboundBytes

@@ -185,8 +185,8 @@ export interface ServerOptions {
   /**
    * The transport of plain TCP connections: `io_uring` or `epoll` (the
    * native transport, transport/native/), `node` (node:net), or `auto`
-   * (the default): epoll, else node:net, said in one log line (io_uring
-   * only by name until a bug it shows with the per-read frame budget is fixed: docs/design.md). A native backend asked for by name that
+   * (the default): io_uring, else epoll, else node:net, said in one log
+   * line (a warning with the reason when it fell back). A native backend asked for by name that
    * cannot start is a start-up error (`listen` rejects). The environment
    * variable NYALA_IO overrides it. With `tls`, connections use node:tls
    * (`auto` means `node` then). `stats().io` says which is in use.

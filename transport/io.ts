@@ -3,12 +3,10 @@ import { NativeReactor, type NativeBackend } from './native/reactor.js'
 /**
  * Which transport carries a server's or client's plain TCP connections:
  * `io_uring` or `epoll` (the native transport, transport/native/), `node`
- * (node:net), or `auto`: epoll, else node:net. io_uring is taken only
- * when asked for by name: with the per-read frame budget, a non-reader
- * paused by the outbound budget and then reading again is not answered in
- * full on it (test/reactor/limits.test.ts), so it is not the default until
- * that is found. The environment variable NYALA_IO, when set, overrides
- * what the code asked for. TLS connections always use node:tls.
+ * (node:net), or `auto`: io_uring, else epoll, else node:net (the first
+ * that starts: seccomp or kernel.io_uring_disabled refuse io_uring, a
+ * missing addon both). The environment variable NYALA_IO, when set,
+ * overrides what the code asked for. TLS connections always use node:tls.
  */
 export type IoOption = 'auto' | 'io_uring' | 'epoll' | 'node'
 
@@ -48,7 +46,7 @@ export function resolveIo (requested: IoOption | undefined, env: string | undefi
     return { backend: io, reactor, fallback: null }
   }
   const reasons: string[] = []
-  for (const backend of ['epoll'] as NativeBackend[]) {
+  for (const backend of ['io_uring', 'epoll'] as NativeBackend[]) {
     const reactor = NativeReactor.open(backend)
     if (typeof reactor !== 'string') return { backend, reactor, fallback: reasons.length === 0 ? null : reasons.join('; ') }
     reasons.push(reactor)

@@ -59,6 +59,14 @@ t.test('NYALA_IO with a value that is not a backend is refused', async (t) => {
   t.equal(resolveIo('epoll', 'node').backend, 'node', 'NYALA_IO overrides the option')
 })
 
+t.test('auto is the first native backend that starts: io_uring, else epoll (else node:net, saying why)', async (t) => {
+  const [epoll, uring] = nativeBackends()
+  const resolved = resolveIo('auto', '')
+  const expected = uring!.skip === false ? 'io_uring' : epoll!.skip === false ? 'epoll' : 'node'
+  t.equal(resolved.backend, expected)
+  t.equal(resolved.fallback === null, uring!.skip === false, 'a fallback is said only when io_uring could not start')
+})
+
 t.test('a native io with tls is a start-up error', async (t) => {
   const server = new ProtocolServer(text, { io: 'epoll', tls: {} })
   await t.rejects(server.listen(0), /cannot carry TLS/)

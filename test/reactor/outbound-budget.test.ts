@@ -51,3 +51,36 @@ t.test('pauses the heaviest, keeps checking while any is backed up, resumes belo
   t.equal(clock.pendingTimers, 0, 'no timer once nothing is backed up')
   budget.stop()
 })
+
+t.test('a connection resumed by a check that backs up again at once (it decodes what it read already) stays watched, and reads again once it drains', async (t) => {
+  const clock = new FakeClock()
+  const budget = new OutboundBudget(1000, clock)
+  const a = new Member()
+  // Reading again decodes the rest of a read at once: its answers back it up past the budget before resumeReading returns.
+  let decodeOnResume = true
+  a.resumeReading = () => {
+    a.isReadingPaused = false
+    if (!decodeOnResume) return
+    decodeOnResume = false
+    a.isBackedUp = true
+    a.outboundBytes = 2000
+    budget.watch(a)
+  }
+  a.outboundBytes = 2000
+  budget.watch(a)
+  t.ok(a.isReadingPaused, 'over the budget')
+  // Its peer read everything: the check resumes it, and the rest it decodes backs it up again.
+  a.isBackedUp = false
+  a.outboundBytes = 0
+  clock.advance(OUTBOUND_CHECK_MS)
+  t.ok(a.isReadingPaused, 'paused again: over the budget once more')
+  t.equal(a.pauses, 2)
+  t.equal(clock.pendingTimers, 1, 'still checked')
+  // It drains again: the next check resumes it.
+  a.isBackedUp = false
+  a.outboundBytes = 0
+  clock.advance(OUTBOUND_CHECK_MS)
+  t.notOk(a.isReadingPaused, 'read again once drained')
+  t.equal(clock.pendingTimers, 0)
+  budget.stop()
+})

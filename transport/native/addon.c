@@ -425,7 +425,6 @@ static napi_value js_close (napi_env env, napi_callback_info info) {
   c->closing = 1;
   r->backend->close_conn(r, c);
   live_add(r, -1);
-  listeners_resume(r);
   return NULL;
 }
 

@@ -210,6 +210,8 @@ static void ep_close_conn (reactor_t *r, conn_t *c) {
   if (c->events != 0) epoll_ctl(ep(r)->epfd, EPOLL_CTL_DEL, c->fd, NULL);
   close(c->fd);
   conn_free(r, slot);
+  /* A descriptor is free: a listener stopped at EMFILE accepts again. */
+  listeners_resume(r);
 }
 
 static size_t ep_queued (reactor_t *r, conn_t *c) {

@@ -104,7 +104,7 @@ typedef struct backend {
   void (*set_reading)(reactor_t *r, conn_t *c);
   ssize_t (*send)(reactor_t *r, conn_t *c, const struct iovec *iov, int iovcnt); /* bytes taken, or -errno */
   int (*shutdown)(reactor_t *r, conn_t *c);   /* FIN after what was sent */
-  void (*close_conn)(reactor_t *r, conn_t *c);/* stops watching and closes; frees the slot now or when its ops end */
+  void (*close_conn)(reactor_t *r, conn_t *c);/* stops watching and closes; frees the slot now or when its ops end; listeners_resume once the fd is closed */
   size_t (*queued)(reactor_t *r, conn_t *c);  /* bytes taken from JS the kernel has not taken yet */
 } backend_t;
 
