@@ -1,7 +1,8 @@
 // A read this long or longer that fills at least half the memory it lies in
-// is kept as a view of it; a shorter one is copied into a block of our own:
-// a kept view keeps its whole backing store alive, and many small views
-// would hold far more memory than they are.
+// (or lies in the memory the last view kept) is kept as a view of it; a
+// shorter one is copied into a block of our own: a kept view keeps its
+// whole backing store alive, and many small views would hold far more
+// memory than they are.
 const VIEW_MIN_BYTES = 16 * 1024
 // Blocks for copied reads start at this size (or the read's) and grow with
 // the frame, up to MAX_BLOCK_BYTES.
@@ -49,7 +50,7 @@ export class FramePieces {
     }
     this.#closeBlock()
     const store = src.buffer
-    if (n >= VIEW_MIN_BYTES && 2 * n >= store.byteLength) {
+    if (n >= VIEW_MIN_BYTES && (store === this.#lastStore || 2 * n >= store.byteLength)) {
       this.#pieces.push(src.subarray(from, to))
       if (store !== this.#lastStore) {
         this.#held += store.byteLength
