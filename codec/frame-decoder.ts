@@ -43,6 +43,19 @@ export interface FrameScanner {
   scan: (buf: Buffer, start: number, end: number) => number | RpcError
   /** Forgets the current frame: the next `scan` starts a new one. */
   reset: () => void
+  /**
+   * Optional: after a `scan` that needed more bytes, the offset (from the
+   * frame's first byte) of the first byte the next `scan` of this frame will
+   * read; it never moves back within a frame. A scanner that says so is not
+   * handed the whole frame again on each read, only its bytes from there
+   * on: `buf[start]` is where the frame's first byte would be, and `start`
+   * may be negative (the bytes before `buf[0]` are ones it no longer
+   * reads). The decoder then keeps the reads of a large frame as they came
+   * and copies them once, into a buffer of the frame's exact size, when it
+   * ends. Without it, a frame that spans reads is assembled in one buffer
+   * that grows by doubling, and scanned in it.
+   */
+  retainFrom?: () => number
 }
 
 /** A framing either kind: with a length field, or scanned. */

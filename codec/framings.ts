@@ -285,6 +285,11 @@ class LineScanner implements FrameScanner {
   reset (): void {
     this.#scanned = 0
   }
+
+  /** The first byte the next scan reads: the line's bytes before it hold no delimiter. */
+  retainFrom (): number {
+    return this.#scanned
+  }
 }
 
 // The payload as a list of Buffers (views, not copies).

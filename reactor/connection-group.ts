@@ -78,9 +78,10 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
    * going over their push limits, do not count.
    */
   send (message: unknown, filter?: (member: ConnectionHandle<State>, data: Member) => boolean): number {
-    // A member closed by this send leaves the map while it is walked: walk a copy when that can happen.
-    const members = this.#members.size > 1 ? [...this.#members] : this.#members
-    return pushTo(members, message, filter)
+    const members = this.#members
+    // A member closed by this send leaves the map while it is walked: walk a copy of the members (only their data with a filter).
+    if (filter === undefined) return pushTo(Array.from(members.keys()), null, message, undefined)
+    return pushTo(Array.from(members.keys()), Array.from(members.values()), message, filter)
   }
 
   /**
@@ -95,18 +96,24 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
     for (const group of groups) {
       for (const [member, data] of group.#members) if (!union.has(member)) union.set(member, data)
     }
-    return pushTo(union, message, filter)
+    return pushTo(Array.from(union.keys()), Array.from(union.values()), message, filter)
   }
 }
 
-// Queues `message` on each member, encoded once per protocol; returns how many it was queued to.
-function pushTo<S, M> (members: Iterable<[ServerConnectionHandle, M]>, message: unknown, filter: ((member: ConnectionHandle<S>, data: M) => boolean) | undefined): number {
+// An encoded push of several slices up to this size is joined into one
+// buffer once, for all the members: each member's write is then one
+// buffer, not a list of slices to gather (or copy, while it is backed up).
+const JOIN_BYTES = 16 * 1024
+
+// Queues `message` on each member (`data[i]` is members[i]'s, for the filter), encoded once per protocol; returns how many it was queued to.
+function pushTo<S, M> (members: ServerConnectionHandle[], data: M[] | null, message: unknown, filter: ((member: ConnectionHandle<S>, data: M) => boolean) | undefined): number {
   let protocol: ServerProtocol | null = null
   let slices: Uint8Array[] = []
   let bytes = 0
   let sent = 0
-  for (const [member, data] of members) {
-    if (filter !== undefined && !filter(member as ConnectionHandle<S>, data)) continue
+  for (let i = 0; i < members.length; i++) {
+    const member = members[i]!
+    if (filter !== undefined && !filter(member as ConnectionHandle<S>, data![i]!)) continue
     if (member.protocol !== protocol) {
       protocol = member.protocol
       const encode = protocol.encodePush
@@ -114,10 +121,21 @@ function pushTo<S, M> (members: Iterable<[ServerConnectionHandle, M]>, message: 
       slices = encodeOneToSlices(encode, protocol, message)
       bytes = 0
       for (const slice of slices) bytes += slice.length
+      if (slices.length > 1 && bytes <= JOIN_BYTES && members.length > 1) slices = [joined(slices, bytes)]
     }
     if (member.sendEncoded(slices, bytes)) sent++
   }
   return sent
+}
+
+function joined (slices: Uint8Array[], bytes: number): Buffer {
+  const out = Buffer.allocUnsafe(bytes)
+  let at = 0
+  for (const slice of slices) {
+    out.set(slice, at)
+    at += slice.length
+  }
+  return out
 }
 
 function asServerHandle (connection: ConnectionHandle<unknown>): ServerConnectionHandle {

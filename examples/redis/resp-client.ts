@@ -90,6 +90,8 @@ const AT_LENGTH_LF = 3
 const IN_BULK = 4
 /** A length of more digits than this can only be garbage (no frame is that long). */
 const MAX_LENGTH_DIGITS = 15
+/** The fewest bytes a value takes (`+\r\n`, an empty simple string). */
+const MIN_ELEMENT_BYTES = 3
 
 const PLUS = 0x2b
 const MINUS = 0x2d
@@ -128,6 +130,8 @@ export class ReplyScanner implements FrameScanner {
   #negative = false
   /** Where the current bulk string's data and CRLF end, relative to the reply's first byte. */
   #bulkEnd = 0
+  /** A lower bound of the reply's size, from its arrays' counts. */
+  #atLeast = 0
   /** Elements still to come in each open array, the innermost last. */
   readonly #left: number[] = []
   /** Bytes looked at since made (tests count them: each byte once, however the reply is split). */
@@ -234,6 +238,8 @@ export class ReplyScanner implements FrameScanner {
           }
           if (this.#type === STAR && n > 0) {
             if (this.#left.length >= MAX_DEPTH) return malformed('arrays nested too deep')
+            // Each element takes at least 3 bytes (`+\r\n`): a count the reply cannot be that long for is refused before it arrives.
+            this.#atLeast = Math.max(this.#atLeast, p - start + MIN_ELEMENT_BYTES * n)
             this.#left.push(n)
             this.#phase = AT_TYPE
             break
@@ -278,12 +284,22 @@ export class ReplyScanner implements FrameScanner {
   #more (p: number, start: number, atLeast: number): number {
     this.#pos = p - start
     this.examined += this.#pos - this.#from
-    return atLeast > 0 ? -atLeast : 0
+    const bound = Math.max(atLeast, this.#atLeast)
+    return bound > 0 ? -bound : 0
+  }
+
+  /** The first byte the next scan reads: a line's CR may be the byte before where it stopped; a bulk string's data is skipped, only its CRLF read. */
+  retainFrom (): number {
+    const phase = this.#phase
+    if (phase === IN_LINE) return this.#pos - 1
+    if (phase === IN_BULK) return this.#bulkEnd - 2
+    return this.#pos
   }
 
   reset (): void {
     this.#phase = AT_TYPE
     this.#pos = 0
+    this.#atLeast = 0
     this.#left.length = 0
   }
 }

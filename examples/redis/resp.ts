@@ -356,6 +356,11 @@ export class RespScanner implements FrameScanner {
     this.#pos = p - start
     return atLeast > 0 ? -atLeast : 0
   }
+
+  /** The first byte the next scan reads: a bulk's data is skipped, not read. */
+  retainFrom (): number {
+    return this.#phase === S_BULK_DATA ? this.#dataEnd : this.#pos
+  }
 }
 
 export interface RespProtocolOptions {

@@ -99,6 +99,28 @@ t.test('a reply of many elements split into many reads is scanned in linear work
   t.equal((value as Buffer[])[n - 1]!.toString(), String(n - 1))
 })
 
+t.test('an array header claiming more than the largest reply is refused before its elements arrive; a large reply is copied once', async (t) => {
+  // Each element is at least 3 bytes: 2^31 of them cannot fit in 64 MiB.
+  const decoder = new ScanDecoder(replyFraming, 64 * 1024 * 1024)
+  const error = decoder.pushRanges(Buffer.from('*2147483648\r\n$6\r\n', 'latin1'), () => { t.fail('no frame') })
+  t.equal(error?.code, ErrorCode.FRAME_TOO_LARGE)
+  t.equal(decoder.heldBytes, 0)
+  // A claim within the limit holds only what arrived.
+  const liar = new ScanDecoder(replyFraming, 64 * 1024 * 1024)
+  t.equal(liar.pushRanges(Buffer.from('*20000000\r\n$6\r\nabcdef\r\n$6\r\nab', 'latin1'), () => { t.fail('no frame') }), null)
+  t.ok(liar.heldBytes <= 4096, `held ${liar.heldBytes} bytes for a 60 MB claim`)
+  // A real one in reads of 64 KiB (each its own memory, as a socket's): one frame, in a buffer of exactly its size.
+  const reply = lrangeReply(200_000)
+  const whole = new ScanDecoder(replyFraming, 64 * 1024 * 1024)
+  const frames: Array<{ buf: Buffer, start: number, end: number }> = []
+  for (let at = 0; at < reply.length; at += 65536) {
+    t.equal(whole.pushRanges(Buffer.from(reply.subarray(at, at + 65536)), (buf, start, end) => { frames.push({ buf, start, end }) }), null)
+  }
+  t.equal(frames.length, 1)
+  t.equal(frames[0]!.buf.length, reply.length, 'a buffer of the reply\'s size')
+  t.ok(frames[0]!.buf.equals(reply), 'the reply\'s bytes')
+})
+
 t.test('a long line trickled in small reads is searched only within the bytes that arrived', async (t) => {
   const length = 512 * 1024
   const simple = Buffer.concat([Buffer.from('+'), Buffer.alloc(length, 0x61), Buffer.from('\r\n')])
