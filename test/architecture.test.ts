@@ -257,3 +257,18 @@ t.test('which imports count at run time: all but `import type` and `export type 
     'reactor/a.ts', 'reactor/b.ts (type)', 'reactor/c.ts', 'reactor/d.ts', 'reactor/e.ts', 'reactor/f.ts (type)', 'reactor/g.ts'
   ], '`import { type C }` still loads c.js; strings, comments and dynamic import() are no edges')
 })
+
+// A file does one job: none of the four layers' sources (TypeScript, and the
+// native transport's C) is over 500 lines.
+t.test('no source file in codec/, transport/, scheduling/ or reactor/ is over 500 lines', async (t) => {
+  const all = (dir: string): string[] => readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name)
+    return statSync(path).isDirectory() ? all(path) : /\.(ts|c|h)$/.test(name) ? [path] : []
+  })
+  const files = Object.keys(ALLOWED).flatMap((layer) => all(join(ROOT, layer)))
+  t.ok(files.length > 50, 'the layers have sources')
+  const long = files
+    .map((file) => ({ file: file.slice(ROOT.length), lines: readFileSync(file, 'utf8').split('\n').length - 1 }))
+    .filter(({ lines }) => lines > 500)
+  t.same(long, [], 'files over 500 lines')
+})

@@ -130,17 +130,21 @@ struct reactor {
   struct iovec iov[MAX_IOV]; /* sendv's, per reactor (worker threads have reactors of their own) */
 };
 
-/* addon.c, for the backends. */
+/* connections.c: the connection table. */
 int32_t conn_id (const conn_t *c, int slot);
 static inline int conn_slot (const reactor_t *r, const conn_t *c) { (void)r; return c->slot; }
 conn_t *conn_new (reactor_t *r, int fd, int *slot);
+conn_t *conn_of (reactor_t *r, int32_t id, int *slot);
 void conn_free (reactor_t *r, int slot);
+void live_add (reactor_t *r, int delta);
+int set_nodelay_nonblock (int fd);
+
+/* addon.c, for the backends. */
 int turn_full (const reactor_t *r);
 void note (reactor_t *r, int32_t a, int32_t kind, int32_t b, int32_t c);
 char *read_room (reactor_t *r, size_t need, size_t *room);
 int note_read (reactor_t *r, int slot, size_t n);
 void listeners_resume (reactor_t *r);
-int set_nodelay_nonblock (int fd);
 void heap_init (napi_env env, napi_value exports); /* heap.c: trimHeap() */
 
 extern const backend_t epoll_backend;
