@@ -25,7 +25,7 @@
 import { join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { CLOCK_TICKS, HOST, cpuTicks, median, runBounded, startNode, stopAll } from './processes.js'
+import { CLOCK_TICKS, HOST, cpuTicks, median, runBounded, startNode, stopAll, runAsProgram } from './processes.js'
 
 const EXAMPLE = fileURLToPath(new URL('../examples/memcached/main.js', import.meta.url))
 
@@ -91,10 +91,4 @@ async function main (): Promise<void> {
   }
 }
 
-if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  process.once('SIGINT', () => { void stopAll().then(() => process.exit(130)) })
-  main().catch((err: unknown) => {
-    console.error(err instanceof Error ? err.message : err)
-    process.exitCode = 1
-  })
-}
+runAsProgram(import.meta.url, main)

@@ -8,6 +8,7 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process'
 import { readFileSync, readdirSync } from 'node:fs'
 import { connect, createServer } from 'node:net'
+import { fileURLToPath } from 'node:url'
 
 export const HOST = '127.0.0.1'
 export const CLOCK_TICKS = Number(spawnSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).stdout.trim()) || 100
@@ -166,4 +167,18 @@ export function median (values: number[]): number {
   const sorted = [...values].sort((a, b) => a - b)
   const mid = sorted.length >> 1
   return sorted.length % 2 === 1 ? sorted[mid]! : (sorted[mid - 1]! + sorted[mid]!) / 2
+}
+
+/**
+ * Runs a bench's `main` when its module is the program (`url`: its
+ * `import.meta.url`): SIGINT and a failure stop every process it started,
+ * and a failure prints its message and sets exit code 1.
+ */
+export function runAsProgram (url: string, main: () => Promise<void>): void {
+  if (process.argv[1] !== fileURLToPath(url)) return
+  process.once('SIGINT', () => { void stopAll().then(() => process.exit(130)) })
+  main().catch((err: unknown) => {
+    console.error(err instanceof Error ? err.message : err)
+    process.exitCode = 1
+  })
 }

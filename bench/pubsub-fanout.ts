@@ -31,7 +31,7 @@ import type { ChildProcess } from 'node:child_process'
 import { connect, type Socket } from 'node:net'
 import { fileURLToPath } from 'node:url'
 import { parseArgs } from 'node:util'
-import { HOST, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll } from './processes.js'
+import { HOST, freePort, median, portProbe, runBounded, startNode, startProcess, stopAll, runAsProgram } from './processes.js'
 
 const EXAMPLE = fileURLToPath(new URL('../examples/redis/main.js', import.meta.url))
 const CHANNEL = 'ch'
@@ -180,10 +180,4 @@ async function main (): Promise<void> {
   }
 }
 
-if (process.argv[1] === fileURLToPath(import.meta.url)) {
-  process.once('SIGINT', () => { void stopAll().then(() => process.exit(130)) })
-  main().catch((err: unknown) => {
-    console.error(err instanceof Error ? err.message : err)
-    process.exitCode = 1
-  })
-}
+runAsProgram(import.meta.url, main)
