@@ -77,10 +77,16 @@ export function inferParams (statement: Statement, params: Array<TypeName | unde
 
 function maxParam (statement: Statement): number {
   let highest = 0
+  eachExpr(statement, (expr) => { if (expr.kind === 'param') highest = Math.max(highest, expr.index) })
+  return highest
+}
+
+/** Calls `fn` on every expression of `statement`, each before those inside it. */
+function eachExpr (statement: Statement, fn: (expr: Expr) => void): void {
   const visit = (expr: Expr | null): void => {
     if (expr === null) return
-    if (expr.kind === 'param') highest = Math.max(highest, expr.index)
-    else if (expr.kind === 'cast') visit(expr.expr)
+    fn(expr)
+    if (expr.kind === 'cast') visit(expr.expr)
     else if (expr.kind === 'add') { visit(expr.left); visit(expr.right) } else if (expr.kind === 'sleep') visit(expr.arg)
   }
   switch (statement.kind) {
@@ -90,7 +96,6 @@ function maxParam (statement: Statement): number {
     case 'delete': visit(statement.where); break
     default: break
   }
-  return highest
 }
 
 /**
@@ -99,20 +104,9 @@ function maxParam (statement: Statement): number {
  * protocol), at the literal's position, as PostgreSQL does.
  */
 export function checkConstants (statement: Statement): void {
-  const visit = (expr: Expr | null): void => {
-    if (expr === null) return
-    if (expr.kind === 'cast') {
-      if (expr.expr.kind === 'string' && expr.type !== 'text') evaluate(expr, { params: [], row: null }, [])
-      visit(expr.expr)
-    } else if (expr.kind === 'add') { visit(expr.left); visit(expr.right) } else if (expr.kind === 'sleep') visit(expr.arg)
-  }
-  switch (statement.kind) {
-    case 'select': statement.items.forEach(i => visit(i.expr)); visit(statement.where); break
-    case 'insert': statement.rows.forEach(([k, v]) => { visit(k); visit(v) }); break
-    case 'update': visit(statement.value); visit(statement.where); break
-    case 'delete': visit(statement.where); break
-    default: break
-  }
+  eachExpr(statement, (expr) => {
+    if (expr.kind === 'cast' && expr.expr.kind === 'string' && expr.type !== 'text') evaluate(expr, { params: [], row: null }, [])
+  })
 }
 
 /** The type of an expression's result (an unknown-typed literal or parameter in a result column is text). */
