@@ -15,7 +15,9 @@ export const COUNT_OPTIONS = {
   'warmup-batches': { type: 'string', default: '2000' },
   'payload-bytes': { type: 'string', default: '0' },
   keep: { type: 'string' },
-  'node-flag': { type: 'string', multiple: true, default: [] as string[] }
+  'node-flag': { type: 'string', multiple: true, default: [] as string[] },
+  /** A flag of `nyala serve` (e.g. `--server-flag=--max-frames-per-read=128`), repeatable. */
+  'server-flag': { type: 'string', multiple: true, default: [] as string[] }
 } as const
 
 /** The run the options ask for: the tree measured (default `root`) and the lockstep load. */

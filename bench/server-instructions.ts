@@ -6,7 +6,7 @@
  *
  *   node dist/bench/server-instructions.js [--tree DIR] [--batches 1000]
  *       [--batch 100] [--warmup-batches 2000] [--payload-bytes 0] [--keep DIR]
- *       [--node-flag FLAG]...
+ *       [--node-flag FLAG]... [--server-flag FLAG]...
  *
  * Starts `DIR/bin/nyala serve --reactors 1` (default: this tree) under
  * `valgrind --tool=callgrind --instr-atstart=no`, then calls it from this
@@ -43,7 +43,7 @@ const { tree, batches, batch, warmup, payload } = countSettings(values, root)
 const out = mkdtempSync(join(tmpdir(), 'nyala-callgrind-'))
 const server = spawn('valgrind', [
   '--tool=callgrind', '--instr-atstart=no', '--separate-threads=yes', `--callgrind-out-file=${join(out, 'callgrind.out.%p')}`,
-  process.execPath, ...values['node-flag'], join(tree, 'bin', 'nyala'), 'serve', '--host', '127.0.0.1', '--port', '0', '--reactors', '1'
+  process.execPath, ...values['node-flag'], join(tree, 'bin', 'nyala'), 'serve', '--host', '127.0.0.1', '--port', '0', '--reactors', '1', ...values['server-flag']
 ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NODE_OPTIONS: '' } })
 
 let stopped = false

@@ -78,7 +78,7 @@ function tests (certs: TestCerts): void {
     // never returned, blocking this file until tap killed it.
     const run = await new Promise<{ code: number | null, stderr: string }>((resolve) => {
       execFile(process.execPath, [...process.execArgv.filter(a => a.includes('@tapjs/typescript')), redisMain, '--port', '0', '--tls-cert', certs.files.serverCert],
-        { encoding: 'utf8', timeout: 20_000, killSignal: 'SIGKILL' },
+        { encoding: 'utf8', timeout: 60_000, killSignal: 'SIGKILL' },
         (err, _stdout, stderr) => resolve({ code: err === null ? 0 : typeof err.code === 'number' ? err.code : null, stderr }))
     })
     t.equal(run.code, 1)
