@@ -44,13 +44,15 @@ export class FramedConnection {
   /** Called on each 'drain' of the stream (the kernel took what was buffered), after the queue wrote more; null: none. */
   onDrain: (() => void) | null = null
   readonly #onFrame = (buf: Buffer, start: number, end: number): boolean => this.#dispatch(buf, start, end)
+  readonly #peerEnded = (): void => { this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')) }
   /** What the stream reports: reads, writability, the peer's end, errors and the close. */
   readonly #listener: ByteStreamListener = {
     onRead: (buf, start, end) => this.#onRead(buf, start, end),
     onWritable: () => this.#onWritable(),
     // An RpcError is already the reason (a secure channel that read the peer's refusal).
     onError: (err) => this.destroy(err instanceof RpcError ? err : new RpcError(ErrorCode.CONNECTION_CLOSED, `socket error: ${err.message}`, { cause: err })),
-    onEnd: () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed by peer')),
+    // While the rest of a read waits for its turn on a stream not paused for it, the end waits behind it.
+    onEnd: () => { if (this.#gate.lazyTurn) this.#gate.keepEnd(this.#peerEnded); else this.#peerEnded() },
     onClose: () => this.destroy(new RpcError(ErrorCode.CONNECTION_CLOSED, 'connection closed'))
   }
 
@@ -268,7 +270,13 @@ export class FramedConnection {
       this.#setup.input(buf, start, end)
       return
     }
-    this.#decode(start === 0 && end === buf.length ? buf : buf.subarray(start, end))
+    const chunk = start === 0 && end === buf.length ? buf : buf.subarray(start, end)
+    // The read's budget holds reading and the stream read again before the turn came: this read waits behind the rest.
+    if (this.#gate.lazyTurn) {
+      this.#gate.keepLate(chunk)
+      return
+    }
+    this.#decode(chunk)
   }
 
   // The stream took what it held: the peer read what we sent (progress, for the owner's idle scan).

@@ -54,6 +54,20 @@ export class ReadGate {
   /** Chunks read and kept aside (the rest of a read past its frame budget), decoded before anything probed; null: none. */
   #kept: Buffer[] | null = null
   #keptBytes = 0
+  /**
+   * The read's budget alone holds reading, and the stream was not paused
+   * for it: the rest of the read waits for the next turn, which comes before
+   * the stream is polled again (`setImmediate` runs right after the poll
+   * that read), so pausing and resuming the stream (a readStop, and Node's
+   * resume machinery) would buy nothing. A read that does come first (a
+   * stream that reads again at once: a full buffer, a TLS record of several
+   * chunks) is kept behind the rest (`keepLate`), and the stream paused then.
+   */
+  #lazyTurn = false
+  /** The gate paused the stream and has not resumed it since. */
+  #streamPaused = false
+  /** The peer's end, come while `lazyTurn`: it follows what waits for the turn (`keepEnd`); null: none. */
+  #endKept: (() => void) | null = null
 
   constructor (stream: ByteStream, host: ReadGateHost) {
     this.#stream = stream
@@ -89,8 +103,32 @@ export class ReadGate {
   /** Stops reading for `reason` (nothing when it holds reading already). */
   stop (reason: ReadStop): void {
     if ((this.#reasons & reason) !== 0) return
+    if (reason === ReadStop.Turn && this.#reasons === 0 && !this.#probing && !this.#streamPaused) {
+      this.#reasons = reason
+      this.#lazyTurn = true
+      return
+    }
     this.#reasons |= reason
-    this.#stream.pauseReading()
+    this.#lazyTurn = false
+    this.#pause()
+  }
+
+  /** True while only the read's budget holds reading and the stream was not paused for it: a read now is kept (`keepLate`), not decoded. */
+  get lazyTurn (): boolean {
+    return this.#lazyTurn
+  }
+
+  /** A read came while `lazyTurn`: kept behind what waits for the turn, and the stream paused now. */
+  keepLate (chunk: Buffer): void {
+    this.#lazyTurn = false
+    this.#pause()
+    this.keep([chunk])
+  }
+
+  /** The peer's end came while `lazyTurn`: `onEnd` runs once what waits for the turn was decoded (a paused stream would have held it back). */
+  keepEnd (onEnd: () => void): void {
+    this.#lazyTurn = false
+    this.#endKept = onEnd
   }
 
   /** The connection's unsent bytes passed its bound: nothing more is read until the peer takes enough (`ReadStop.Suspended`). False: closed, or suspended already. */
@@ -109,7 +147,16 @@ export class ReadGate {
     // What was kept, then what a probe read set aside, comes first (and may stop reading again).
     if (this.#kept !== null && !this.#releaseKept()) return
     if (this.#probed !== null && !this.#releaseProbed()) return
-    this.#stream.resumeReading()
+    const end = this.#endKept
+    if (end !== null) {
+      // Nothing more comes: the peer's end follows what it sent before it.
+      this.#endKept = null
+      end()
+      return
+    }
+    // A turn that never paused the stream has nothing to resume.
+    if (this.#lazyTurn) this.#lazyTurn = false
+    else this.#resume()
   }
 
   /**
@@ -146,6 +193,8 @@ export class ReadGate {
    */
   probe (): boolean {
     if (this.#reasons === 0 || this.#probedBytes >= PROBE_BYTES || this.#host.probeRefused) return false
+    // The probe resumes the stream itself: a later start resumes it too.
+    this.#lazyTurn = false
     if (!this.#probing) {
       this.#probing = true
       const host = this.#host.listener
@@ -153,12 +202,14 @@ export class ReadGate {
       this.#stream.listen(this.#probeListener)
     }
     // Again for an armed probe: a stop since then (holdReading) stopped its read.
-    this.#stream.resumeReading()
+    this.#resume()
     return true
   }
 
   /** Drops what is kept and what probes set aside (the connection closed). */
   clear (): void {
+    this.#lazyTurn = false
+    this.#endKept = null
     this.#kept = null
     this.#keptBytes = 0
     this.#probed = null
@@ -181,12 +232,22 @@ export class ReadGate {
     }
     this.#disarm()
     if (stopped) {
-      this.#stream.pauseReading()
+      this.#pause()
       this.#host.reportHeld()
       return
     }
     // Reading resumed while the probe waited: the bytes go on now.
     this.#releaseProbed()
+  }
+
+  #pause (): void {
+    this.#streamPaused = true
+    this.#stream.pauseReading()
+  }
+
+  #resume (): void {
+    this.#streamPaused = false
+    this.#stream.resumeReading()
   }
 
   // Reads go to the connection again.

@@ -383,17 +383,20 @@ t.test('a read of 10,000 frames is decoded at most maxFramesPerRead a turn, the 
   stream.pump()
   t.equal(frames.length, 100, 'the first turn decodes 100 frames')
   t.notOk(stream.reading, 'reading stops while the rest waits')
-  t.equal(connection.probedBytes, wire.length - frames.join('').length - 4 * 100, 'the rest is kept aside')
+  // The next read came before the turn: it waits behind the rest.
+  t.equal(connection.probedBytes, wire.length - frames.join('').length - 4 * 100 + frame('after').length, 'the rest, and the read after it, are kept aside')
   t.ok(budget.includes(connection.probedBytes), 'and counted in the inbound budget')
   let turns = 1
   let most = 100
+  // Frames of the large read (the one after it is a read of its own, with its own budget).
+  const ofRead = (): number => Math.min(frames.length, 10_000)
   while (frames.length < 10_001 && turns < 1000) {
-    const before = frames.length
+    const before = ofRead()
     await nextTurn()
     turns++
-    most = Math.max(most, frames.length - before)
+    most = Math.max(most, ofRead() - before)
   }
-  t.equal(most, 100, 'never more than 100 frames in a turn')
+  t.equal(most, 100, 'never more than 100 frames of the read in a turn')
   t.ok(turns >= 100, `${turns} turns`)
   t.same(frames, [...bodies, 'after'], 'every frame, in order, the next read after the kept rest')
   t.equal(connection.probedBytes, 0)
@@ -417,4 +420,49 @@ t.test('the default frame budget splits a flood of tiny frames; another reason t
   while (frames.length < 2_000) await nextTurn()
   t.equal(frames.length, 2_000)
   t.ok(stream.reading)
+})
+
+t.test('a read\'s rest waits for its turn without pausing the stream; a read or the peer\'s end that comes first waits behind it', async t => {
+  // Alone: the next turn decodes the rest; the stream was never paused, nor resumed.
+  {
+    const { stream, frames } = open({ maxFramesPerRead: 10 })
+    const bodies = Array.from({ length: 25 }, (_, i) => `a${i}`)
+    stream.peerSends(Buffer.concat(bodies.map(frame)))
+    stream.pump()
+    t.equal(frames.length, 10)
+    t.ok(stream.reading, 'the stream still reads')
+    while (frames.length < 25) await nextTurn()
+    t.same(frames, bodies)
+    t.equal(stream.pauses, 0, 'never paused')
+    t.equal(stream.resumes, 0, 'never resumed')
+  }
+  // A read comes before the turn: it is kept behind the rest, and the stream paused then.
+  {
+    const { stream, frames, connection } = open({ maxFramesPerRead: 10 })
+    const bodies = Array.from({ length: 25 }, (_, i) => `b${i}`)
+    stream.peerSends(Buffer.concat(bodies.map(frame)))
+    stream.peerSends(frame('late'))
+    stream.pump()
+    t.equal(frames.length, 10, 'the late read is not decoded before the rest')
+    t.notOk(stream.reading, 'paused by the late read')
+    t.ok(connection.probedBytes > 0)
+    while (frames.length < 26) await nextTurn()
+    t.same(frames, [...bodies, 'late'], 'in order')
+    t.ok(stream.reading)
+    t.equal(connection.probedBytes, 0)
+  }
+  // The peer's end comes before the turn: every frame before it is decoded, then the connection closes.
+  {
+    const { stream, frames, closes } = open({ maxFramesPerRead: 10 })
+    const bodies = Array.from({ length: 25 }, (_, i) => `c${i}`)
+    stream.peerSends(Buffer.concat(bodies.map(frame)))
+    stream.peerEnds()
+    stream.pump()
+    t.equal(frames.length, 10)
+    t.equal(closes.length, 0, 'not closed while frames wait for their turn')
+    for (let i = 0; i < 10 && closes.length === 0; i++) await nextTurn()
+    t.same(frames, bodies, 'every frame sent before the end')
+    t.equal(closes.length, 1)
+    t.equal(closes[0]?.message, 'connection closed by peer')
+  }
 })
