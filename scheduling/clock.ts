@@ -72,10 +72,35 @@ function longTimer (callback: () => void, ms: number, keepAlive: boolean): Timer
   return new LongTimer(callback, ms, keepAlive)
 }
 
+const hrtime = process.hrtime
+/** What `process.hrtime()` reads, in ms, minus `performance.now()` at the same moment: the two clocks are one. */
+const HRTIME_ORIGIN_MS = ((): number => {
+  const ms = (t: [number, number]): number => t[0] * 1e3 + t[1] / 1e6
+  // The pair of readings closest together (the first calls set themselves up): within a few µs.
+  let best = Infinity
+  let origin = 0
+  for (let i = 0; i < 8; i++) {
+    const before = ms(hrtime())
+    const p = performance.now()
+    const after = ms(hrtime())
+    if (after - before < best) {
+      best = after - before
+      origin = (before + after) / 2 - p
+    }
+  }
+  return origin
+})()
+
 /** The process's monotonic clock and timers. */
 export const realClock: Clock = {
-  // The imported binding: the global `performance` is an accessor, dearer per call.
-  now: () => performance.now(),
+  // performance.now()'s time, read through process.hrtime: performance.now()
+  // checks its receiver on every call (a validator behind a wrapper, about
+  // 130 instructions a read once the caller's inlining budget is spent),
+  // where hrtime is the same clock_gettime and a two-number array.
+  now: () => {
+    const t = hrtime()
+    return t[0] * 1e3 + t[1] / 1e6 - HRTIME_ORIGIN_MS
+  },
   setTimer (callback, ms, keepAlive) {
     // setTimeout cuts a delay over 2^31-1 ms to 1 ms: such a wait is made of
     // maximal steps.
