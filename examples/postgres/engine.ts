@@ -166,7 +166,7 @@ function toInt (value: Value, type: 'int4' | 'int8'): number | bigint | null {
 
 /** What evaluating an expression needs: the bound parameters, the current row, and a way to sleep. */
 export interface EvalContext {
-  params: Value[]
+  params: readonly Value[]
   row: { k: string, v: string | null } | null
 }
 
@@ -233,8 +233,10 @@ export class KvTable {
 /** A session's view of the table: committed rows plus its buffered writes (null value in `writes`: deleted). */
 export class KvView {
   readonly table: KvTable
-  /** Writes not committed yet: key → value (`undefined` entry absent; `DELETED`: removed). */
+  /** Writes not committed yet: key → value (`undefined` entry absent; `DELETED`: removed); made at the first one. */
   writes: Map<string, string | null | typeof DELETED> | null = null
+  /** In a transaction: writes are buffered until commit. */
+  #buffering = false
 
   constructor (table: KvTable) {
     this.table = table
@@ -260,30 +262,32 @@ export class KvView {
   }
 
   set (k: string, v: string | null): void {
-    if (this.writes === null) {
+    if (!this.#buffering) {
       // Outside a transaction block: straight to the table (an UPDATE moves the row to the end, as a new tuple version does).
       this.table.rows.delete(k)
       this.table.rows.set(k, v)
       return
     }
-    this.writes.delete(k)
-    this.writes.set(k, v)
+    const writes = this.writes ??= new Map()
+    writes.delete(k)
+    writes.set(k, v)
   }
 
   delete (k: string): void {
-    if (this.writes === null) this.table.rows.delete(k)
-    else this.writes.set(k, DELETED)
+    if (!this.#buffering) this.table.rows.delete(k)
+    else (this.writes ??= new Map()).set(k, DELETED)
   }
 
-  /** Starts buffering writes. */
+  /** Starts buffering writes (a transaction that writes nothing allocates nothing). */
   begin (): void {
-    this.writes ??= new Map()
+    this.#buffering = true
   }
 
   /** Applies the buffered writes to the table and stops buffering. */
   commit (): void {
     const writes = this.writes
     this.writes = null
+    this.#buffering = false
     if (writes === null) return
     for (const [k, v] of writes) {
       this.table.rows.delete(k)
@@ -294,6 +298,7 @@ export class KvView {
   /** Drops the buffered writes. */
   rollback (): void {
     this.writes = null
+    this.#buffering = false
   }
 }
 

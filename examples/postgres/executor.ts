@@ -22,14 +22,18 @@ function keyOf (expr: Expr, ctx: EvalContext, types: Array<TypeName | undefined>
   return key === null ? null : String(key)
 }
 
-/** Runs a statement that is not a transaction command (pg_sleep already slept) against the session's view of the table. */
-export function execute (statement: Statement, params: Value[], types: Array<TypeName | undefined>, view: KvView): Result {
+/**
+ * Runs a statement that is not a transaction command (pg_sleep already
+ * slept) against the session's view of the table; `columns`: its result's
+ * columns when known (a prepared statement's), else worked out here.
+ */
+export function execute (statement: Statement, params: readonly Value[], types: Array<TypeName | undefined>, view: KvView, columns?: Column[] | null): Result {
   const ctx: EvalContext = { params, row: null }
   const table = statement.kind === 'select' || statement.kind === 'insert' || statement.kind === 'update' || statement.kind === 'delete' ? statement.table : undefined
   if (table !== undefined && table.name !== 'kv') throw new SqlError('42P01', `relation "${table.name}" does not exist`, undefined, table.at)
   switch (statement.kind) {
     case 'select': {
-      const columns = columnsOf(statement, types)!
+      columns ??= columnsOf(statement, types)!
       if (!statement.from) {
         const row = statement.items.map(item => evaluate(item.expr, ctx, types))
         return { columns, rows: [row], tag: 'SELECT 1' }

@@ -1,6 +1,7 @@
 import { checkConstants, inferParams, OID_OF, SqlError, typeOfOid, type TypeName, type Value } from './engine.js'
-import { columnsOf, type Result } from './executor.js'
-import { decodeParam, writeDataRow, writeRowDescription } from './results.js'
+import type { Column, Result } from './executor.js'
+import { Prepared } from './prepared.js'
+import { decodeParam, writeDataRow } from './results.js'
 import type { KvView } from './engine.js'
 import { parseCached, type Reply, type Shared } from './shared.js'
 import { SqlSyntaxError, type Statement } from './sql.js'
@@ -13,15 +14,10 @@ import { MessageReader, READY_FOR_QUERY, writeCommandComplete, type MessageWrite
  * PostgreSQL does; Sync ends the implicit transaction of the batch.
  */
 
-interface Prepared {
-  readonly statement: Statement | null
-  readonly types: Array<TypeName | undefined>
-}
-
 interface Portal {
   readonly prepared: Prepared
-  readonly params: Value[]
-  readonly formats: number[]
+  readonly params: readonly Value[]
+  readonly formats: readonly number[]
   result: Result | null
   cursor: number
 }
@@ -36,21 +32,30 @@ export interface ExtendedHost {
   endImplicit: (commit: boolean) => void
   failWith: (out: MessageWriter, error: unknown) => void
   flushNotices: (out: MessageWriter) => void
-  sleepSecondsOf: (statement: Statement, params: Value[], types: Array<TypeName | undefined>) => number
-  runStatement: (statement: Statement, params: Value[], types: Array<TypeName | undefined>) => Result
+  sleepSecondsOf: (statement: Statement, params: readonly Value[], types: Array<TypeName | undefined>) => number
+  runStatement: (statement: Statement, params: readonly Value[], types: Array<TypeName | undefined>, columns?: Column[] | null) => Result
   sleep: (seconds: number) => Promise<void>
 }
 
 const MAX_STATEMENTS = 10_000
 const MAX_PORTALS = 10_000
 const NONE: Reply = { bytes: null, close: false }
+/** Bind's lists when empty, or one text or binary code (what libpq sends): shared, never written. */
+const NO_VALUES: readonly Value[] = Object.freeze([])
+const NO_CODES: readonly number[] = Object.freeze([])
+const TEXT_CODES: readonly number[] = Object.freeze([0])
+const BINARY_CODES: readonly number[] = Object.freeze([1])
 /** Held answers past this many bytes go out without waiting for Sync. */
 const HOLD_BYTES = 64 * 1024
 
 export class Extended {
   readonly #session: ExtendedHost
   readonly #statements = new Map<string, Prepared>()
+  /** The named portals; the unnamed one apart (pgbench's and most drivers' only one). */
   readonly #portals = new Map<string, Portal>()
+  #unnamed: Portal | null = null
+  /** Reads each message in turn (one at a time: the session runs them in order). */
+  readonly #reader = new MessageReader(Buffer.alloc(0))
   /** An error happened: every message up to Sync is skipped. */
   skipping = false
 
@@ -58,12 +63,13 @@ export class Extended {
     this.#session = session
   }
 
-  message (type: number, body: Buffer): Reply | Promise<Reply> {
+  /** The message of type `type` whose body is `buf[start, end)`. */
+  message (type: number, buf: Buffer, start: number, end: number): Reply | Promise<Reply> {
     if (type === 0x53) return this.#sync()
     if (this.skipping) return NONE
     const out = this.#session.out
     try {
-      const reader = new MessageReader(body)
+      const reader = this.#reader.over(buf, start, end)
       switch (type) {
         case 0x50: this.#parse(reader, out); break
         case 0x42: this.#bind(reader, out); break
@@ -107,7 +113,10 @@ export class Extended {
     this.skipping = false
     if (session.implicit) session.endImplicit(true)
     // Portals live until their transaction ends.
-    if (session.status === 'I') this.#portals.clear()
+    if (session.status === 'I') {
+      this.#unnamed = null
+      if (this.#portals.size > 0) this.#portals.clear()
+    }
     const out = session.out
     session.flushNotices(out)
     out.raw(READY_FOR_QUERY[session.status])
@@ -138,7 +147,7 @@ export class Extended {
     }
     if (name !== '' && this.#statements.has(name)) throw new SqlError('42P05', `prepared statement "${name}" already exists`)
     if (name !== '' && this.#statements.size >= MAX_STATEMENTS) throw new SqlError('53000', `too many prepared statements (at most ${MAX_STATEMENTS})`)
-    this.#statements.set(name, { statement, types })
+    this.#statements.set(name, new Prepared(statement, types))
     out.begin('1').end()
   }
 
@@ -151,8 +160,8 @@ export class Extended {
   }
 
   #portal (name: string): Portal {
-    const portal = this.#portals.get(name)
-    if (portal === undefined) throw new SqlError('34000', `portal "${name}" does not exist`)
+    const portal = name === '' ? this.#unnamed : this.#portals.get(name) ?? null
+    if (portal === null) throw new SqlError('34000', `portal "${name}" does not exist`)
     return portal
   }
 
@@ -160,8 +169,7 @@ export class Extended {
     const portalName = reader.cstr()
     const statementName = reader.cstr()
     const formatCount = reader.i16()
-    const paramFormats: number[] = []
-    for (let i = 0; i < formatCount; i++) paramFormats.push(reader.i16())
+    const paramFormats = readCodes(reader, formatCount)
     const paramCount = reader.i16()
     const prepared = this.#statement(statementName)
     const wanted = prepared.types.length
@@ -171,23 +179,26 @@ export class Extended {
     if (formatCount > 1 && formatCount !== paramCount) {
       throw new SqlError('08P01', `bind message has ${formatCount} parameter formats but ${paramCount} parameters`)
     }
-    const raw: Array<Buffer | null> = []
+    const raw: Array<Buffer | null> = paramCount === 0 ? [] : new Array(paramCount)
     for (let i = 0; i < paramCount; i++) {
       const length = reader.i32()
-      raw.push(length === -1 ? null : reader.bytes(length))
+      raw[i] = length === -1 ? null : reader.bytes(length)
     }
-    const resultCount = reader.i16()
-    const formats: number[] = []
-    for (let i = 0; i < resultCount; i++) formats.push(reader.i16())
+    const formats = readCodes(reader, reader.i16())
     const statement = prepared.statement
     if (this.#session.status === 'E' && statement !== null && statement.kind !== 'commit' && statement.kind !== 'rollback') {
       throw new SqlError('25P02', 'current transaction is aborted, commands ignored until end of transaction block')
     }
-    const params = raw.map((bytes, i) => decodeParam(bytes, paramFormats.length === 0 ? 0 : paramFormats[paramFormats.length === 1 ? 0 : i]!, prepared.types[i] ?? 'text', i, portalName))
-    if (portalName !== '' && this.#portals.has(portalName)) throw new SqlError('42P03', `cursor "${portalName}" already exists`)
-    if (portalName !== '' && this.#portals.size >= MAX_PORTALS) throw new SqlError('53000', `too many portals (at most ${MAX_PORTALS})`)
-    this.#portals.set(portalName, { prepared, params, formats, result: null, cursor: 0 })
-    out.begin('2').end()
+    const params = paramCount === 0 ? NO_VALUES : raw.map((bytes, i) => decodeParam(bytes, paramFormats.length === 0 ? 0 : paramFormats[paramFormats.length === 1 ? 0 : i]!, prepared.types[i] ?? 'text', i, portalName))
+    const portal: Portal = { prepared, params, formats, result: null, cursor: 0 }
+    if (portalName === '') {
+      this.#unnamed = portal
+    } else {
+      if (this.#portals.has(portalName)) throw new SqlError('42P03', `cursor "${portalName}" already exists`)
+      if (this.#portals.size >= MAX_PORTALS) throw new SqlError('53000', `too many portals (at most ${MAX_PORTALS})`)
+      this.#portals.set(portalName, portal)
+    }
+    out.raw(BIND_COMPLETE)
   }
 
   #describe (reader: MessageReader, out: MessageWriter): void {
@@ -198,19 +209,13 @@ export class Extended {
       out.begin('t').i16(prepared.types.length)
       for (const type of prepared.types) out.i32(OID_OF[type ?? 'text'])
       out.end()
-      this.#rowDescription(out, prepared, [])
+      prepared.writeDescription(out, NO_CODES)
     } else if (what === 0x50) {
       const portal = this.#portal(name)
-      this.#rowDescription(out, portal.prepared, portal.formats)
+      portal.prepared.writeDescription(out, portal.formats)
     } else {
       throw new SqlError('08P01', `invalid DESCRIBE message subtype ${what}`)
     }
-  }
-
-  #rowDescription (out: MessageWriter, prepared: Prepared, formats: number[]): void {
-    const columns = prepared.statement === null ? null : columnsOf(prepared.statement, prepared.types)
-    if (columns === null) out.begin('n').end()
-    else writeRowDescription(out, columns, formats)
   }
 
   #execute (reader: MessageReader, out: MessageWriter): void | Promise<void> {
@@ -227,14 +232,18 @@ export class Extended {
       session.implicit = true
       session.view.begin()
     }
-    const seconds = session.sleepSecondsOf(statement, portal.params, portal.prepared.types)
-    const run = (): void => {
-      portal.result = session.runStatement(statement, portal.params, portal.prepared.types)
-      session.flushNotices(out)
-      this.#send(portal, maxRows, out)
-    }
-    if (seconds > 0) return session.sleep(seconds).then(run)
-    run()
+    // A statement without pg_sleep goes straight to runStatement (which checks for a failed transaction too).
+    const seconds = portal.prepared.sleeps ? session.sleepSecondsOf(statement, portal.params, portal.prepared.types) : 0
+    if (seconds > 0) return session.sleep(seconds).then(() => this.#run(statement, portal, maxRows, out))
+    this.#run(statement, portal, maxRows, out)
+  }
+
+  #run (statement: Statement, portal: Portal, maxRows: number, out: MessageWriter): void {
+    const session = this.#session
+    const prepared = portal.prepared
+    portal.result = session.runStatement(statement, portal.params, prepared.types, prepared.knownColumns)
+    session.flushNotices(out)
+    this.#send(portal, maxRows, out)
   }
 
   #send (portal: Portal, maxRows: number, out: MessageWriter): void {
@@ -256,8 +265,24 @@ export class Extended {
     const what = reader.byte()
     const name = reader.cstr()
     if (what === 0x53) this.#statements.delete(name)
+    else if (what === 0x50 && name === '') this.#unnamed = null
     else if (what === 0x50) this.#portals.delete(name)
     else throw new SqlError('08P01', `invalid CLOSE message subtype ${what}`)
     out.begin('3').end()
   }
+}
+
+/** BindComplete ('2'). */
+const BIND_COMPLETE = Buffer.from([0x32, 0, 0, 0, 4])
+
+// Format codes of a Bind (`count` int16s): the common lists shared.
+function readCodes (reader: MessageReader, count: number): readonly number[] {
+  if (count <= 0) return NO_CODES
+  if (count === 1) {
+    const code = reader.i16()
+    return code === 0 ? TEXT_CODES : code === 1 ? BINARY_CODES : [code]
+  }
+  const codes: number[] = new Array(count)
+  for (let i = 0; i < count; i++) codes[i] = reader.i16()
+  return codes
 }

@@ -100,16 +100,14 @@ export function pgHandlers (): RouteHandlers<PgRequest, Reply, PgConnection> {
     if (reply.close) ctx.closeConnection()
     return reply
   }
-  const run = (ctx: PgContext, step: (session: Session) => Reply | Promise<Reply>): Reply | Promise<Reply> => {
-    const result = step(ctx.connectionState.session)
-    return result instanceof Promise ? result.then(reply => finish(reply, ctx)) : finish(result, ctx)
-  }
+  const finished = (result: Reply | Promise<Reply>, ctx: PgContext): Reply | Promise<Reply> =>
+    result instanceof Promise ? result.then(reply => finish(reply, ctx)) : finish(result, ctx)
   const handlers: RouteHandlers<PgRequest, Reply, PgConnection> = {
-    group: (frame, ctx) => run(ctx, session => session.messages(frame))
+    group: (frame, ctx) => finished(ctx.connectionState.session.messages(frame), ctx)
   }
   for (const letter of 'QPBEDCHSXFdcfp') {
     const type = letter.charCodeAt(0)
-    handlers[letter] = (body: PgRequest, ctx: PgContext) => run(ctx, session => session.message(type, body))
+    handlers[letter] = (body: PgRequest, ctx: PgContext) => finished(ctx.connectionState.session.message(type, body, 0, body.length), ctx)
   }
   return handlers
 }

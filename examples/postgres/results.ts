@@ -35,9 +35,9 @@ export function writeDataRow (out: MessageWriter, columns: readonly Column[], ro
       out.i32(8).bytes(EIGHT)
       continue
     }
-    const text = type === 'void' ? '' : String(value)
-    out.i32(Buffer.byteLength(text))
-    if (text.length > 0) out.bytes(Buffer.from(text))
+    if (type === 'void') out.i32(0)
+    else if (typeof value === 'number' && Number.isSafeInteger(value)) out.decimalField(value)
+    else out.field(typeof value === 'string' ? value : String(value))
   }
   out.end()
 }

@@ -1,5 +1,5 @@
 import { checkConstants, KvView, SqlError, type KvTable, type TypeName, type Value } from './engine.js'
-import { columnsOf, execute, type Result } from './executor.js'
+import { columnsOf, execute, type Column, type Result } from './executor.js'
 import { Extended } from './extended.js'
 import { writeDataRow, writeRowDescription } from './results.js'
 import { SqlSyntaxError, type Statement } from './sql.js'
@@ -95,15 +95,15 @@ export class Session {
     })
   }
 
-  /** A typed message (`type` its byte) with its body, once started. */
-  message (type: number, body: Buffer): Reply | Promise<Reply> {
+  /** A typed message (`type` its byte) with its body `buf[start, end)`, once started. */
+  message (type: number, buf: Buffer, start: number, end: number): Reply | Promise<Reply> {
     if (this.phase !== 'ready') return NONE
     switch (type) {
-      case 0x51: return this.extended.skipping ? NONE : this.query(body.toString('utf8', 0, Math.max(0, body.length - 1)))
+      case 0x51: return this.extended.skipping ? NONE : this.query(buf.toString('utf8', start, Math.max(start, end - 1)))
       case 0x58: return CLOSE // Terminate
       case 0x70: return fatal('08P01', 'invalid frontend message type 112')
       case 0x64: case 0x63: case 0x66: return NONE // CopyData/CopyDone/CopyFail outside COPY: ignored, as PostgreSQL does
-      default: return this.extended.message(type, body)
+      default: return this.extended.message(type, buf, start, end)
     }
   }
 
@@ -122,7 +122,7 @@ export class Session {
     while (at < frame.length) {
       const type = frame[at]!
       const end = at + 1 + frame.readInt32BE(at + 1)
-      const reply = this.message(type, frame.subarray(at + 5, end))
+      const reply = this.message(type, frame, at + 5, end)
       at = end
       if (reply instanceof Promise) {
         const rest = at
@@ -207,7 +207,7 @@ export class Session {
   }
 
   /** The seconds a statement sleeps (its pg_sleep calls), 0 when none; 25P02 first in a failed transaction. */
-  sleepSecondsOf (statement: Statement, params: Value[], types: Array<TypeName | undefined>): number {
+  sleepSecondsOf (statement: Statement, params: readonly Value[], types: Array<TypeName | undefined>): number {
     if (statement.kind !== 'select') return 0
     this.#checkNotAborted(statement)
     let seconds = 0
@@ -229,8 +229,8 @@ export class Session {
     }
   }
 
-  /** Runs one statement (after its sleep): a transaction command, or a data statement on the session's view. */
-  runStatement (statement: Statement, params: Value[], types: Array<TypeName | undefined>): Result {
+  /** Runs one statement (after its sleep): a transaction command, or a data statement on the session's view (`columns`: its result's, when known). */
+  runStatement (statement: Statement, params: readonly Value[], types: Array<TypeName | undefined>, columns?: Column[] | null): Result {
     this.#checkNotAborted(statement)
     switch (statement.kind) {
       case 'begin':
@@ -254,7 +254,7 @@ export class Session {
         this.implicit = false
         return { columns: null, rows: [], tag: 'ROLLBACK' }
       default:
-        return execute(statement, params, types, this.view)
+        return execute(statement, params, types, this.view, columns)
     }
   }
 
@@ -267,8 +267,10 @@ export class Session {
 
   /** Writes the notices raised so far. */
   flushNotices (out: MessageWriter): void {
-    for (const fields of this.#notices) writeError(out, fields, 'N')
-    this.#notices.length = 0
+    const notices = this.#notices
+    if (notices.length === 0) return
+    for (const fields of notices) writeError(out, fields, 'N')
+    notices.length = 0
   }
 
   /** Ends an implicit transaction: its writes applied, or dropped. */

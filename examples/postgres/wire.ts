@@ -218,6 +218,44 @@ export class MessageWriter {
     return this
   }
 
+  /** A DataRow field: an int32 length, then `text` in UTF-8. */
+  field (text: string): this {
+    const n = text.length
+    this.#room(4 + n * 3)
+    const buf = this.#buf
+    const at = this.#len + 4
+    let i = 0
+    // ASCII, the common case, byte by byte; from the first other character, Buffer's encoder.
+    for (; i < n; i++) {
+      const c = text.charCodeAt(i)
+      if (c >= 0x80) break
+      buf[at + i] = c
+    }
+    const bytes = i === n ? n : i + buf.write(text.slice(i), at + i)
+    buf.writeInt32BE(bytes, this.#len)
+    this.#len = at + bytes
+    return this
+  }
+
+  /** A DataRow field: an int32 length, then the integer `value` (a safe integer) in decimal. */
+  decimalField (value: number): this {
+    let magnitude = value < 0 ? -value : value
+    let digits = 1
+    for (let rest = magnitude; rest >= 10; rest = Math.floor(rest / 10)) digits++
+    const bytes = value < 0 ? digits + 1 : digits
+    this.#room(4 + bytes)
+    const buf = this.#buf
+    buf.writeInt32BE(bytes, this.#len)
+    const at = this.#len + 4
+    if (value < 0) buf[at] = 0x2d
+    for (let i = at + bytes - 1; i >= at + bytes - digits; i--) {
+      buf[i] = 0x30 + (magnitude % 10)
+      magnitude = Math.floor(magnitude / 10)
+    }
+    this.#len = at + bytes
+    return this
+  }
+
   /** Raw bytes already framed (a cached message). */
   raw (data: Uint8Array): this {
     return this.bytes(data)
@@ -301,16 +339,35 @@ export function fatalV2 (message: string): Buffer {
   return Buffer.from(`EFATAL:  ${message}\n\0`, 'utf8')
 }
 
-/** Reads the fields of a client message body in order. Out-of-range reads throw `RangeError` (a malformed message). */
+/** Strings shorter than this are remembered by MessageReader.cstr. */
+const MEMO_BYTES = 64
+
+/**
+ * Reads the fields of a client message body in order. Out-of-range reads
+ * throw `RangeError` (a malformed message). `over` points one reader at the
+ * next message (a session reads its messages one at a time with one reader).
+ */
 export class MessageReader {
-  readonly buf: Buffer
+  buf: Buffer
   pos: number
-  readonly end: number
+  end: number
+  /** The last short string read (below MEMO_BYTES bytes): its bytes and its text. */
+  readonly #memo = new Uint8Array(MEMO_BYTES)
+  #memoLength = -1
+  #memoText = ''
 
   constructor (buf: Buffer, start = 0, end = buf.length) {
     this.buf = buf
     this.pos = start
     this.end = end
+  }
+
+  /** Reads `buf[start, end)` from now on. */
+  over (buf: Buffer, start: number, end: number): this {
+    this.buf = buf
+    this.pos = start
+    this.end = end
+    return this
   }
 
   #need (bytes: number): void {
@@ -337,9 +394,33 @@ export class MessageReader {
   }
 
   cstr (): string {
-    const at = this.buf.indexOf(0, this.pos)
+    const buf = this.buf
+    const pos = this.pos
+    // The unnamed statement or portal: no search, no decoding.
+    if (pos < this.end && buf[pos] === 0) {
+      this.pos++
+      return ''
+    }
+    // A short name (a prepared statement's, bound again and again): found and compared with the last one in one pass.
+    const memo = this.#memo
+    const limit = Math.min(this.end - pos, MEMO_BYTES)
+    let same = true
+    for (let i = 0; i < limit; i++) {
+      const c = buf[pos + i]!
+      if (c === 0) {
+        if (!same || i !== this.#memoLength) {
+          for (let j = 0; j < i; j++) memo[j] = buf[pos + j]!
+          this.#memoLength = i
+          this.#memoText = buf.toString('utf8', pos, pos + i)
+        }
+        this.pos = pos + i + 1
+        return this.#memoText
+      }
+      if (same && memo[i] !== c) same = false
+    }
+    const at = buf.indexOf(0, pos)
     if (at < 0 || at >= this.end) throw new RangeError('invalid string in message')
-    const text = this.buf.toString('utf8', this.pos, at)
+    const text = buf.toString('utf8', pos, at)
     this.pos = at + 1
     return text
   }

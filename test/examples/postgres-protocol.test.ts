@@ -61,6 +61,14 @@ const CASES: Case[] = [
     wait: readyCount(2)
   },
   {
+    name: 'one statement described and run in binary, text and the default formats again; negative and non-ASCII values',
+    send: [startup(), parseMsg('f', 'SELECT $1::int AS n, \'é日\' AS t, $2 AS s'),
+      bind('a', 'f', [Buffer.from('-5'), Buffer.from('ü')], [], [1]), describe('P', 'a'), execute('a'),
+      bind('b', 'f', [Buffer.from('-2147483648'), Buffer.from('')], [], [0]), describe('P', 'b'), execute('b'),
+      bind('', 'f', [Buffer.from('3'), null]), describe('P', ''), execute(''), describe('S', 'f'), bind('', 'f', [Buffer.from('4'), Buffer.from('z')], [], [1]), describe('P', ''), execute(''), sync()],
+    wait: readyCount(2)
+  },
+  {
     name: 'parameter types inferred, NoData, row limits',
     send: [startup(), parseMsg('ins', 'INSERT INTO kv (k, v) VALUES ($1, $2)'), describe('S', 'ins'), bind('', 'ins', [Buffer.from('r1'), Buffer.from('1')]), execute(''),
       bind('', 'ins', [Buffer.from('r2'), Buffer.from('2')]), execute(''), sync(),

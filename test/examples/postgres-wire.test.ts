@@ -3,10 +3,11 @@
  * (examples/postgres/wire.ts): extended-query messages that have arrived
  * up to a Sync or Flush are one frame (a group); a group is never waited
  * for, and stays within the frame limit and MAX_GROUP_MESSAGES; bad input
- * is an error carrying the FATAL to send, or none.
+ * is an error carrying the FATAL to send, or none. The reader's strings
+ * and the writer's DataRow fields are the bytes PostgreSQL's are.
  */
 import t from 'tap'
-import { MAX_GROUP_MESSAGES, messageFraming, StreamError, isGroup, startupFraming } from '../../examples/postgres/wire.js'
+import { MAX_GROUP_MESSAGES, MessageReader, MessageWriter, messageFraming, StreamError, isGroup, startupFraming } from '../../examples/postgres/wire.js'
 import { message, packet } from '../helpers/pg-raw.js'
 
 const scan = (bytes: Buffer, max = 1 << 20): number | Error => messageFraming(max).scanner().scan(bytes, 0, bytes.length)
@@ -53,4 +54,32 @@ t.test('bad input: an unknown type carries its FATAL, a length below 4 none, a b
   t.ok(low instanceof StreamError && low.words === null)
   const ok = packet(80877103)
   t.equal(startup.scan(ok, 0, ok.length), 8)
+})
+
+t.test('a reused reader reads each string as it is, a name read again included', async (t) => {
+  const reader = new MessageReader(Buffer.alloc(0))
+  const strings = ['P0_0', '', 'P0_0', 'P0_', 'P0_0X', 'P0_0', 'é…', 'x'.repeat(63), 'x'.repeat(64), 'x'.repeat(200), 'P0_0']
+  const body = Buffer.concat(strings.map(text => Buffer.from(`${text}\0`)))
+  reader.over(body, 0, body.length)
+  t.same(strings.map(() => reader.cstr()), strings)
+  t.equal(reader.remaining, 0)
+  const cut = Buffer.from('P0_0')
+  t.throws(() => reader.over(cut, 0, cut.length).cstr(), RangeError, 'no NUL before the end')
+  const outside = Buffer.from('P0\0')
+  t.throws(() => reader.over(outside, 0, 2).cstr(), RangeError, 'the NUL past the message end')
+})
+
+t.test('DataRow fields: a length, then the text in UTF-8, or the integer in decimal', async (t) => {
+  const texts = ['', 'abc', 'é', '日本', 'a😀b', 'x'.repeat(300), 'ab\ud800']
+  const numbers = [0, 7, -7, 10, 99, -100, 2147483647, -2147483648, Number.MAX_SAFE_INTEGER, -Number.MAX_SAFE_INTEGER]
+  const out = new MessageWriter(8)
+  for (const text of texts) out.field(text)
+  for (const n of numbers) out.decimalField(n)
+  const want = Buffer.concat([...texts, ...numbers.map(String)].map(text => {
+    const bytes = Buffer.from(text)
+    const length = Buffer.alloc(4)
+    length.writeInt32BE(bytes.length)
+    return Buffer.concat([length, bytes])
+  }))
+  t.same(out.take(), want)
 })
