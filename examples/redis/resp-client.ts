@@ -92,6 +92,11 @@ const IN_BULK = 4
 const MAX_LENGTH_DIGITS = 15
 /** The fewest bytes a value takes (`+\r\n`, an empty simple string). */
 const MIN_ELEMENT_BYTES = 3
+/** Elements left in an array from which bulk string headers are read a word at a time (a DataView per scan). */
+const WORD_RUN_MIN = 16
+/** `$`, a digit, CR, LF as a little-endian word, the digit masked out; and `$`, two digits, CR. */
+const HEAD_1 = 0x0a0d0024
+const HEAD_2 = 0x0d000024
 /** Entries an array's index starts with (it grows with the elements that arrive, never by its count alone). */
 const FIRST_INDEX_ENTRIES = 4096
 
@@ -180,19 +185,34 @@ export class ReplyScanner implements FrameScanner {
             // these bytes may hold (a bulk string takes at least 6), so the loop stores without a check.
             const starts = depth === 0 && this.#starts !== null ? this.#room(Math.min(remaining, Math.floor((end - p) / 6) + 1)) : null
             let recorded = this.#recorded
+            // Many elements: headers of one or two digits are read four bytes at once.
+            const words = remaining >= WORD_RUN_MIN ? new DataView(buf.buffer, buf.byteOffset, buf.byteLength) : null
             // In line (a call per element costs as much as the rest): `$`, digits, CRLF, the data, CRLF.
-            while (remaining > 0 && p < end && buf[p] === DOLLAR) {
-              let q = p + 1
-              let n = 0
-              const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
-              let c = 0
-              for (; q < digitsEnd; q++) {
-                c = buf[q]!
-                if (c < ZERO || c > NINE) break
-                n = n * 10 + (c - ZERO)
+            while (remaining > 0 && p < end) {
+              let stop = 0
+              const w = words !== null && p + 4 < end ? words.getUint32(p, true) : 0
+              const d1 = ((w >>> 8) & 0xff) - ZERO
+              const d2 = ((w >>> 16) & 0xff) - ZERO
+              if ((w & 0xffff00ff) === HEAD_1 && d1 >= 0 && d1 <= 9) {
+                // `$` digit CR LF
+                stop = p + 6 + d1
+              } else if ((w & 0xff0000ff) === HEAD_2 && d1 >= 0 && d1 <= 9 && d2 >= 0 && d2 <= 9 && buf[p + 4] === LF) {
+                // `$` digit digit CR, then LF
+                stop = p + 7 + d1 * 10 + d2
+              } else {
+                if (buf[p] !== DOLLAR) break
+                let q = p + 1
+                let n = 0
+                const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
+                let c = 0
+                for (; q < digitsEnd; q++) {
+                  c = buf[q]!
+                  if (c < ZERO || c > NINE) break
+                  n = n * 10 + (c - ZERO)
+                }
+                if (q === p + 1 || c !== CR || q + 1 >= end || buf[q + 1] !== LF) break
+                stop = q + 4 + n
               }
-              if (q === p + 1 || c !== CR || q + 1 >= end || buf[q + 1] !== LF) break
-              const stop = q + 4 + n
               if (stop > end) break
               if (buf[stop - 2] !== CR || buf[stop - 1] !== LF) return malformed('a bulk string not ended by CRLF')
               if (starts !== null) starts[recorded++] = p - start
