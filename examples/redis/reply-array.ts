@@ -2,9 +2,11 @@
  * An array reply kept as its bytes (`RedisClient.compact`): one buffer and
  * one offset per element instead of one JavaScript object per element. An
  * LRANGE of 4 M small elements decoded into 4 M Buffers costs seconds of
- * CPU and ~100 bytes of heap per element; kept compact, it costs one pass
- * over the reply and 4 bytes per element, and an element is decoded only
- * when it is asked for.
+ * CPU and ~100 bytes of heap per element; kept compact, it costs 4 bytes
+ * per element and no pass over the reply beyond the scanner's, which
+ * records where a large array's elements start while it looks for the
+ * reply's end (`ArrayIndex`); an element is decoded only when it is asked
+ * for.
  */
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { CR, LF } from './resp.js'
