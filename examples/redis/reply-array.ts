@@ -2,9 +2,11 @@
  * An array reply kept as its bytes (`RedisClient.compact`): one buffer and
  * one offset per element instead of one JavaScript object per element. An
  * LRANGE of 4 M small elements decoded into 4 M Buffers costs seconds of
- * CPU and ~100 bytes of heap per element; kept compact, it costs one pass
- * over the reply and 4 bytes per element, and an element is decoded only
- * when it is asked for.
+ * CPU and ~100 bytes of heap per element; kept compact, it costs 4 bytes
+ * per element and no pass over the reply beyond the scanner's, which
+ * records where a large array's elements start while it looks for the
+ * reply's end (`ArrayIndex`); an element is decoded only when it is asked
+ * for.
  */
 import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { CR, LF } from './resp.js'
@@ -14,6 +16,34 @@ const STAR = 0x2a
 const PLUS = 0x2b
 const MINUS = 0x2d
 const ZERO = 0x30
+
+/** A top-level array reply this long or longer has its elements' starts recorded by the reply scanner (`ArrayIndex`). */
+export const INDEXED_ARRAY_MIN = 1024
+
+/**
+ * Where the elements of the last large top-level array reply start, as the
+ * reply scanner found them while looking for its end (offsets from the
+ * reply's first byte; entry `count` is where the last element ends), so
+ * that its compact decoding does not walk the reply a second time. One per
+ * client protocol, shared by its connections' scanners: a reply is decoded
+ * in the same turn as its scanner ends it, before any other reply is
+ * scanned, and `decodeCompact` checks that the index is the reply's
+ * (its size and count) before using it, and lets go of it.
+ */
+export class ArrayIndex {
+  /** The offsets (`count + 1` of them), or null when none is held. */
+  starts: Uint32Array | null = null
+  /** The reply's elements and bytes. */
+  count = 0
+  bytes = 0
+
+  /** The offsets if they are those of a reply of `bytes` bytes and `count` elements; forgets them either way. */
+  take (count: number, bytes: number): Uint32Array | null {
+    const starts = this.starts
+    this.starts = null
+    return starts !== null && this.count === count && this.bytes === bytes && starts.length === count + 1 ? starts : null
+  }
+}
 
 /** A reply as `RedisClient.compact` gives it: as `RedisReply`, but every array a `RedisArrayReply`. */
 export type CompactReply = string | number | bigint | Buffer | null | RpcError | RedisArrayReply
@@ -147,6 +177,11 @@ function arrayAt (buf: Buffer, p: number): RedisArrayReply {
   let n = 0
   for (let c = buf[q]!; c !== CR; c = buf[++q]!) n = n * 10 + (c - ZERO)
   q += 2
+  return new RedisArrayReply(buf, startsOf(buf, q, n))
+}
+
+/** Where each of the n elements from q on starts, and where the last ends. */
+function startsOf (buf: Buffer, q: number, n: number): Uint32Array {
   const starts = new Uint32Array(n + 1)
   for (let i = 0; i < n; i++) {
     starts[i] = q
@@ -166,7 +201,7 @@ function arrayAt (buf: Buffer, p: number): RedisArrayReply {
     }
   }
   starts[n] = q
-  return new RedisArrayReply(buf, starts)
+  return starts
 }
 
 /**
@@ -175,8 +210,10 @@ function arrayAt (buf: Buffer, p: number): RedisArrayReply {
  * reply is at least half of the memory behind it, as a reply assembled
  * from many reads is, else a copy, so that a small reply does not keep a
  * whole read buffer alive), anything else as `decodeAnswer` decodes it.
+ * With `index`, the starts the reply scanner recorded for a large array
+ * are used instead of walking its elements again.
  */
-export function decodeCompact (buf: Buffer, start: number, end: number): CompactReply {
+export function decodeCompact (buf: Buffer, start: number, end: number, index?: ArrayIndex): CompactReply {
   if (buf[start] !== STAR) return valueAt(buf, start, end, true)
   if (buf[start + 1] === MINUS) return null
   let bytes: Buffer
@@ -186,5 +223,10 @@ export function decodeCompact (buf: Buffer, start: number, end: number): Compact
     bytes = Buffer.allocUnsafe(end - start)
     buf.copy(bytes, 0, start, end)
   }
-  return arrayAt(bytes, 0)
+  let q = 1
+  let n = 0
+  for (let c = bytes[q]!; c !== CR; c = bytes[++q]!) n = n * 10 + (c - ZERO)
+  // A large array's starts were found by the scanner (offsets from the reply's first byte: positions in `bytes`).
+  const known = index !== undefined && n >= INDEXED_ARRAY_MIN ? index.take(n, end - start) : null
+  return new RedisArrayReply(bytes, known ?? startsOf(bytes, q + 2, n))
 }

@@ -9,7 +9,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import type { FrameScanner } from '../../codec/frame-decoder.js'
 import type { FrameSink } from '../../codec/frame-sink.js'
 import { CR, LF } from './resp.js'
-import { decodeCompact, redisError, type RedisArrayReply } from './reply-array.js'
+import { ArrayIndex, INDEXED_ARRAY_MIN, decodeCompact, redisError, type RedisArrayReply } from './reply-array.js'
 
 export { redisError }
 
@@ -92,6 +92,13 @@ const IN_BULK = 4
 const MAX_LENGTH_DIGITS = 15
 /** The fewest bytes a value takes (`+\r\n`, an empty simple string). */
 const MIN_ELEMENT_BYTES = 3
+/** Elements left in an array from which bulk string headers are read a word at a time (a DataView per scan). */
+const WORD_RUN_MIN = 16
+/** `$`, a digit, CR, LF as a little-endian word, the digit masked out; and `$`, two digits, CR. */
+const HEAD_1 = 0x0a0d0024
+const HEAD_2 = 0x0d000024
+/** Entries an array's index starts with (it grows with the elements that arrive, never by its count alone). */
+const FIRST_INDEX_ENTRIES = 4096
 
 const PLUS = 0x2b
 const MINUS = 0x2d
@@ -116,7 +123,11 @@ function indexOfLf (buf: Buffer, from: number, end: number): number {
  * all, not again from its first byte on each read). Its state: the phase
  * within the current value, the position of the next byte (relative to
  * the reply's start), the length being read, and how many elements each
- * open array still awaits (innermost last).
+ * open array still awaits (innermost last). Given an `ArrayIndex`, it
+ * records there where the elements of a top-level array of at least
+ * `INDEXED_ARRAY_MIN` elements start (for `decodeCompact`); the offsets it
+ * holds meanwhile grow with the elements that arrived (4 bytes each, for
+ * at least 3 bytes of reply), so a count claimed is never allocated.
  */
 export class ReplyScanner implements FrameScanner {
   #phase = AT_TYPE
@@ -137,8 +148,24 @@ export class ReplyScanner implements FrameScanner {
   /** Bytes looked at since made (tests count them: each byte once, however the reply is split). */
   examined = 0
 
+  /** Entries of the element index being recorded (tests check it grows with what arrived, not with a count claimed). */
+  get indexEntries (): number {
+    return this.#starts === null ? 0 : this.#starts.length
+  }
+
   /** Where this scan started, relative to the reply's first byte (for `examined`). */
   #from = 0
+
+  /** Where a large top-level array's element starts go once it ends, or null. */
+  readonly #index: ArrayIndex | null
+  /** Its element starts so far (`#recorded` of them), while one is being scanned; else null. */
+  #starts: Uint32Array | null = null
+  #recorded = 0
+  #count = 0
+
+  constructor (index: ArrayIndex | null = null) {
+    this.#index = index
+  }
 
   scan (buf: Buffer, start: number, end: number): number | RpcError {
     this.#from = this.#pos
@@ -154,24 +181,45 @@ export class ReplyScanner implements FrameScanner {
             const depth = left.length - 1
             let remaining = depth < 0 ? 1 : left[depth]!
             const first = p
+            // The top-level array's element starts, when they are recorded: room for as many as
+            // these bytes may hold (a bulk string takes at least 6), so the loop stores without a check.
+            const starts = depth === 0 && this.#starts !== null ? this.#room(Math.min(remaining, Math.floor((end - p) / 6) + 1)) : null
+            let recorded = this.#recorded
+            // Many elements: headers of one or two digits are read four bytes at once.
+            const words = remaining >= WORD_RUN_MIN ? new DataView(buf.buffer, buf.byteOffset, buf.byteLength) : null
             // In line (a call per element costs as much as the rest): `$`, digits, CRLF, the data, CRLF.
-            while (remaining > 0 && p < end && buf[p] === DOLLAR) {
-              let q = p + 1
-              let n = 0
-              const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
-              let c = 0
-              for (; q < digitsEnd; q++) {
-                c = buf[q]!
-                if (c < ZERO || c > NINE) break
-                n = n * 10 + (c - ZERO)
+            while (remaining > 0 && p < end) {
+              let stop = 0
+              const w = words !== null && p + 4 < end ? words.getUint32(p, true) : 0
+              const d1 = ((w >>> 8) & 0xff) - ZERO
+              const d2 = ((w >>> 16) & 0xff) - ZERO
+              if ((w & 0xffff00ff) === HEAD_1 && d1 >= 0 && d1 <= 9) {
+                // `$` digit CR LF
+                stop = p + 6 + d1
+              } else if ((w & 0xff0000ff) === HEAD_2 && d1 >= 0 && d1 <= 9 && d2 >= 0 && d2 <= 9 && buf[p + 4] === LF) {
+                // `$` digit digit CR, then LF
+                stop = p + 7 + d1 * 10 + d2
+              } else {
+                if (buf[p] !== DOLLAR) break
+                let q = p + 1
+                let n = 0
+                const digitsEnd = Math.min(end, q + MAX_LENGTH_DIGITS)
+                let c = 0
+                for (; q < digitsEnd; q++) {
+                  c = buf[q]!
+                  if (c < ZERO || c > NINE) break
+                  n = n * 10 + (c - ZERO)
+                }
+                if (q === p + 1 || c !== CR || q + 1 >= end || buf[q + 1] !== LF) break
+                stop = q + 4 + n
               }
-              if (q === p + 1 || c !== CR || q + 1 >= end || buf[q + 1] !== LF) break
-              const stop = q + 4 + n
               if (stop > end) break
               if (buf[stop - 2] !== CR || buf[stop - 1] !== LF) return malformed('a bulk string not ended by CRLF')
+              if (starts !== null) starts[recorded++] = p - start
               p = stop
               remaining--
             }
+            if (starts !== null) this.#recorded = recorded
             if (p !== first) {
               if (depth < 0) return this.#frameEnded(p, start)
               left[depth] = remaining
@@ -195,6 +243,7 @@ export class ReplyScanner implements FrameScanner {
             return malformed(`unknown type byte 0x${type.toString(16)}`)
           }
           this.#type = type
+          if (this.#starts !== null && this.#left.length === 1) this.#record(p - start)
           p++
           break
         }
@@ -240,6 +289,11 @@ export class ReplyScanner implements FrameScanner {
             if (this.#left.length >= MAX_DEPTH) return malformed('arrays nested too deep')
             // Each element takes at least 3 bytes (`+\r\n`): a count the reply cannot be that long for is refused before it arrives.
             this.#atLeast = Math.max(this.#atLeast, p - start + MIN_ELEMENT_BYTES * n)
+            if (this.#left.length === 0 && n >= INDEXED_ARRAY_MIN && this.#index !== null) {
+              this.#starts = new Uint32Array(Math.min(n + 1, FIRST_INDEX_ENTRIES))
+              this.#recorded = 0
+              this.#count = n
+            }
             this.#left.push(n)
             this.#phase = AT_TYPE
             break
@@ -277,8 +331,34 @@ export class ReplyScanner implements FrameScanner {
 
   #frameEnded (p: number, start: number): number {
     this.examined += p - start - this.#from
+    if (this.#starts !== null) this.#publish(p - start)
     this.reset()
     return p - start
+  }
+
+  // The start of element `#recorded` of the top-level array.
+  #record (at: number): void {
+    this.#room(1)[this.#recorded++] = at
+  }
+
+  // The starts, with room for `more` after those recorded (at most one per element and one for the end): doubled when short.
+  #room (more: number): Uint32Array {
+    const old = this.#starts!
+    const need = this.#recorded + more
+    if (need <= old.length) return old
+    const grown = new Uint32Array(Math.min(Math.max(2 * old.length, need), this.#count + 1))
+    grown.set(old)
+    this.#starts = grown
+    return grown
+  }
+
+  // The array ended `bytes` into the reply: its starts, and its end, go to the index.
+  #publish (bytes: number): void {
+    const index = this.#index!
+    this.#record(bytes)
+    index.starts = this.#starts
+    index.count = this.#count
+    index.bytes = bytes
   }
 
   #more (p: number, start: number, atLeast: number): number {
@@ -301,6 +381,7 @@ export class ReplyScanner implements FrameScanner {
     this.#pos = 0
     this.#atLeast = 0
     this.#left.length = 0
+    this.#starts = null
   }
 }
 
@@ -365,9 +446,11 @@ const READ_ONLY: ReadonlySet<string> = new Set(['GET', 'MGET', 'EXISTS', 'STRLEN
 
 /** RESP2, client side: replies decode as `RedisReply`, a `compact` command's array reply as a `RedisArrayReply`. */
 export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply | RedisArrayReply> {
+  // A large array's element starts, from the scanner that ended it to the decodeAnswer that follows in the same turn.
+  const index = new ArrayIndex()
   return {
     name: 'redis',
-    framing: { scanner: () => new ReplyScanner() },
+    framing: { scanner: () => new ReplyScanner(index) },
     matching: 'in-order',
     encode (command, _id, out): void {
       if (!command.large) {
@@ -384,7 +467,12 @@ export function redisClientProtocol (): ClientProtocol<RedisCommand, RedisReply 
       }
       putLatin1(out, head)
     },
-    decodeAnswer: (command, buf, start, end) => command.compact ? decodeCompact(buf, start, end) : decodeAt(buf, start),
+    decodeAnswer (command, buf, start, end) {
+      if (command.compact) return decodeCompact(buf, start, end, index)
+      // An index recorded for this reply is not needed: not kept alive either.
+      if (index.starts !== null) index.starts = null
+      return decodeAt(buf, start)
+    },
     retryable: (error, command) => error.remote !== undefined
       ? RETRYABLE_ERRORS.has(error.remote.name)
       : READ_ONLY.has(command.args[0]!.toString('latin1').toUpperCase())

@@ -13,6 +13,7 @@ import { ErrorCode, RpcError } from '../../codec/errors.js'
 import { ScanDecoder } from '../../codec/scan-decoder.js'
 import type { ScanFraming } from '../../codec/frame-decoder.js'
 import { RedisArrayReply, RedisClient, decodeCompact, type CompactReply, type RedisReply } from '../../examples/redis/client.js'
+import { ArrayIndex, INDEXED_ARRAY_MIN } from '../../examples/redis/reply-array.js'
 import { ReplyScanner, decodeValue, redisClientProtocol } from '../../examples/redis/resp-client.js'
 import { realRedis } from '../helpers/real-servers.js'
 
@@ -182,6 +183,87 @@ t.test('decoding a large array compact makes no object per element, and the scan
   t.equal(a.length, n)
   t.equal(a.string(n - 1), String(n - 1))
   t.equal(a.string(12345), '12345')
+})
+
+/** A top-level array of `n` elements cycling through every kind of value, and where each element starts. */
+function mixedArray (n: number): { reply: Buffer, starts: number[] } {
+  const kinds = ['$5\r\nhello\r\n', '$-1\r\n', '+fine\r\n', ':12\r\n', '-ERR bad thing\r\n', '*2\r\n$1\r\nx\r\n*-1\r\n', '$0\r\n\r\n',
+    '$12\r\n\r\n$3\r\n:1\r\n*0\r\n', '*-1\r\n', ':-9223372036854775808\r\n', '$1\r\n\r\r\n', '*0\r\n']
+  const head = `*${n}\r\n`
+  const parts = [head]
+  const starts: number[] = []
+  let at = head.length
+  for (let i = 0; i < n; i++) {
+    const part = kinds[i % kinds.length]!
+    starts.push(at)
+    parts.push(part)
+    at += part.length
+  }
+  starts.push(at)
+  return { reply: Buffer.from(parts.join(''), 'latin1'), starts }
+}
+
+t.test('a large array: the element starts the scanner records are where the elements start, however the reply is split, and the compact decoding takes them', async (t) => {
+  const n = 3 * INDEXED_ARRAY_MIN
+  const { reply, starts } = mixedArray(n)
+  const expected = comparable(decodeValue(reply, 0)[0])
+  for (const step of [1, 2, 7, 100, 4096, 65536, reply.length]) {
+    const index = new ArrayIndex()
+    const decoder = new ScanDecoder({ scanner: () => new ReplyScanner(index) }, 16 * 1024 * 1024)
+    const frames: Array<{ recorded: number[] | null, value: unknown, left: Uint32Array | null }> = []
+    for (let at = 0; at < reply.length; at += step) {
+      const error = decoder.pushRanges(Buffer.from(reply.subarray(at, at + step)), (buf, start, end) => {
+        const recorded = index.starts === null ? null : [...index.starts]
+        const value = comparable(plain(decodeCompact(buf, start, end, index)))
+        frames.push({ recorded, value, left: index.starts })
+      })
+      if (error !== null) throw error
+    }
+    t.equal(frames.length, 1, `reads of ${step}: one frame`)
+    t.same(frames[0]!.recorded, starts, `reads of ${step}: ${n} starts and the end recorded, each where its element starts`)
+    t.same(frames[0]!.value, expected, `reads of ${step}: decoded as the eager decoder does`)
+    t.equal(frames[0]!.left, null, `reads of ${step}: the compact decoding took the index (nothing kept alive)`)
+  }
+})
+
+t.test('an index that is not the reply\'s is not used; small arrays and other replies record none', async (t) => {
+  const n = INDEXED_ARRAY_MIN + 5
+  const { reply } = mixedArray(n)
+  const expected = comparable(decodeValue(reply, 0)[0])
+  // Of another reply: the same count, another size; the same size, another count.
+  for (const [count, bytes] of [[n, reply.length + 1], [n + 1, reply.length]] as const) {
+    const index = new ArrayIndex()
+    index.starts = new Uint32Array(count + 1)
+    index.count = count
+    index.bytes = bytes
+    t.same(comparable(plain(decodeCompact(reply, 0, reply.length, index))), expected, `count ${count}, ${bytes} bytes: not used`)
+    t.equal(index.starts, null, 'and let go of')
+  }
+  const index = new ArrayIndex()
+  const scanner = new ReplyScanner(index)
+  const small = mixedArray(INDEXED_ARRAY_MIN - 1).reply
+  for (const other of [small, Buffer.from('$5\r\nhello\r\n'), Buffer.from(':1\r\n'), Buffer.from('*-1\r\n')]) {
+    t.equal(scanner.scan(other, 0, other.length), other.length)
+    t.equal(index.starts, null, `${JSON.stringify(other.subarray(0, 8).toString('latin1'))}...: no index`)
+  }
+  t.equal(scanner.scan(reply, 0, reply.length), reply.length)
+  t.equal(index.starts?.length, n + 1, `an array of ${n}: indexed`)
+})
+
+t.test('the index grows with the elements that arrived, not with the count a header claims', async (t) => {
+  const scanner = new ReplyScanner(new ArrayIndex())
+  const claimed = 10_000_000
+  const element = '$5\r\nhello\r\n'
+  const first = Buffer.from(`*${claimed}\r\n${element.repeat(100)}`, 'latin1')
+  t.equal(scanner.scan(first, 0, first.length), -(first.indexOf('\n') + 1 + 3 * claimed), 'not whole: at least 3 bytes an element')
+  t.ok(scanner.indexEntries <= 4096, `${scanner.indexEntries} entries for 100 elements (${claimed} claimed)`)
+  // 50,000 more elements, the reply still open: the index follows them, within twice their count.
+  const more = Buffer.from(element.repeat(50_000), 'latin1')
+  const whole = Buffer.concat([first, more])
+  t.equal(scanner.scan(whole, 0, whole.length), -(first.indexOf('\n') + 1 + 3 * claimed), 'still not whole')
+  t.ok(scanner.indexEntries >= 50_100 && scanner.indexEntries <= 2 * 50_100 + 4096, `${scanner.indexEntries} entries for 50,100 elements`)
+  scanner.reset()
+  t.equal(scanner.indexEntries, 0, 'a reset lets it go')
 })
 
 t.test('RedisClient.commandCompact against redis-server: what command gives, arrays compact', { skip: noRedis }, async (t) => {

@@ -83,6 +83,31 @@ t.test('malformed replies are refused, whole or split', async (t) => {
   t.same(decode(replyFraming, Buffer.from('*1\r\n'.repeat(64) + ':1\r\n', 'latin1'), 3).length, 1, '64 levels of arrays are fine')
 })
 
+t.test('long arrays (bulk string headers read a word at a time): every length, split anywhere, and malformed elements refused', async (t) => {
+  // Lengths of one, two and three digits, data holding CR, LF and `$`.
+  const data = (n: number): string => Array.from({ length: n }, (_, i) => '\r\n$ab'[i % 5]).join('')
+  const elements = [0, 1, 2, 9, 10, 11, 42, 99, 100, 123, 5, 1, 0, 77, 3, 2, 1, 64, 8, 300].map((n) => `$${n}\r\n${data(n)}\r\n`)
+  const good = `*${elements.length}\r\n${elements.join('')}`
+  const stream = Buffer.from(good + '+after\r\n', 'latin1')
+  for (const step of [1, 2, 3, 5, 7, 64, stream.length]) {
+    const frames = decode(replyFraming, stream, step)
+    t.same(frames.map((f) => f.toString('latin1')), [good, '+after\r\n'], `reads of ${step} bytes`)
+  }
+  const [value] = decodeValue(Buffer.from(good, 'latin1'), 0)
+  t.same((value as Buffer[]).map((b) => b.toString('latin1')), elements.map((e) => e.slice(e.indexOf('\n') + 1, -2)), 'each element\'s data')
+  // A malformed element first, in the middle or last of 20 good ones.
+  for (const bad of ['$1\r\nab\r\n', '$12\r\nabcdefghijkl\rX', '$1\rXa\r\n', '$12\rXabcdefghijkl\r\n', '$1x\r\na\r\n', '$:1\r\n', '$5\r\nabcde\n\r', '$123\r\n' + 'a'.repeat(123) + 'XY']) {
+    for (const at of [0, 10, 20]) {
+      const list = Array.from({ length: 20 }, (_, i) => elements[i]!)
+      list.splice(at, 0, bad)
+      const reply = Buffer.from(`*${list.length}\r\n${list.join('')}`, 'latin1')
+      for (const step of [1, 5, reply.length]) {
+        t.throws(() => decode(replyFraming, reply, step), { code: ErrorCode.MALFORMED_FRAME }, `${JSON.stringify(bad.slice(0, 16))} at ${at}, reads of ${step}`)
+      }
+    }
+  }
+})
+
 t.test('a reply of many elements split into many reads is scanned in linear work', async (t) => {
   const n = 4000
   const reply = lrangeReply(n)
