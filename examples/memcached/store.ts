@@ -238,7 +238,7 @@ function ownView (memory: Buffer): DataView {
   return new DataView(memory.buffer, memory.byteOffset, memory.length)
 }
 
-// MurmurHash3 (x86, 32-bit, seed 0) over key[start, end), as a signed
+// MurmurHash3 (x86, 32-bit, starting from 0) over key[start, end), as a signed
 // 32-bit number (what #meta holds).
 function hashOf (key: Uint8Array, start = 0, end = key.length): number {
   const length = end - start
