@@ -72,10 +72,11 @@ export interface Deframer {
   readonly bufferedBytes: number
   readonly heldBytes: number
   maxFrameBytes: number
-  /** After a sink returned false: how many bytes of that chunk were decoded. */
+  /** After a sink returned false: where decoding of that chunk stopped (an offset in it: the bytes from there on were not looked at). */
   readonly consumed: number
   stop: () => void
-  pushRanges: (chunk: Buffer, sink: FrameRangeSink) => RpcError | null
+  /** Feeds `chunk[from, to)` (default: all of it); every complete frame goes to `sink` in order, as a range of a buffer. */
+  pushRanges: (chunk: Buffer, sink: FrameRangeSink, from?: number, to?: number) => RpcError | null
 }
 
 /** Called with each complete frame; return `false` to stop decoding the chunk (`consumed` then says where it stopped). */
@@ -168,12 +169,12 @@ export class FrameDecoder implements Deframer {
     this.#maxFrameBytes = bytes
   }
 
-  /** Stops decoding: further chunks are ignored and the partial frame is released. */
-  /** After a sink returned false: how many bytes of that chunk were decoded (the rest was not looked at). */
+  /** After a sink returned false: where decoding of that chunk stopped (an offset in it; the rest was not looked at). */
   get consumed (): number {
     return this.#consumed
   }
 
+  /** Stops decoding: further chunks are ignored and the partial frame is released. */
   stop (): void {
     this.#stopped = true
     this.#release()
@@ -184,12 +185,16 @@ export class FrameDecoder implements Deframer {
     return this.pushRanges(chunk, (buf, start, end) => sink(start === 0 && end === buf.length ? buf : buf.subarray(start, end)))
   }
 
-  /** Feeds one chunk; every complete frame goes to `sink` in order, as a range of a buffer. */
-  pushRanges (chunk: Buffer, sink: FrameRangeSink): RpcError | null {
+  /**
+   * Feeds `chunk[from, to)` (default: all of it); every complete frame goes
+   * to `sink` in order, as a range of a buffer. A range spares the caller a
+   * view of the bytes it was handed as a range (a read of a shared slab).
+   */
+  pushRanges (chunk: Buffer, sink: FrameRangeSink, from = 0, to = chunk.length): RpcError | null {
     if (this.#error !== null) return this.#error
     if (this.#stopped) return null
-    let offset = 0
-    const length = chunk.length
+    let offset = from
+    const length = to
 
     while (this.#partial !== null) {
       const take = Math.min(this.#frameBytes - this.#filled, length - offset)

@@ -80,7 +80,7 @@ export class ScanDecoder implements Deframer {
     this.#maxFrameBytes = bytes
   }
 
-  /** After a sink returned false: how many bytes of that chunk were decoded (the rest was not looked at). */
+  /** After a sink returned false: where decoding of that chunk stopped (an offset in it; the rest was not looked at). */
   get consumed (): number {
     return this.#consumed
   }
@@ -90,11 +90,19 @@ export class ScanDecoder implements Deframer {
     this.#release()
   }
 
-  pushRanges (chunk: Buffer, sink: FrameRangeSink): RpcError | null {
+  pushRanges (chunk: Buffer, sink: FrameRangeSink, from = 0, to = chunk.length): RpcError | null {
     if (this.#error !== null) return this.#error
     if (this.#stopped) return null
-    let offset = 0
-    const length = chunk.length
+    // The rest of a frame still arriving is read from the chunk's first byte: a range becomes a view then.
+    let base = 0
+    if (this.#active && (from !== 0 || to !== chunk.length)) {
+      chunk = chunk.subarray(from, to)
+      base = from
+      from = 0
+      to = chunk.length
+    }
+    let offset = from
+    const length = to
     if (this.#active) {
       // What the chunk may hold of the frame, scanned from where the scanner left off.
       const before = this.#filled
@@ -113,7 +121,7 @@ export class ScanDecoder implements Deframer {
       const frame = this.#retains ? this.#pieces!.take(chunk, 0, offset) : this.#window!
       this.#release()
       this.#scanner.reset()
-      if (sink(frame, 0, size) === false || this.#stopped) return this.#stoppedAt(offset)
+      if (sink(frame, 0, size) === false || this.#stopped) return this.#stoppedAt(base + offset)
     }
     while (offset < length) {
       const size = this.#scanner.scan(chunk, offset, length)
@@ -140,7 +148,7 @@ export class ScanDecoder implements Deframer {
       const start = offset
       offset += size
       this.#scanner.reset()
-      if (sink(chunk, start, offset) === false || this.#stopped) return this.#stoppedAt(offset)
+      if (sink(chunk, start, offset) === false || this.#stopped) return this.#stoppedAt(base + offset)
     }
     return null
   }

@@ -28,6 +28,13 @@ export interface ByteStream {
    */
   write: (chunk: Buffer) => boolean
   /**
+   * Optional: writes `buf[start, end)` as `write` would write a view of it,
+   * without making the view. A stream that has it copies what the kernel
+   * takes at once: when it returns true and `writableLength` is 0 after it,
+   * it holds nothing of `buf`, and the caller may write over that range.
+   */
+  writeRange?: (buf: Buffer, start: number, end: number) => boolean
+  /**
    * Writes `slices` in order as one gathered write (writev), as `write` does
    * one chunk. `onWritten` is called once every byte of them left the
    * process (the caller may reuse the slices then), or with the error that

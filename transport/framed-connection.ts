@@ -270,13 +270,13 @@ export class FramedConnection {
       this.#setup.input(buf, start, end)
       return
     }
-    const chunk = start === 0 && end === buf.length ? buf : buf.subarray(start, end)
     // The read's budget holds reading and the stream read again before the turn came: this read waits behind the rest.
     if (this.#gate.lazyTurn) {
-      this.#gate.keepLate(chunk)
+      this.#gate.keepLate(start === 0 && end === buf.length ? buf : buf.subarray(start, end))
       return
     }
-    this.#decode(chunk)
+    // The range as it came (a read of the stream's slab): no view of it per read.
+    this.#decode(buf, start, end)
   }
 
   // The stream took what it held: the peer read what we sent (progress, for the owner's idle scan).
@@ -287,20 +287,27 @@ export class FramedConnection {
     this.onDrain?.()
   }
 
-  #decode (chunk: Buffer): void {
+  // Decodes chunk[from, to) (default: all of it).
+  #decode (chunk: Buffer, from = 0, to = chunk.length): void {
     // Answers produced while this read's frames are handled go out in one write.
     this.#queue.beginRead()
     const turns = this.#turns
     turns.startRead(this.#queue.outputBytes)
     try {
-      const error = this.#decoder.pushRanges(chunk, this.#onFrame)
+      const error = this.#decoder.pushRanges(chunk, this.#onFrame, from, to)
       if (error !== null) this.#end.framingError(error, this.#handler)
       // The read's budget (frames, answer bytes) is spent: the rest waits for the next turn (ReadTurns).
-      else if (turns.spent) { if (!this.#end.closed && !this.#end.ending) turns.keepRest(chunk, this.#decoder.consumed) }
+      else if (turns.spent) { if (!this.#end.closed && !this.#end.ending) this.#keepRest(chunk, from, to) }
       else if (this.#held.moved) this.#reportHeld()
     } finally {
       this.#queue.endRead()
     }
+  }
+
+  // The budget stopped decoding chunk[from, to): what is left of it waits for the next turn.
+  #keepRest (chunk: Buffer, from: number, to: number): void {
+    const range = from === 0 && to === chunk.length ? chunk : chunk.subarray(from, to)
+    this.#turns.keepRest(range, this.#decoder.consumed - from)
   }
 
   // Tells the inbound budget what the decoder, a set-up and the read gate hold now (it may close this connection, or another).

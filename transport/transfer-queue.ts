@@ -2,7 +2,7 @@ import Denque from 'denque'
 import { ErrorCode, RpcError } from '../codec/errors.js'
 import type { ByteStream } from './byte-stream.js'
 import { FrameChunk } from '../codec/frame-sink.js'
-import { OWN_CHUNK_BYTES, SlabRun, slab } from './slab-run.js'
+import { OWN_CHUNK_BYTES, SlabRun, copyIn, framesOf, slab, writeRun } from './slab-run.js'
 import { DEFAULT_BATCH_FRAMES, DEFAULT_MAX_OUTBOUND_BYTES, OVER_BOUND_FACTOR, type OutboundTransfer, type TransferQueueOptions, type TransferQueueStats } from './transfer-queue-options.js'
 
 export { DEFAULT_BATCH_FRAMES, DEFAULT_MAX_OUTBOUND_BYTES, OVER_BOUND_FACTOR } from './transfer-queue-options.js'
@@ -12,7 +12,7 @@ export type { OutboundTransfer, TransferQueueOptions, TransferQueueStats } from 
  * The part of a ByteStream the transfer queue writes to: the connection's
  * stream, or a test double that simulates a full kernel buffer.
  */
-export type WritableSink = Pick<ByteStream, 'write' | 'writev' | 'writableLength'>
+export type WritableSink = Pick<ByteStream, 'write' | 'writev' | 'writableLength' | 'writeRange'>
 
 // Frames of a batch are copied into one buffer up to this size; a larger
 // batch goes to writev as separate slices.
@@ -141,14 +141,10 @@ export class TransferQueue {
 
   // A small transfer copied into the queue's own chunk (see enqueue; its slices may be plain Uint8Arrays); false when over the bound.
   #copyIn (transfer: OutboundTransfer): boolean {
-    const bytes = transfer.bytes
     const chunk = (this.#own ??= new FrameChunk(OWN_CHUNK_BYTES))
-    const buffer = chunk.buffer !== null && chunk.at + bytes <= chunk.buffer.length ? chunk.buffer : chunk.renew(bytes)
-    const start = chunk.at
-    let at = start
-    for (const slice of transfer.slices) { buffer.set(slice, at); at += slice.length }
-    if (!this.commitRun(buffer, start, bytes)) return false
-    chunk.at = at
+    const start = copyIn(chunk, transfer)
+    if (!this.commitRun(chunk.buffer!, start, transfer.bytes)) return false
+    chunk.at = start + transfer.bytes
     return true
   }
 
@@ -247,23 +243,18 @@ export class TransferQueue {
     this.#run = null
   }
 
-  // Takes the front entry; a slab run becomes one slice of its slab.
-  #shift (): OutboundTransfer {
+  // Takes the front entry; a slab run becomes one slice of its slab (unless `asRange`: it is written as a range, #writeRun).
+  #shift (asRange = false): OutboundTransfer {
     const transfer = this.#queue.shift()!
     this.#queuedBytes -= transfer.bytes
     if (transfer instanceof SlabRun) {
       this.#queuedFrames -= transfer.frames
       if (transfer === this.#run) this.#run = null
-      transfer.slices = [transfer.slab.subarray(transfer.start, transfer.start + transfer.bytes)]
+      if (!asRange) transfer.slices = [transfer.slab.subarray(transfer.start, transfer.start + transfer.bytes)]
     } else {
       this.#queuedFrames--
     }
     return transfer
-  }
-
-  // Frames in a transfer taken off the queue.
-  #framesOf (transfer: OutboundTransfer): number {
-    return transfer instanceof SlabRun ? transfer.frames : 1
   }
 
   /**
@@ -291,6 +282,7 @@ export class TransferQueue {
 
   // The one queued frame, as an immediate write; false if it was dropped (cancelled meanwhile).
   #writeLoneQueued (): boolean {
+    if (this.#sink.writeRange !== undefined && this.#queue.peekFront() instanceof SlabRun) return this.#writeRun()
     const transfer = this.#shift()
     if (this.#dropIfCancelled(transfer)) return false
     this.#stats.immediateWrites++
@@ -355,7 +347,7 @@ export class TransferQueue {
     this.#closedError = error
     while (this.#queue.length > 0) {
       const transfer = this.#queue.shift()!
-      this.#stats.dropped += this.#framesOf(transfer)
+      this.#stats.dropped += framesOf(transfer)
       transfer.onSent?.(error)
     }
     this.#run = null
@@ -398,8 +390,22 @@ export class TransferQueue {
         this.#writeTransfer(transfer)
         continue
       }
-      this.#writeBatch()
+      // One run (the frames of a read, most often) to a sink that takes ranges: a batch of one slice, as a range.
+      if (queue.length === 1 && this.#sink.writeRange !== undefined) this.#writeRun()
+      else this.#writeBatch()
     }
+  }
+
+  // Writes the front entry, a run, as a range of its chunk (slab-run.ts: writeRun); true.
+  #writeRun (): true {
+    const run = this.#shift(true) as SlabRun
+    this.#countWrite(run.frames)
+    this.#afterWrite(writeRun(this.#sink, run, this.#own))
+    return true
+  }
+
+  #countWrite (frames: number): void {
+    if (frames > 1) { this.#stats.batchedWrites++; this.#stats.batchedFrames += frames } else this.#stats.immediateWrites++
   }
 
   #dropIfCancelled (transfer: OutboundTransfer): boolean {
@@ -439,16 +445,11 @@ export class TransferQueue {
       batch.push(transfer)
       bytes += transfer.bytes
       slices += transfer.slices.length
-      frames += this.#framesOf(transfer)
+      frames += framesOf(transfer)
     }
     if (batch.length === 0) return
     // A batch cut to one frame by cancellations is a lone write, not a batch.
-    if (frames > 1) {
-      this.#stats.batchedWrites++
-      this.#stats.batchedFrames += frames
-    } else {
-      this.#stats.immediateWrites++
-    }
+    this.#countWrite(frames)
     let ok: boolean
     if (slices === 1) {
       // One slab run: its frames are already one contiguous slice.

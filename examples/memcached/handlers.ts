@@ -51,7 +51,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
   // (GETK) the key; a miss is "Not found", except that GETK's miss carries
   // the key instead of a text.
   const get = (withKey: boolean, quiet: boolean): MemcachedHandler => request => {
-    const item = store.get(request.key)
+    const item = store.get(request.keyBuffer, request.keyStart, request.keyEnd)
     return item === null ? miss(request, withKey, quiet) : hit(item, withKey, true)
   }
 
@@ -162,7 +162,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
 }
 
 function hit (item: Item, withKey: boolean, withValue: boolean): MemcachedResponse {
-  return new MemcachedResponse(ResponseStatus.SUCCESS, item.cas, item.flags, withKey ? item.key : EMPTY, withValue ? item.value : EMPTY)
+  return new MemcachedResponse(ResponseStatus.SUCCESS, item.cas, item.flags, withKey ? item.key : EMPTY, withValue ? item.valueBytes : EMPTY)
 }
 
 function miss (request: MemcachedRequest, withKey: boolean, quiet: boolean): MemcachedResponse {

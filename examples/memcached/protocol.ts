@@ -164,8 +164,11 @@ export class MemcachedRequest {
   readonly opcode: number
   /** The header's CAS (0: none). A number: CAS values up to 2^53 are exact, and a larger one matches no item's. */
   readonly cas: number
-  /** The key's bytes: a view of the frame, empty when there is none. STAT: the sub-command. */
-  readonly key: Buffer
+  /** The buffer the key lies in (the frame, or the key itself): the key is `keyBuffer[keyStart, keyEnd)`. */
+  readonly keyBuffer: Buffer
+  readonly keyStart: number
+  readonly keyEnd: number
+  #key: Buffer | null = null
   /** The value: a view of the frame (copy it to keep it). */
   readonly value: Buffer
   /** SET, ADD, REPLACE: the flags. VERBOSITY: the level. */
@@ -177,15 +180,26 @@ export class MemcachedRequest {
   /** INCREMENT, DECREMENT: the value of a key created. */
   readonly initial: bigint
 
-  constructor (opcode: number, cas: number, key: Buffer, value: Buffer, flags: number, exptime: number, delta: bigint, initial: bigint) {
+  /** `key`: the key's bytes, or with `keyStart` and `keyEnd` the buffer it lies in (a frame: no view is made unless `key` is read). */
+  constructor (opcode: number, cas: number, key: Buffer, value: Buffer, flags: number, exptime: number, delta: bigint, initial: bigint,
+    keyStart = 0, keyEnd = key.length) {
     this.opcode = opcode
     this.cas = cas
-    this.key = key
+    this.keyBuffer = key
+    this.keyStart = keyStart
+    this.keyEnd = keyEnd
     this.value = value
     this.flags = flags
     this.exptime = exptime
     this.delta = delta
     this.initial = initial
+  }
+
+  /** The key's bytes: a view of the frame, empty when there is none. STAT: the sub-command. */
+  get key (): Buffer {
+    const start = this.keyStart
+    const end = this.keyEnd
+    return (this.#key ??= start === end ? EMPTY : start === 0 && end === this.keyBuffer.length ? this.keyBuffer : this.keyBuffer.subarray(start, end))
   }
 }
 
@@ -464,7 +478,6 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
       const cas = readU32(buf, at + 16) * TWO_32 + readU32(buf, at + 20)
       const keyStart = bodyStart + extrasBytes
       const valueStart = keyStart + keyBytes
-      const key = keyBytes === 0 ? EMPTY : buf.subarray(keyStart, valueStart)
       const value = valueStart === head.bodyEnd ? EMPTY : buf.subarray(valueStart, head.bodyEnd)
       let flags = 0
       let exptime = 0
@@ -485,7 +498,7 @@ export function memcachedProtocol (options: MemcachedProtocolOptions = {}): Serv
           exptime = readU32(buf, bodyStart + 16)
           break
       }
-      return new MemcachedRequest(opcode, cas, key, value, flags, exptime, delta, initial)
+      return new MemcachedRequest(opcode, cas, buf, value, flags, exptime, delta, initial, keyStart, valueStart)
     },
 
     encode: (call: AnsweredCall, response: MemcachedResponse, out: FrameSink): void => {

@@ -140,12 +140,18 @@ export class Item {
   readonly flags: number
   /** When it expires, in ms of the store's clock; 0: never. */
   readonly expiresAt: number
-  readonly value: Buffer
+  /**
+   * The value's bytes, as `value` but a plain Uint8Array: a view made from
+   * a Uint8Array of the item's memory costs about a third less than a
+   * Buffer's `subarray` (which reads `buffer` and `byteOffset` each time).
+   */
+  readonly valueBytes: Uint8Array
   readonly #memory: Buffer
   readonly #keyAt: number
   readonly #keyBytes: number
 
-  constructor (cas: number, flags: number, expiresAt: number, memory: Buffer, keyAt: number, keyBytes: number, valueBytes: number) {
+  /** `bytes`: a Uint8Array over the same memory as `memory`. */
+  constructor (cas: number, flags: number, expiresAt: number, memory: Buffer, bytes: Uint8Array, keyAt: number, keyBytes: number, valueBytes: number) {
     this.cas = cas
     this.flags = flags
     this.expiresAt = expiresAt
@@ -153,7 +159,13 @@ export class Item {
     this.#keyAt = keyAt
     this.#keyBytes = keyBytes
     const valueAt = keyAt + keyBytes
-    this.value = valueBytes === 0 ? EMPTY : memory.subarray(valueAt, valueAt + valueBytes)
+    this.valueBytes = valueBytes === 0 ? EMPTY : bytes.subarray(valueAt, valueAt + valueBytes)
+  }
+
+  /** The value's bytes (a view, as `key`). */
+  get value (): Buffer {
+    const bytes = this.valueBytes
+    return bytes.length === 0 ? EMPTY : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length)
   }
 
   /** The key's bytes (a view, as `value`). */
@@ -204,11 +216,66 @@ function keyBytes (key: Key): Uint8Array {
   return typeof key === 'string' ? Buffer.from(key, 'latin1') : key
 }
 
-// FNV-1a over the key's bytes, as a signed 32-bit number (what #meta holds).
-function hashOf (key: Uint8Array): number {
-  let h = 0x811c9dc5 | 0
-  for (let i = 0; i < key.length; i++) h = Math.imul(h ^ key[i]!, 0x01000193)
-  return h
+// Keys are hashed and compared four bytes at a time through DataViews
+// (one bounds check a word, where indexing a Uint8Array costs one a byte):
+// for memcaslap's 64-byte keys, ~300 instructions to hash and ~450 to
+// compare instead of ~1,200 and ~1,500, the most of any part of a GET. The
+// view of the last buffer keys came from (the frame requests are read in,
+// one per read slab) is kept for the next key.
+let keyBuffer: Uint8Array | null = null
+let keyView: DataView = new DataView(new ArrayBuffer(0))
+
+function viewOf (bytes: Uint8Array): DataView {
+  if (bytes !== keyBuffer) {
+    keyView = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+    keyBuffer = bytes
+  }
+  return keyView
+}
+
+// An item of its own (a large value, rare): a view made for one comparison.
+function ownView (memory: Buffer): DataView {
+  return new DataView(memory.buffer, memory.byteOffset, memory.length)
+}
+
+// MurmurHash3 (x86, 32-bit, starting from 0) over key[start, end), as a signed
+// 32-bit number (what #meta holds).
+function hashOf (key: Uint8Array, start = 0, end = key.length): number {
+  const length = end - start
+  const whole = start + (length & ~3)
+  const view = viewOf(key)
+  let h = 0
+  let i = start
+  for (; i < whole; i += 4) {
+    let k = view.getInt32(i, true)
+    k = Math.imul(k, 0xcc9e2d51)
+    k = Math.imul((k << 15) | (k >>> 17), 0x1b873593)
+    h ^= k
+    h = (h << 13) | (h >>> 19)
+    h = (Math.imul(h, 5) + 0xe6546b64) | 0
+  }
+  let k = 0
+  switch (length & 3) {
+    case 3: k ^= key[i + 2]! << 16 // falls through
+    case 2: k ^= key[i + 1]! << 8 // falls through
+    case 1:
+      k ^= key[i]!
+      k = Math.imul(k, 0xcc9e2d51)
+      h ^= Math.imul((k << 15) | (k >>> 17), 0x1b873593)
+  }
+  h ^= length
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b)
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35)
+  return h ^ (h >>> 16)
+}
+
+// True when a[at, at + length) and b[start, start + length) hold the same bytes (four at a time).
+function sameBytes (a: DataView, at: number, b: DataView, start: number, length: number): boolean {
+  const whole = length & ~3
+  let i = 0
+  for (; i < whole; i += 4) if (a.getInt32(at + i) !== b.getInt32(start + i)) return false
+  for (; i < length; i++) if (a.getUint8(at + i) !== b.getUint8(start + i)) return false
+  return true
 }
 
 /** The cache. Every operation reads the clock once. */
@@ -238,6 +305,10 @@ export class MemcachedStore {
 
   /** Slab pages, and per class the free chunks as page * PAGE_BYTES + offset. */
   #pages: Buffer[] = []
+  /** Each page as a DataView (sameBytes). */
+  #pageViews: DataView[] = []
+  /** Each page as a plain Uint8Array (Item.valueBytes). */
+  #pageBytes: Uint8Array[] = []
   #pageClass: number[] = []
   #freeChunks: number[][] = CHUNK_BYTES.map(() => [])
   #classPages: number[] = CHUNK_BYTES.map(() => 0)
@@ -278,12 +349,15 @@ export class MemcachedStore {
     return bytes
   }
 
-  /** GET: the live item, made the most recently used; null on a miss. */
-  get (key: Key): Item | null {
+  /** GET: the live item, made the most recently used; null on a miss. With `start` and `end`, the key is `key[start, end)` (a request's frame: no view of it made). */
+  get (key: Key, start?: number, end?: number): Item | null {
     const now = this.#tick()
     const stats = this.stats
     stats.cmd_get++
-    const id = this.#find(keyBytes(key), now, true)
+    const bytes = keyBytes(key)
+    const from = start ?? 0
+    const to = end ?? bytes.length
+    const id = this.#findHashed(bytes, hashOf(bytes, from, to), now, true, from, to)
     if (id === NONE) {
       stats.get_misses++
       return null
@@ -474,9 +548,9 @@ export class MemcachedStore {
     return this.#findHashed(key, hashOf(key), now, countExpired)
   }
 
-  // The live item under `key`, or NONE; an expired one found is unlinked.
-  #findHashed (key: Uint8Array, hash: number, now: number, countExpired: boolean): number {
-    const id = this.#lookup(key, hash)
+  // The live item under `key` (key[start, end)), or NONE; an expired one found is unlinked.
+  #findHashed (key: Uint8Array, hash: number, now: number, countExpired: boolean, start = 0, end = key.length): number {
+    const id = this.#lookup(key, hash, start, end)
     if (id === NONE) return NONE
     const expires = this.#times[id * 2 + EXPIRES]!
     if (expires !== 0 && expires <= now) {
@@ -488,18 +562,14 @@ export class MemcachedStore {
     return id
   }
 
-  #lookup (key: Uint8Array, hash: number): number {
-    const length = key.length
+  #lookup (key: Uint8Array, hash: number, start = 0, end = key.length): number {
+    const length = end - start
     const meta = this.#meta
     for (let id = this.#buckets[hash & (this.#buckets.length - 1)]!; id !== NONE; id = meta[id * STRIDE + CHAIN]!) {
       const m = id * STRIDE
       if (meta[m + HASH] !== hash || meta[m + KEY_BYTES] !== length) continue
       const page = meta[m + PAGE]!
-      const memory = page >= 0 ? this.#pages[page]! : this.#own[-1 - page]!
-      const at = meta[m + OFFSET]!
-      let i = 0
-      while (i < length && memory[at + i] === key[i]) i++
-      if (i === length) return id
+      if (sameBytes(page >= 0 ? this.#pageViews[page]! : ownView(this.#own[-1 - page]!), meta[m + OFFSET]!, viewOf(key), start, length)) return id
     }
     return NONE
   }
@@ -519,7 +589,11 @@ export class MemcachedStore {
   #item (id: number): Item {
     const m = id * STRIDE
     const meta = this.#meta
-    return new Item(this.#times[id * 2 + CAS]!, this.#flags[id]!, this.#times[id * 2 + EXPIRES]!, this.#memoryOf(id),
+    const page = meta[m + PAGE]!
+    const memory = page >= 0 ? this.#pages[page]! : this.#own[-1 - page]!
+    // An item of its own (a large value) is rare: its Uint8Array is made when asked for.
+    const bytes = page >= 0 ? this.#pageBytes[page]! : new Uint8Array(memory.buffer, memory.byteOffset, memory.length)
+    return new Item(this.#times[id * 2 + CAS]!, this.#flags[id]!, this.#times[id * 2 + EXPIRES]!, memory, bytes,
       meta[m + OFFSET]!, meta[m + KEY_BYTES]!, meta[m + VALUE_BYTES]!)
   }
 
@@ -582,7 +656,10 @@ export class MemcachedStore {
   #growClass (cls: number, now: number): void {
     if (this.#classPages[cls] === 0 || (this.#pages.length + 1) * PAGE_BYTES <= this.memoryBytes) {
       const page = this.#pages.length
-      this.#pages.push(Buffer.allocUnsafeSlow(PAGE_BYTES))
+      const memory = Buffer.allocUnsafeSlow(PAGE_BYTES)
+      this.#pages.push(memory)
+      this.#pageBytes.push(new Uint8Array(memory.buffer, memory.byteOffset, memory.length))
+      this.#pageViews.push(new DataView(memory.buffer, memory.byteOffset, memory.length))
       this.#pageClass.push(cls)
       this.#classPages[cls]!++
       const size = CHUNK_BYTES[cls]!
@@ -719,6 +796,8 @@ export class MemcachedStore {
     this.#head = this.#tail = NONE
     this.#usedBytes = 0
     this.#pages = []
+    this.#pageBytes = []
+    this.#pageViews = []
     this.#pageClass = []
     this.#freeChunks = CHUNK_BYTES.map(() => [])
     this.#classPages = CHUNK_BYTES.map(() => 0)

@@ -97,6 +97,31 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       done(p)
     })
 
+    t.test('writeRange sends a range of a buffer, write and writev whole buffers, in order', async (t) => {
+      const p = await pair(r)
+      const received: Buffer[] = []
+      p.client.on('data', (chunk: Buffer) => received.push(chunk))
+      const buf = Buffer.from('0123456789abcdef')
+      // io_uring has one send in flight a connection: what follows it waits in the stream (false) and goes after it.
+      t.equal(p.stream.writeRange(buf, 3, 7), true)
+      p.stream.write(Buffer.from('|whole|'))
+      p.stream.writeRange(buf, 10, 16)
+      p.stream.writev([Buffer.from('x'), Buffer.from('yz')])
+      p.stream.writeRange(buf, 5, 5)
+      const want = '3456|whole|abcdefxyz'
+      await until(() => Buffer.concat(received).length >= want.length, 'the bytes')
+      t.equal(Buffer.concat(received).toString('latin1'), want)
+      await until(() => p.stream.writableLength === 0, 'the stream to hold nothing')
+      t.equal(p.stream.bytesWritten, want.length)
+      t.same(p.closes, [], 'no send was refused')
+      // Sent alone, with nothing in flight: each goes at once.
+      await new Promise((resolve) => setTimeout(resolve, 20))
+      t.equal(p.stream.write(Buffer.from('!')), true, 'a whole buffer')
+      await until(() => Buffer.concat(received).length > want.length, 'the last byte')
+      t.equal(Buffer.concat(received).toString('latin1'), want + '!')
+      done(p)
+    })
+
     t.test('a large write to a peer that does not read: the rest waits for writability, then arrives whole', async (t) => {
       const p = await pair(r)
       p.client.pause()

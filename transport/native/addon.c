@@ -303,14 +303,23 @@ static int iov_of (napi_env env, napi_value v, struct iovec *iov) {
   return 1;
 }
 
-/* send(id, buffer) -> bytes taken | -errno */
+/* send(id, buffer[, start, end]) -> bytes taken | -errno: buffer[start, end) when given (no view made in JS) */
 static napi_value js_send (napi_env env, napi_callback_info info) {
-  napi_value argv[2];
-  reactor_t *r = args(env, info, 2, argv);
+  napi_value argv[4] = { NULL, NULL, NULL, NULL };
+  size_t argc = 4;
+  void *data = NULL;
+  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
+  reactor_t *r = data;
   conn_t *c = conn_of(r, int_arg(env, argv[0]), NULL);
   struct iovec iov;
   if (c == NULL) return int_value(env, -EBADF);
   if (!iov_of(env, argv[1], &iov)) return int_value(env, -EINVAL);
+  if (argc >= 4) {
+    int32_t start = int_arg(env, argv[2]), end = int_arg(env, argv[3]);
+    if (start < 0 || end < start || (size_t)end > iov.iov_len) return int_value(env, -EINVAL);
+    iov.iov_base = (char *)iov.iov_base + start;
+    iov.iov_len = (size_t)(end - start);
+  }
   return int_value(env, r->backend->send(r, c, &iov, 1));
 }
 

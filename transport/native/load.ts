@@ -14,7 +14,8 @@ export interface NativeReactorHandle {
   listen: (host: string, port: number, backlog: number, reusePort: boolean) => [number, number] | number
   closeListener: (listener: number) => void
   connect: (host: string, port: number, keepAliveSecs: number) => number
-  send: (id: number, chunk: Buffer) => number
+  /** Sends `chunk`, or `chunk[start, end)` when both are given. */
+  send: (id: number, chunk: Buffer, start?: number, end?: number) => number
   sendv: (id: number, chunks: readonly Buffer[]) => number
   setReading: (id: number, on: boolean) => void
   shutdown: (id: number) => number

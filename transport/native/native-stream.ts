@@ -148,6 +148,19 @@ export class NativeStream implements ByteStream {
     return n === chunk.length || this.#keep(chunk, n)
   }
 
+  writeRange (buf: Buffer, start: number, end: number): boolean {
+    if (this.#closed) return false
+    const bytes = end - start
+    this.#given += bytes
+    if (this.#connecting) return this.#keep(buf.subarray(start, end), 0) || true
+    if (this.#pendingBytes > 0) return this.#keep(buf.subarray(start, end), 0)
+    // The addon copies what it takes (io_uring) or the kernel does (epoll): only a refused rest is kept, as a view.
+    const n = this.#h.send(this.id, buf, start, end)
+    if (n < 0) return this.#sendFailed(n)
+    this.#taken += n
+    return n === bytes || this.#keep(buf.subarray(start, end), n)
+  }
+
   writev (slices: readonly Buffer[], onWritten?: (error: Error | null | undefined) => void): boolean {
     if (this.#closed) {
       if (onWritten !== undefined) queueMicrotask(() => onWritten(new Error('stream closed')))

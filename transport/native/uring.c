@@ -14,7 +14,9 @@
  * Lifetimes: a provided buffer is copied into the reactor's slab and handed
  * back to the ring in the same turn (JS may keep views of what it read,
  * the ring must not rewrite it). A send's bytes are a copy of JS's, freed
- * when its completion comes. A closed connection's fd is closed after the
+ * when its completion comes (a small send's buffer goes back to the
+ * reactor's spares: at most SPARE_COUNT of SPARE_BYTES, kept for the next
+ * small sends instead of a malloc and a free per answer). A closed connection's fd is closed after the
  * turn's submit (an SQE queued for it must not find the number reused),
  * and its slot is freed once the kernel has completed every request on it.
  */
@@ -36,6 +38,9 @@
 #define BUF_GROUP 0
 /* The most one send copies from JS; the rest waits for EV_WRITABLE. */
 #define SEND_MAX (1 << 20)
+/* Sends up to SPARE_BYTES copy into a buffer of that size, reused: at most SPARE_COUNT wait for the next. */
+#define SPARE_BYTES 4096
+#define SPARE_COUNT 64
 
 enum { OP_ACCEPT = 1, OP_RECV, OP_SEND, OP_CANCEL, OP_CONNECT };
 
@@ -47,6 +52,8 @@ typedef struct {
   uv_prepare_t prepare;
   int *to_close; /* slots whose fds close after the next submit */
   int n_to_close;
+  char *spares[SPARE_COUNT]; /* send buffers of SPARE_BYTES, free */
+  int n_spares;
 } ur_t;
 
 static ur_t *ur (reactor_t *r) { return r->impl; }
@@ -160,6 +167,7 @@ static void ur_stop (reactor_t *r) {
   ur_t *u = ur(r);
   uv_close((uv_handle_t *)&u->prepare, NULL); /* u is never freed once started: the handle stays valid */
   io_uring_queue_exit(&u->ring);
+  while (u->n_spares > 0) free(u->spares[--u->n_spares]);
 }
 
 static void arm_accept (reactor_t *r, int index) {
@@ -303,7 +311,9 @@ static void on_send (reactor_t *r, const struct io_uring_cqe *cqe) {
     c->want_write = 0;
     c->shut_pending = 0;
   }
-  free(c->send_buf);
+  ur_t *u = ur(r);
+  if (c->send_len <= SPARE_BYTES && u->n_spares < SPARE_COUNT) u->spares[u->n_spares++] = c->send_buf;
+  else free(c->send_buf);
   c->send_buf = NULL;
   c->send_len = c->send_off = 0;
   op_done(r, c);
@@ -361,7 +371,9 @@ static ssize_t ur_send (reactor_t *r, conn_t *c, const struct iovec *iov, int io
   for (int i = 0; i < iovcnt; i++) total += iov[i].iov_len;
   size_t take = total < SEND_MAX ? total : SEND_MAX;
   if (take == 0) return 0;
-  c->send_buf = malloc(take);
+  ur_t *u = ur(r);
+  if (take > SPARE_BYTES) c->send_buf = malloc(take);
+  else c->send_buf = u->n_spares > 0 ? u->spares[--u->n_spares] : malloc(SPARE_BYTES);
   if (c->send_buf == NULL) return -ENOMEM;
   size_t at = 0;
   for (int i = 0; i < iovcnt && at < take; i++) {
