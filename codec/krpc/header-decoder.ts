@@ -1,4 +1,5 @@
 import { ErrorCode, RpcError } from '../errors.js'
+import { ByteKey } from '../byte-key.js'
 import { readVarint32, type VarintRead } from '../varint.js'
 
 /**
@@ -119,7 +120,7 @@ class Reader {
 // bytes map to one shared, frozen object, which spares two UTF-8 decodes and
 // four allocations per request. A handful of entries, replaced in turn.
 const REMOTE_CACHE_SIZE = 8
-const remoteBytes: Array<Uint8Array | undefined> = []
+const remoteBytes: Array<ByteKey | undefined> = []
 const remoteValues: Array<RemoteMethod | undefined> = []
 let remoteNext = 0
 // Where the last lookup hit: a connection's calls mostly repeat one method.
@@ -132,14 +133,10 @@ function cachedRemoteMethod (buf: Uint8Array, start: number, stop: number): Remo
   const entries = remoteBytes.length
   for (let k = 0; k < entries; k++) {
     const i = (remoteLastHit + k) % entries
-    const bytes = remoteBytes[i]!
-    if (bytes.length !== length) continue
-    let j = 0
-    while (j < length && bytes[j] === buf[start + j]) j++
-    if (j === length) {
-      remoteLastHit = i
-      return remoteValues[i]
-    }
+    const key = remoteBytes[i]!
+    if (key.length !== length || !key.matches(buf, start)) continue
+    remoteLastHit = i
+    return remoteValues[i]
   }
   return undefined
 }
@@ -149,7 +146,7 @@ function rememberRemoteMethod (buf: Uint8Array, start: number, stop: number, ser
   // Long names are not worth keeping.
   out.remoteMethodCached = stop - start <= 256
   if (out.remoteMethodCached) {
-    remoteBytes[remoteNext] = Uint8Array.prototype.slice.call(buf, start, stop)
+    remoteBytes[remoteNext] = new ByteKey(buf, start, stop)
     remoteValues[remoteNext] = value
     remoteNext = (remoteNext + 1) % REMOTE_CACHE_SIZE
   }
@@ -347,9 +344,8 @@ function fastRequestHeader (buf: Uint8Array, start: number, end: number, out: Re
   const methodStart = p + 2
   p = methodStart + length
   if (length >= 0x80 || p > end) return false
-  const bytes = remoteBytes[remoteLastHit]
-  if (bytes === undefined || bytes.length !== length) return false
-  for (let i = 0; i < length; i++) if (bytes[i] !== buf[methodStart + i]) return false
+  const key = remoteBytes[remoteLastHit]
+  if (key === undefined || key.length !== length || !key.matches(buf, methodStart)) return false
   let timeout = 0
   const hasTimeout = p < end
   if (hasTimeout) {
