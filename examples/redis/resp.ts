@@ -1,5 +1,6 @@
 import { ErrorCode, RpcError, type AnswerSlices, type CallHead, type CallInfo, type FrameScanner, type FrameSink, type RefusalReason, type ScanFraming, type ServerProtocol } from '../../reactor/index.js'
 import { commandOf, UNKNOWN_COMMAND, type Command } from './commands.js'
+import { scanWholeArray } from './resp-scan-fast.js'
 import type { Subscriptions } from './subscriptions.js'
 
 /**
@@ -266,6 +267,9 @@ export class RespScanner implements FrameScanner {
         case S_START: {
           if (p >= end) return this.#more(p, start, 0)
           if (buf[p] === STAR) {
+            // A whole, well-formed array in one pass; anything else is read from here by the states below.
+            const size = scanWholeArray(buf, p, end, this.#maxArguments, this.#maxBulk)
+            if (size > 0) return size
             this.#phase = S_COUNT
             this.#num = 0
             this.#digits = 0
@@ -455,45 +459,43 @@ export function oneLine (text: string): string {
   return text.replace(/[\r\n]/g, ' ')
 }
 
-// A length the scanner accepted: the digits buf[p, cr).
-function lengthOf (buf: Buffer, p: number, cr: number): number {
-  let n = 0
-  for (; p < cr; p++) n = n * 10 + (buf[p]! - ZERO)
-  return n
-}
-
 /**
  * An array frame, which the scanner let through only whole and well formed:
  * its bulks' ranges and command, or null for an empty command (`*0`, `*-1`).
+ * Every length is digits up to a CR, and the byte after the CR and the two
+ * after a bulk's data are skipped.
  */
 function decodeArray (buf: Buffer, start: number): RespRequest | null {
   if (buf[start + 1] === MINUS) return null
-  let cr = buf.indexOf(CR, start + 1)
-  const count = lengthOf(buf, start + 1, cr)
+  let p = start + 1
+  let count = 0
+  for (let c = buf[p]!; c !== CR; c = buf[++p]!) count = count * 10 + (c - ZERO)
   if (count === 0) return null
-  let p = cr + 2
-  let command: Command | null = null
-  let nameStart = 0
-  let nameEnd = 0
-  const ranges: number[] = []
-  for (let i = 0; i < count; i++) {
-    // p is at the bulk's `$`.
-    cr = buf.indexOf(CR, p + 1)
-    const length = lengthOf(buf, p + 1, cr)
-    const dataStart = cr + 2
-    if (i === 0) {
-      nameStart = dataStart
-      nameEnd = dataStart + length
-      command = commandOf(buf, nameStart, nameEnd)
-    } else {
-      ranges.push(dataStart, dataStart + length)
-    }
-    p = dataStart + length + 2
-  }
-  if (command === null) {
+  // The command's name: p is at its `$`.
+  let length = 0
+  p += 2
+  for (let c = buf[++p]!; c !== CR; c = buf[++p]!) length = length * 10 + (c - ZERO)
+  const nameStart = p + 2
+  const nameEnd = nameStart + length
+  p = nameEnd + 2
+  let command = commandOf(buf, nameStart, nameEnd)
+  let ranges: number[]
+  let at = 0
+  if (command !== null) {
+    ranges = new Array<number>(2 * (count - 1))
+  } else {
     // Unknown: the name goes first, for the error that quotes it.
-    ranges.unshift(nameStart, nameEnd)
     command = UNKNOWN_COMMAND
+    ranges = new Array<number>(2 * count)
+    ranges[at++] = nameStart
+    ranges[at++] = nameEnd
+  }
+  for (let i = 1; i < count; i++) {
+    length = 0
+    for (let c = buf[++p]!; c !== CR; c = buf[++p]!) length = length * 10 + (c - ZERO)
+    ranges[at++] = p + 2
+    ranges[at++] = p + 2 + length
+    p += length + 4
   }
   return new RespRequest(buf, ranges, command)
 }
