@@ -471,13 +471,13 @@ function decodeArray (buf: Buffer, start: number): RespRequest | null {
   let count = 0
   for (let c = buf[p]!; c !== CR; c = buf[++p]!) count = count * 10 + (c - ZERO)
   if (count === 0) return null
-  // The command's name: p is at its `$`.
+  p += 2 // past the count's CR and the byte after it: at the name's `$`
   let length = 0
-  p += 2
   for (let c = buf[++p]!; c !== CR; c = buf[++p]!) length = length * 10 + (c - ZERO)
   const nameStart = p + 2
   const nameEnd = nameStart + length
   p = nameEnd + 2
+  // The command is known before its arguments are read, so their ranges go in an array of the exact size.
   let command = commandOf(buf, nameStart, nameEnd)
   let ranges: number[]
   let at = 0
@@ -491,6 +491,7 @@ function decodeArray (buf: Buffer, start: number): RespRequest | null {
     ranges[at++] = nameEnd
   }
   for (let i = 1; i < count; i++) {
+    // p is at the bulk's `$`.
     length = 0
     for (let c = buf[++p]!; c !== CR; c = buf[++p]!) length = length * 10 + (c - ZERO)
     ranges[at++] = p + 2
