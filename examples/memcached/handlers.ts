@@ -63,7 +63,7 @@ export function memcachedHandlers (store: MemcachedStore, options: MemcachedHand
 
   // SET, ADD, REPLACE: success carries the new CAS.
   const update = (mode: StoreMode, quiet: boolean): MemcachedHandler => request =>
-    stored(store.store(mode, request.key, request.value, request.flags, request.exptime, request.cas), quiet)
+    stored(store.store(mode, request.keyBuffer, request.value, request.flags, request.exptime, request.cas, request.keyStart, request.keyEnd), quiet)
 
   const concat = (prepend: boolean, quiet: boolean): MemcachedHandler => request =>
     stored(store.concat(request.key, request.value, prepend, request.cas), quiet)

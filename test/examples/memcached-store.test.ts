@@ -390,3 +390,35 @@ t.test('keys are byte strings: latin1 keys with any byte', async t => {
   t.equal(store.get(Buffer.from([0x00, 0xff, 0x80]).toString('latin1')), null)
   t.equal(store.usedBytes, 4 + 1 + ITEM_OVERHEAD_BYTES)
 })
+
+t.test('keys of every length up to 250 bytes, compared word by word and then byte by byte, from any offset of a frame', async t => {
+  const { store } = storeAt()
+  // Keys that differ only in their last byte (past the last whole word, or in it), stored from odd offsets of a frame.
+  const keyOf = (length: number, last: number): Buffer => Buffer.from('k'.repeat(length - 1) + String.fromCharCode(last), 'latin1')
+  const frame = Buffer.alloc(300)
+  for (const length of [1, 2, 3, 4, 5, 7, 8, 9, 63, 64, 65, 250]) {
+    for (const last of [0x41, 0x42]) {
+      const offset = 1 + (length % 3)
+      keyOf(length, last).copy(frame, offset)
+      item(store.store('set', frame, bytes(`${length}:${last}`), 0, 0, 0, offset, offset + length))
+    }
+  }
+  for (const length of [1, 2, 3, 4, 5, 7, 8, 9, 63, 64, 65, 250]) {
+    for (const last of [0x41, 0x42]) {
+      const key = keyOf(length, last)
+      t.equal(valueOf(store, key.toString('latin1')), `${length}:${last}`, `${length} bytes ending in ${last}`)
+      t.same(store.get(key)!.key, key, 'its key\'s bytes')
+      const offset = 5
+      key.copy(frame, offset)
+      t.equal(store.get(frame, offset, offset + length)?.value.toString('latin1'), `${length}:${last}`, 'found from a frame')
+    }
+    t.equal(store.get(keyOf(length, 0x43)), null, `${length} bytes: another last byte is another key`)
+  }
+  // An item of its own (a value past SLAB_VALUE_BYTES) is compared and copied the same way.
+  const big = Buffer.alloc(SLAB_VALUE_BYTES + 1, 0x62)
+  item(store.store('set', 'big-key', big, 0, 0, 0))
+  item(store.store('set', 'big-keY', big.subarray(1), 0, 0, 0))
+  t.equal(store.get('big-key')!.value.length, SLAB_VALUE_BYTES + 1)
+  t.equal(store.get('big-keY')!.value.length, SLAB_VALUE_BYTES)
+  t.same(store.get('big-keY')!.key, bytes('big-keY'))
+})
