@@ -5,6 +5,7 @@
  *
  *   node dist/bench/pubsub-instructions.js [--tree DIR] [--io node] [--subscribers 20]
  *       [--batch 16] [--batches 300] [--warmup-batches 1000] [--keep DIR]
+ *       [--node-flag FLAG]...
  *
  * Starts `DIR/dist/examples/redis/main.js --port 0 --reactors 1 --io IO`
  * (default: this tree, node:net) under `valgrind --tool=callgrind
@@ -36,7 +37,8 @@ const { values } = parseArgs({
     batch: { type: 'string', default: '16' },
     batches: { type: 'string', default: '300' },
     'warmup-batches': { type: 'string', default: '1000' },
-    keep: { type: 'string' }
+    keep: { type: 'string' },
+    'node-flag': { type: 'string', multiple: true, default: [] as string[] }
   }
 })
 const root = resolve(fileURLToPath(new URL('../..', import.meta.url)))
@@ -53,7 +55,7 @@ const REPLY_BYTES = Buffer.byteLength(`:${subscribers}\r\n`)
 const out = mkdtempSync(join(tmpdir(), 'nyala-callgrind-'))
 const server = spawn('valgrind', [
   '--tool=callgrind', '--instr-atstart=no', '--separate-threads=yes', `--callgrind-out-file=${join(out, 'callgrind.out.%p')}`,
-  process.execPath, join(tree, 'dist', 'examples', 'redis', 'main.js'), '--port', '0', '--reactors', '1', '--io', values.io!
+  process.execPath, ...values['node-flag'], join(tree, 'dist', 'examples', 'redis', 'main.js'), '--port', '0', '--reactors', '1', '--io', values.io!
 ], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NODE_OPTIONS: '' } })
 
 const sockets: Socket[] = []
@@ -64,6 +66,9 @@ const stop = (): void => {
   for (const socket of sockets) socket.destroy()
   server.kill('SIGKILL')
 }
+// --keep DIR leaves the callgrind dump there (callgrind_annotate names Node's
+// C++ and builtins; JIT code is '???', which --node-flag=--perf-basic-prof
+// names in /tmp/perf-PID.map).
 process.on('exit', () => {
   stop()
   if (values.keep !== undefined) execFileSync('cp', ['-r', `${out}/.`, values.keep])

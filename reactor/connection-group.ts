@@ -1,6 +1,6 @@
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { encodeOneToSlices } from '../codec/frame-sink.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
+import { encodeShared, sharedRange } from '../transport/shared-frame.js'
 import { ServerConnectionHandle } from './connection-handle.js'
 
 /**
@@ -18,6 +18,10 @@ import { ServerConnectionHandle } from './connection-handle.js'
  */
 export class ConnectionGroup<State = unknown, Member = undefined> implements Iterable<ConnectionHandle<State>> {
   readonly #members = new Map<ServerConnectionHandle, Member>()
+  // The members (and their data) as arrays, made again after a change: a
+  // send walks them while members leave (closed by the send) or join.
+  #list: ServerConnectionHandle[] | null = null
+  #data: Member[] | null = null
 
   /**
    * Adds `connection` (a handle the server gave: `ctx.connection`) with its
@@ -29,6 +33,7 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
     const member = asServerHandle(connection)
     if (member.isClosed) return this
     this.#members.set(member, data[0] as Member)
+    this.#changed()
     member.groups.add(this)
     return this
   }
@@ -36,6 +41,7 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
   /** Removes `connection`; false when it was not a member. */
   delete (connection: ConnectionHandle<State>): boolean {
     if (!(connection instanceof ServerConnectionHandle) || !this.#members.delete(connection)) return false
+    this.#changed()
     connection.groups.delete(this)
     return true
   }
@@ -59,6 +65,12 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
   clear (): void {
     for (const member of this.#members.keys()) member.groups.delete(this)
     this.#members.clear()
+    this.#changed()
+  }
+
+  #changed (): void {
+    this.#list = null
+    this.#data = null
   }
 
   /** The members, in the order they joined. */
@@ -78,10 +90,10 @@ export class ConnectionGroup<State = unknown, Member = undefined> implements Ite
    * going over their push limits, do not count.
    */
   send (message: unknown, filter?: (member: ConnectionHandle<State>, data: Member) => boolean): number {
-    const members = this.#members
-    // A member closed by this send leaves the map while it is walked: walk a copy of the members (only their data with a filter).
-    if (filter === undefined) return pushTo(Array.from(members.keys()), null, message, undefined)
-    return pushTo(Array.from(members.keys()), Array.from(members.values()), message, filter)
+    // A member closed by this send leaves the map while it is walked: the arrays walked are not changed, only made again.
+    const list = this.#list ??= Array.from(this.#members.keys())
+    if (filter === undefined) return pushTo(list, null, message, undefined)
+    return pushTo(list, this.#data ??= Array.from(this.#members.values()), message, filter)
   }
 
   /**
@@ -108,8 +120,13 @@ const JOIN_BYTES = 16 * 1024
 // Queues `message` on each member (`data[i]` is members[i]'s, for the filter), encoded once per protocol; returns how many it was queued to.
 function pushTo<S, M> (members: ServerConnectionHandle[], data: M[] | null, message: unknown, filter: ((member: ConnectionHandle<S>, data: M) => boolean) | undefined): number {
   let protocol: ServerProtocol | null = null
-  let slices: Uint8Array[] = []
+  // The encoded push: a range of the push slab (`slices` null), or slices of its own.
+  let slices: Uint8Array[] | null = null
+  let buffer = sharedRange.buffer
+  let start = 0
   let bytes = 0
+  // Its copy, for the members that cannot queue a range of the slab now (backed up): one for all of them.
+  let copy: Uint8Array[] | null = null
   let sent = 0
   for (let i = 0; i < members.length; i++) {
     const member = members[i]!
@@ -118,12 +135,29 @@ function pushTo<S, M> (members: ServerConnectionHandle[], data: M[] | null, mess
       protocol = member.protocol
       const encode = protocol.encodePush
       if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${protocol.name} protocol has no encodePush: it cannot push`)
-      slices = encodeOneToSlices(encode, protocol, message)
-      bytes = 0
-      for (const slice of slices) bytes += slice.length
-      if (slices.length > 1 && bytes <= JOIN_BYTES && members.length > 1) slices = [joined(slices, bytes)]
+      slices = encodeShared(encode, protocol, message)
+      copy = null
+      if (slices === null) {
+        buffer = sharedRange.buffer
+        start = sharedRange.start
+        bytes = sharedRange.end - start
+      } else {
+        bytes = 0
+        for (const slice of slices) bytes += slice.length
+        if (slices.length > 1 && bytes <= JOIN_BYTES && members.length > 1) slices = [joined(slices, bytes)]
+      }
     }
-    if (member.sendEncoded(slices, bytes)) sent++
+    if (slices !== null) {
+      if (member.sendEncoded(slices, bytes)) sent++
+      continue
+    }
+    const taken = member.sendRange(buffer, start, bytes)
+    if (taken === null) {
+      copy ??= [Buffer.from(buffer.subarray(start, start + bytes))]
+      if (member.sendEncoded(copy, bytes)) sent++
+    } else if (taken) {
+      sent++
+    }
   }
   return sent
 }

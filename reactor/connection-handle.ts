@@ -1,8 +1,8 @@
 import { EventEmitter } from 'node:events'
 import { ErrorCode, RpcError } from '../codec/errors.js'
-import { encodeOneToSlices } from '../codec/frame-sink.js'
+import { encodeShared, sharedRange } from '../transport/shared-frame.js'
 import type { ConnectionHandle, ServerProtocol } from '../codec/protocol.js'
-import type { PushOutputLimit } from './push-output-limit.js'
+import { NOT_TAKEN, type PushOutputLimit } from './push-output-limit.js'
 import type { ServerContext } from './server-context.js'
 import type { ConnectionRecord } from './connection-record.js'
 import { IdleTimer } from './idle-timer.js'
@@ -96,17 +96,37 @@ export class ServerConnectionHandle extends EventEmitter implements ConnectionHa
     const encode = this.#ctx.protocol.encodePush
     if (encode === undefined) throw new RpcError(ErrorCode.INVALID_ARGUMENT, `the ${this.#ctx.protocol.name} protocol has no encodePush: it cannot push`)
     if (this.#sc === null) return false
-    const slices = encodeOneToSlices(encode, this.#ctx.protocol, message)
-    return this.sendEncoded(slices, byteLengthOf(slices))
+    const slices = encodeShared(encode, this.#ctx.protocol, message)
+    if (slices !== null) return this.sendEncoded(slices, byteLengthOf(slices))
+    const { buffer, start, end } = sharedRange
+    return this.sendRange(buffer, start, end - start) ?? this.sendEncoded([Buffer.from(buffer.subarray(start, end))], end - start)
   }
 
   /** Sends bytes already encoded by this handle's protocol (shared by a group's members). Internal. */
   sendEncoded (slices: Uint8Array[], bytes: number): boolean {
     const sc = this.#sc
     if (sc === null) return false
-    const sent = this.#pushes.push(sc, slices, bytes)
-    if (sent && this.#writable && this.bufferedBytes > this.#watermarks.highBytes) this.#becameUnwritable()
-    return sent
+    return this.#pushed(this.#pushes.push(sc, slices, bytes))
+  }
+
+  /**
+   * Sends the frame at `buffer[start, start + bytes)`, encoded by this
+   * handle's protocol once for many connections (transport/shared-frame.ts);
+   * null when the connection cannot queue a range of a shared buffer now:
+   * `sendEncoded` a copy. Internal.
+   */
+  sendRange (buffer: Buffer, start: number, bytes: number): boolean | null {
+    const sc = this.#sc
+    if (sc === null) return false
+    const unsent = this.#pushes.pushRange(sc, buffer, start, bytes)
+    return unsent === NOT_TAKEN ? null : this.#pushed(unsent)
+  }
+
+  // After a push: false when the connection is closed (-1), else it may turn unwritable with its `unsent` bytes.
+  #pushed (unsent: number): boolean {
+    if (unsent < 0) return false
+    if (this.#writable && unsent > this.#watermarks.highBytes) this.#becameUnwritable()
+    return true
   }
 
   // What is queued goes out, then the connection ends; with `reset`, an RST at once.

@@ -27,6 +27,9 @@ export interface Pushed {
   readonly answers: { readonly heldBytes: number }
 }
 
+/** `PushOutputLimit.pushRange`: the connection cannot queue a range of a shared buffer now. */
+export const NOT_TAKEN = -2
+
 /** What the limit decided: close at once (`hard`), close after the soft period (`soft`), or keep. */
 /** Why a connection that received pushes must close: past the hard limit; above the soft one too long; above the soft one while the server's outbound budget is exceeded; null: it may stay. */
 export type PushVerdict = 'hard' | 'soft' | 'budget' | null
@@ -81,25 +84,48 @@ export class PushOutputLimit implements ConnectionGuard<Pushed> {
     return now - record.softSince >= this.softMs ? 'soft' : null
   }
 
-  /** Pushed bytes for `sc`: queued (closed past its outbound bound), then judged by the push limits; false when it is closed (or was, for them). */
-  push (sc: Pushed, slices: Uint8Array[], bytes: number): boolean {
+  /**
+   * Pushed bytes for `sc`: queued (closed past its outbound bound), then
+   * judged by the push limits. Returns its unsent bytes then (queued, and
+   * answers held for their turn), or -1 when it is closed (or was, for them).
+   */
+  push (sc: Pushed, slices: Uint8Array[], bytes: number): number {
     const connection = sc.connection
-    if (connection.isClosed) return false
+    if (connection.isClosed) return -1
     sc.push.pushed = true
-    if (!connection.send({ slices: slices as Buffer[], bytes })) {
+    return this.#queued(sc, connection.send({ slices: slices as Buffer[], bytes }))
+  }
+
+  /**
+   * `push` of `buffer[start, start + bytes)`, a frame encoded once for many
+   * connections (transport/shared-frame.ts), queued as a range of it;
+   * `NOT_TAKEN` when the connection cannot queue a range of a shared buffer
+   * now (it waits for 'drain'): push the frame as bytes of its own.
+   */
+  pushRange (sc: Pushed, buffer: Buffer, start: number, bytes: number): number {
+    const connection = sc.connection
+    if (connection.isClosed) return -1
+    sc.push.pushed = true
+    const sent = connection.sendRange(buffer, start, bytes)
+    return sent === null ? NOT_TAKEN : this.#queued(sc, sent)
+  }
+
+  // A push was queued (`sent`) or refused by the outbound bound: the connection's unsent bytes, or -1 when closed.
+  #queued (sc: Pushed, sent: boolean): number {
+    if (!sent) {
       this.#ctx.log.warn(`closing ${sc.remoteAddress}: it reads slower than it is sent to (outbound bound exceeded)`, { protocol: this.#ctx.protocol.name, remote: sc.remoteAddress })
-      connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
-      return false
+      sc.connection.destroy(new RpcError(ErrorCode.QUEUE_FULL, 'outbound bytes over the connection bound'))
+      return -1
     }
     this.#ctx.counters.pushSent()
     // Within both limits the verdict needs no time: no clock read per push (a fan-out pushes to every member).
-    const unsent = connection.outboundBytes + sc.answers.heldBytes
+    const unsent = sc.connection.outboundBytes + sc.answers.heldBytes
     if ((this.hardBytes === 0 || unsent <= this.hardBytes) && (this.softBytes === 0 || unsent <= this.softBytes)) {
       sc.push.softSince = -1
       if (this.#overSoft.size > 0) this.#overSoft.delete(sc)
-      return true
+      return unsent
     }
-    return this.#judgePushed(sc, this.#ctx.clock.now())
+    return this.#judgePushed(sc, this.#ctx.clock.now()) ? unsent : -1
   }
 
   /** The scan looks at least this often while a soft limit is set (its period is a quarter of this). */

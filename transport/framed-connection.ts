@@ -201,6 +201,21 @@ export class FramedConnection {
   }
 
   /**
+   * Queues the frame at `buffer[start, start + bytes)`, a range of a buffer
+   * that is never written over (shared-frame.ts: a push encoded once for
+   * many connections), as one more run: consecutive ranges of the buffer
+   * form one run, written as one range. True when queued, false when over
+   * the outbound bound (dropped); null when the queue cannot take a run of
+   * a shared buffer now (held for the set-up, waiting for 'drain': it must
+   * not pin the buffer, or closed): `send` the frame as a transfer instead.
+   */
+  sendRange (buffer: Buffer, start: number, bytes: number): boolean | null {
+    if (this.#end.closed || !this.#queue.takesRuns) return null
+    this.#counters.sent()
+    return this.#queue.commitRun(buffer, start, bytes)
+  }
+
+  /**
    * Encodes one frame with `encoder.encode(a, b, sink)` and queues it (see
    * frame-writer.ts): in place, in the coalesced outbound buffer (the frames
    * of one turn leave in one write), once the set-up is done. False: the

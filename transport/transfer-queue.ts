@@ -365,19 +365,16 @@ export class TransferQueue {
   /** True while the queue waits for the socket's 'drain'. */
   get isWaitingDrain (): boolean { return this.#waitingDrain }
 
+  /** True when a run `commitRun` queues now goes out this turn (not held, backed up or closed): it may be of a buffer other queues share. */
+  get takesRuns (): boolean { return !this.#held && !this.#waitingDrain && this.#closedError === null }
+
   /** True when nothing waits here or in the socket's buffer. */
   get isIdle (): boolean {
     return this.#queue.length === 0 && this.#sink.writableLength === 0
   }
 
   stats (): TransferQueueStats {
-    return {
-      queuedTransfers: this.#queuedFrames,
-      queuedEntries: this.#queue.length,
-      queuedBytes: this.#queuedBytes,
-      socketBufferedBytes: this.#sink.writableLength,
-      ...this.#stats
-    }
+    return { queuedTransfers: this.#queuedFrames, queuedEntries: this.#queue.length, queuedBytes: this.#queuedBytes, socketBufferedBytes: this.#sink.writableLength, ...this.#stats }
   }
 
   #drainQueue (): void {
@@ -495,6 +492,5 @@ export class TransferQueue {
 }
 
 function toRpcError (error: Error | null | undefined): RpcError | undefined {
-  if (error === null || error === undefined) return undefined
-  return new RpcError(ErrorCode.CONNECTION_CLOSED, `write failed: ${error.message}`, { cause: error })
+  return error === null || error === undefined ? undefined : new RpcError(ErrorCode.CONNECTION_CLOSED, `write failed: ${error.message}`, { cause: error })
 }

@@ -2,6 +2,7 @@ import { ConnectionGroup, type ConnectionHandle } from '../../reactor/index.js'
 import type { Command } from './commands.js'
 import { GlobPattern, compiledGlob } from './glob.js'
 import { EncodedPush, Raw, SLICE_BULK_BYTES, error, simple, type ConnectionState, type Reply, type RespRequest } from './resp.js'
+import { COPIED_MESSAGE_BYTES, ChannelMessage } from './pubsub-message.js'
 import { Subscriptions } from './subscriptions.js'
 
 /**
@@ -69,6 +70,8 @@ const CRLF = Buffer.from('\r\n', 'latin1')
 export class PubSub {
   readonly #channels = new Map<string, Members>()
   readonly #patterns = new Map<string, PatternEntry>()
+  #lastChannel: string | null = null
+  #lastHead = EMPTY
 
   /**
    * The connection's subscriptions, made on its first subscription; null
@@ -150,8 +153,12 @@ export class PubSub {
     let tail: Uint8Array[] | null = null
     let receivers = 0
     if (members !== undefined) {
-      tail = encodeTail(channel, message)
-      receivers += sendTo(members, new EncodedPush(tail.length === 1 ? [MESSAGE_HEAD, tail[0]!] : [MESSAGE_HEAD, ...tail]))
+      if (message.length <= COPIED_MESSAGE_BYTES) {
+        receivers += sendTo(members, new ChannelMessage(this.#messageHead(channel), message))
+      } else {
+        tail = encodeTail(channel, message)
+        receivers += sendTo(members, new EncodedPush([MESSAGE_HEAD, ...tail]))
+      }
     }
     // A subscriber closed by a send (over its push limit) leaves; a pattern left without one is deleted as the map is walked, which Map allows.
     // The matching patterns' heads are written one after the other into slabs of this PUBLISH (none is kept). A run of
@@ -202,6 +209,15 @@ export class PubSub {
     }
     if (run !== null) receivers += run.send(new EncodedPush([slab.subarray(runFrom, used)])) ? runCount : 0
     return receivers
+  }
+
+  /** `*3 message <channel> $` for `channel`: the last channel's is kept (a run of PUBLISHes to one channel makes it once). */
+  #messageHead (channel: string): Buffer {
+    if (channel === this.#lastChannel) return this.#lastHead
+    const head = Buffer.from(`*3\r\n$7\r\nmessage\r\n$${channel.length}\r\n${channel}\r\n$`, 'latin1')
+    this.#lastChannel = channel
+    this.#lastHead = head
+    return head
   }
 
   /** The channels with at least one subscriber, all or those `pattern` matches (PUBSUB CHANNELS). */

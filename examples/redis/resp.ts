@@ -424,7 +424,7 @@ export function respProtocol (options: RespProtocolOptions = {}): ServerProtocol
     encode: (_call, reply, out) => { putReply(reply, out) },
     // Pushes (Pub/Sub messages) and the parts of a streamed answer (SUBSCRIBE's confirmations but the last) are replies too.
     encodePush: (message: unknown, out) => {
-      if (message instanceof EncodedPush) for (const slice of message.slices) out.append(slice)
+      if (message instanceof EncodedPush) message.encode(out)
       else putReply(message as Reply, out)
     },
     encodePart: (_call, part: unknown, out) => { putReply(part as Reply, out) },
@@ -633,9 +633,19 @@ export type Reply = number | bigint | Buffer | string | null | Raw | readonly Re
  * subscriber). The slices are never written over.
  */
 export class EncodedPush {
-  readonly slices: Uint8Array[]
+  readonly #slices: Uint8Array[]
   constructor (slices: Uint8Array[]) {
-    this.slices = slices
+    this.#slices = slices
+  }
+
+  /** The push's bytes, in order. */
+  get slices (): Uint8Array[] {
+    return this.#slices
+  }
+
+  /** Writes the push into `out` (a subclass may lay its bytes out there itself). */
+  encode (out: FrameSink): void {
+    for (const slice of this.#slices) out.append(slice)
   }
 }
 

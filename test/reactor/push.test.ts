@@ -298,3 +298,46 @@ t.test('a subscriber that receives pushes is not idle (fake clock); one that get
   a.socket.destroy()
   b.socket.destroy()
 })
+
+t.test('small pushes to a group: a member that stops reading still gets every push, in order, once it reads again', async t => {
+  const { port, handles } = await pushServer(t, {})
+  const stalledSocket = connect(port, '127.0.0.1')
+  await once(stalledSocket, 'connect')
+  const stalled = new Peer(stalledSocket)
+  stalledSocket.write('hello\n')
+  await stalled.until(() => stalled.text === 'hi\n', 'its answer')
+  stalledSocket.pause()
+  const readerSocket = connect(port, '127.0.0.1')
+  await once(readerSocket, 'connect')
+  const reader = new Peer(readerSocket)
+  readerSocket.write('hello\n')
+  for (let i = 0; i < 200 && handles.length < 2; i++) await tick()
+  t.equal(handles.length, 2)
+  const group = new ConnectionGroup()
+  for (const h of handles) group.add(h)
+  const sent: string[] = []
+  let queued = 0
+  let after = -1
+  // Batches of 200 pushes of ~900 bytes, one a turn (each member's pushes of a turn are one run of the push slab), until
+  // the stalled member is backed up, then 20 batches more (queued as copies while it waits for drain); at most 60,000.
+  for (let batch = 0; batch < 300 && after < 20; batch++) {
+    for (let i = 0; i < 200; i++) {
+      const message = `${sent.length} ${'x'.repeat(900)}`
+      sent.push(message)
+      queued += group.send(message)
+    }
+    if (!handles[0]!.writable) after++
+    for (let i = 0; i < 200 && handles[1]!.bufferedBytes > 0; i++) await tick(1)
+  }
+  t.equal(after, 20, 'the stalled member backed up, and 20 batches went to it backed up')
+  t.equal(queued, 2 * sent.length, 'every push queued on both')
+  const expected = sent.map(m => `>${m}\n`).join('')
+  await reader.until(() => reader.received.length >= 'hi\n'.length + expected.length, 'every push at the reader')
+  t.equal(reader.text, 'hi\n' + expected, 'the reader: every push, in order')
+  stalledSocket.resume()
+  for (let i = 0; i < 2000 && stalled.received.length < 'hi\n'.length + expected.length; i++) await tick()
+  t.equal(stalled.received.length, 'hi\n'.length + expected.length)
+  t.equal(stalled.text, 'hi\n' + expected, 'the stalled member: every push, in order')
+  stalledSocket.destroy()
+  readerSocket.destroy()
+})
