@@ -365,8 +365,8 @@ export class TransferQueue {
   /** True while the queue waits for the socket's 'drain'. */
   get isWaitingDrain (): boolean { return this.#waitingDrain }
 
-  /** True when a run `commitRun` queues now goes out this turn (not held, backed up or closed): it may be of a buffer other queues share. */
-  get takesRuns (): boolean { return !this.#held && !this.#waitingDrain && this.#closedError === null }
+  /** True when a run `commitRun` queues now leaves this turn, straight through the stream (not held, backed up, closed, or behind bytes the stream holds): it may be of a buffer other queues share, which a write waiting in the stream would pin uncounted. */
+  get takesRuns (): boolean { return !this.#held && !this.#waitingDrain && this.#closedError === null && this.#sink.writableLength === 0 }
 
   /** True when nothing waits here or in the socket's buffer. */
   get isIdle (): boolean {
