@@ -206,11 +206,13 @@ export class FramedConnection {
    * many connections), as one more run: consecutive ranges of the buffer
    * form one run, written as one range. True when queued, false when over
    * the outbound bound (dropped); null when the queue cannot take a run of
-   * a shared buffer now (held for the set-up, waiting for 'drain': it must
-   * not pin the buffer, or closed): `send` the frame as a transfer instead.
+   * a shared buffer now (held for the set-up, waiting for 'drain', bytes
+   * still queued in the stream or below it, e.g. a native send in flight:
+   * it must not pin the buffer; or closed): `send` the frame as a transfer
+   * instead.
    */
   sendRange (buffer: Buffer, start: number, bytes: number): boolean | null {
-    if (this.#end.closed || !this.#queue.takesRuns) return null
+    if (this.#end.closed || !this.#queue.takesRuns || this.#gate.stream.writeQueueBytes !== 0) return null
     this.#counters.sent()
     return this.#queue.commitRun(buffer, start, bytes)
   }

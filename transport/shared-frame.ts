@@ -29,6 +29,7 @@ export function encodeShared<T, A> (encode: (this: T, a: A, out: FrameSink) => v
   // An encoder that pushes while it encodes: the inner frame goes into a buffer of its own.
   if (frame.open) return encodeOneToSlices(encode, self, message)
   frame.begin(pushSlab)
+  const first = frame.homeBuffer
   try {
     if (encode.call(self, message, frame) !== undefined) throw returnedValue()
   } catch (err) {
@@ -48,8 +49,28 @@ export function encodeShared<T, A> (encode: (this: T, a: A, out: FrameSink) => v
     range.end = end
     return null
   }
-  // Rooms elsewhere or appended slices: pieces, the ones in the slab views of it (never written over).
-  const slices = frame.pieces()
-  if (pushSlab.buffer === home) pushSlab.at = end
+  // Rooms elsewhere or appended slices: pieces. Those in the slab are
+  // copied out into one buffer of the frame's own (a view would keep a
+  // whole slab alive for the few bytes a connection's bounds count), the
+  // appended slices stay as they are; the slab's room is free again.
+  return copiedOut(frame.pieces(), first.buffer, home.buffer)
+}
+
+// `pieces` with those in `a` or `b` (the slab's buffers: at the frame's
+// start, and after a renewal within it) replaced by one copy of their bytes.
+function copiedOut (pieces: Buffer[], a: ArrayBufferLike, b: ArrayBufferLike): Buffer[] {
+  let bytes = 0
+  for (let i = 0; i < pieces.length; i++) if (pieces[i]!.buffer === a || pieces[i]!.buffer === b) bytes += pieces[i]!.length
+  if (bytes === 0) return pieces
+  const out = Buffer.allocUnsafe(bytes)
+  const slices = pieces.slice()
+  let at = 0
+  for (let i = 0; i < slices.length; i++) {
+    const piece = slices[i]!
+    if (piece.buffer !== a && piece.buffer !== b) continue
+    piece.copy(out, at)
+    slices[i] = out.subarray(at, at + piece.length)
+    at += piece.length
+  }
   return slices
 }

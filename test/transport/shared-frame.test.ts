@@ -89,6 +89,19 @@ t.test('a push with a large appended slice is slices (the slice as it is); nothi
   t.equal(Buffer.concat(slices!).toString('latin1'), `head${large.toString('latin1')}tail`)
   t.ok(slices!.includes(large), 'the large slice is not copied')
 
+  // The head and tail are copied out of the push slab: a view of it queued
+  // on a connection that stops reading would keep the whole slab alive for
+  // the few bytes its bounds count. The slab's room is free again.
+  const ahead = shared('x')
+  const pieces = encodeShared((message: Buffer, out: FrameSink) => {
+    out.append(Buffer.from('head'))
+    out.append(message)
+  }, null, large)
+  const next = shared('y')
+  t.equal(Buffer.concat(pieces!).toString('latin1'), `head${large.toString('latin1')}`)
+  t.ok(pieces!.every(piece => piece.buffer !== next.buffer.buffer), 'no piece is a view of the push slab')
+  t.equal(next.start, ahead.start + ahead.bytes, 'the copied frame left no room taken in the slab')
+
   t.same(encodeShared(() => {}, null, 'nothing'), [], 'nothing encoded: no slices')
 
   const before = shared('a')
