@@ -206,13 +206,15 @@ export class FramedConnection {
    * many connections), as one more run: consecutive ranges of the buffer
    * form one run, written as one range. True when queued, false when over
    * the outbound bound (dropped); null when the queue cannot take a run of
-   * a shared buffer now (held for the set-up, waiting for 'drain', bytes
-   * still queued in the stream or below it, e.g. a native send in flight:
-   * it must not pin the buffer; or closed): `send` the frame as a transfer
-   * instead.
+   * a shared buffer now (held for the set-up, waiting for 'drain', bytes of
+   * earlier writes still in the stream: it must not pin the buffer; or
+   * closed): `send` the frame as a transfer instead. The write that stalls
+   * (the kernel refuses its rest, or a native send is still in flight)
+   * keeps its range, so a connection that stops reading holds at most that
+   * one buffer beyond what its bounds count.
    */
   sendRange (buffer: Buffer, start: number, bytes: number): boolean | null {
-    if (this.#end.closed || !this.#queue.takesRuns || this.#gate.stream.writeQueueBytes !== 0) return null
+    if (this.#end.closed || !this.#queue.takesRuns) return null
     this.#counters.sent()
     return this.#queue.commitRun(buffer, start, bytes)
   }

@@ -466,21 +466,3 @@ t.test('a read\'s rest waits for its turn without pausing the stream; a read or 
     t.equal(closes[0]?.message, 'connection closed by peer')
   }
 })
-
-t.test('sendRange takes a range of a shared buffer only while nothing is queued in the stream or below it (a native send in flight)', async t => {
-  class InFlightStream extends FakeStream {
-    inFlight = 0
-    override get writeQueueBytes (): number { return super.writeQueueBytes + this.inFlight }
-  }
-  const stream = new InFlightStream()
-  const connection = new FramedConnection(stream, { framing: krpcFraming, coalesceMicrotasks: false })
-  connection.attach({ onFrame: () => true, onClose: () => {} })
-  const shared = Buffer.from('0123456789')
-  stream.inFlight = 5
-  t.equal(connection.sendRange(shared, 0, 4), null, 'a send in flight below the stream: the caller sends a copy')
-  stream.inFlight = 0
-  t.equal(connection.sendRange(shared, 4, 4), true, 'nothing queued: the range is taken')
-  await settle()
-  t.equal(stream.received().toString('latin1'), '4567')
-  connection.destroy()
-})
