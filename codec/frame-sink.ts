@@ -230,20 +230,7 @@ export class FrameBuffer implements FrameSink {
     const pieces = this.#pieces
     this.close()
     if (pieces === null) return NO_PIECES
-    const scratch = this.#scratch.buffer!.buffer
-    let copied = 0
-    for (let i = 0; i < pieces.length; i++) if (pieces[i]!.buffer === scratch) copied += pieces[i]!.length
-    if (copied === 0) return pieces
-    const out = Buffer.allocUnsafe(copied)
-    let at = 0
-    for (let i = 0; i < pieces.length; i++) {
-      const piece = pieces[i]!
-      if (piece.buffer !== scratch) continue
-      piece.copy(out, at)
-      pieces[i] = out.subarray(at, at + piece.length)
-      at += piece.length
-    }
-    return pieces
+    return copyPiecesOut(pieces, this.#scratch.buffer!.buffer)
   }
 
   // The run so far becomes a piece; the next starts where it ended.
@@ -270,6 +257,28 @@ function scratchFrame (): FrameBuffer {
   if (frame === null || frame.open) frame = spare = new FrameBuffer()
   frame.begin(null)
   return frame
+}
+
+/**
+ * Replaces, in `pieces`, those that are views of `a` or `b` (a buffer that
+ * is reused, or must not be kept alive by a few bytes of it) with views of
+ * one copy of their bytes, in order; the others stay as they are. Returns
+ * `pieces`, changed in place.
+ */
+export function copyPiecesOut (pieces: Buffer[], a: ArrayBufferLike, b: ArrayBufferLike = a): Buffer[] {
+  let bytes = 0
+  for (let i = 0; i < pieces.length; i++) if (pieces[i]!.buffer === a || pieces[i]!.buffer === b) bytes += pieces[i]!.length
+  if (bytes === 0) return pieces
+  const out = Buffer.allocUnsafe(bytes)
+  let at = 0
+  for (let i = 0; i < pieces.length; i++) {
+    const piece = pieces[i]!
+    if (piece.buffer !== a && piece.buffer !== b) continue
+    piece.copy(out, at)
+    pieces[i] = out.subarray(at, at + piece.length)
+    at += piece.length
+  }
+  return pieces
 }
 
 /**

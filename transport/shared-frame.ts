@@ -4,7 +4,7 @@
 // the same range of it (FramedConnection.sendRange) and a connection's
 // consecutive pushes form one run there: one range to write, however many
 // pushes it holds, with no buffer, slice array or transfer object per push.
-import { FrameBuffer, FrameChunk, encodeOneToSlices, returnedValue, type FrameSink } from '../codec/frame-sink.js'
+import { FrameBuffer, FrameChunk, copyPiecesOut, encodeOneToSlices, returnedValue, type FrameSink } from '../codec/frame-sink.js'
 import { SLAB_BYTES } from './slab-run.js'
 
 // Separate from the answers' slab: a subscriber's pushes stay side by side
@@ -53,24 +53,5 @@ export function encodeShared<T, A> (encode: (this: T, a: A, out: FrameSink) => v
   // copied out into one buffer of the frame's own (a view would keep a
   // whole slab alive for the few bytes a connection's bounds count), the
   // appended slices stay as they are; the slab's room is free again.
-  return copiedOut(frame.pieces(), first.buffer, home.buffer)
-}
-
-// `pieces` with those in `a` or `b` (the slab's buffers: at the frame's
-// start, and after a renewal within it) replaced by one copy of their bytes.
-function copiedOut (pieces: Buffer[], a: ArrayBufferLike, b: ArrayBufferLike): Buffer[] {
-  let bytes = 0
-  for (let i = 0; i < pieces.length; i++) if (pieces[i]!.buffer === a || pieces[i]!.buffer === b) bytes += pieces[i]!.length
-  if (bytes === 0) return pieces
-  const out = Buffer.allocUnsafe(bytes)
-  const slices = pieces.slice()
-  let at = 0
-  for (let i = 0; i < slices.length; i++) {
-    const piece = slices[i]!
-    if (piece.buffer !== a && piece.buffer !== b) continue
-    piece.copy(out, at)
-    slices[i] = out.subarray(at, at + piece.length)
-    at += piece.length
-  }
-  return slices
+  return copyPiecesOut(frame.pieces(), first.buffer, home.buffer)
 }
