@@ -61,6 +61,8 @@ export class ServicePool {
   readonly pool: WorkerPool<InboundCall> | TokenPool<InboundCall>
   readonly #clock: Clock
   readonly #held = new Denque<InboundCall>()
+  /** The pool when it is this process's own (not tokens of a shared scheduler): the one `claim` lends workers of. */
+  readonly #own: WorkerPool<InboundCall> | null
   readonly #burstLimit: number
   readonly #metrics: ReadonlyMap<string, MethodMetrics>
   #checkScheduled = false
@@ -96,11 +98,28 @@ export class ServicePool {
     this.pool = options.connect !== undefined
       ? new TokenPool<InboundCall>({ ...common, connect: options.connect })
       : new WorkerPool<InboundCall>({ ...common, queue: new DeadlineQueue<InboundCall>({ maxLength: options.queueLength, discipline: options.discipline }) })
+    this.#own = this.pool instanceof WorkerPool ? this.pool : null
   }
 
   /** Calls held back by burst absorption now. */
   get heldCalls (): number {
     return this.#held.length
+  }
+
+  /**
+   * A worker of this process's own pool for running `call` at once, in the
+   * caller (`WorkerPool.claim`); -1: `submit` it instead (calls held back
+   * by burst absorption go first, no worker is idle, the pool is closing,
+   * the call expired, or the workers are tokens shared across reactors).
+   * The worker goes back with `ran`.
+   */
+  claim (call: InboundCall, now: number): number {
+    return this.#own === null || !this.#held.isEmpty() ? -1 : this.#own.claim(call, now)
+  }
+
+  /** The run of a claimed `worker` ended, or ends when `pending` settles. */
+  ran (worker: number, pending: Promise<void> | undefined): void {
+    this.#own!.ran(worker, pending)
   }
 
   /** Offers `call`; `now`, when given, is a clock reading the caller just took (spares one). */

@@ -175,6 +175,37 @@ export class WorkerPool<T extends Queued> {
   }
 
   /**
+   * The most recently parked worker, for a caller that runs `item` itself
+   * at once (an in-loop handler, most often finished before it returns):
+   * taken and counted as `submit` would hand it over, without the trip
+   * through `run`. -1 when `submit` must judge the item instead: no worker
+   * is parked, the pool is closing, or the item's deadline has passed at
+   * `now`. The caller gives the worker back with `ran`.
+   */
+  claim (item: T, now: number): number {
+    const parked = this.#parked
+    if (parked.length === 0 || this.#front.closed || (item.deadline !== Infinity && now >= item.deadline)) return -1
+    const stats = this.#stats
+    stats.submitted++
+    stats.handedOff++
+    return parked.pop()!
+  }
+
+  /**
+   * The run of a `claim`ed worker ended (`pending` undefined), or ends when
+   * `pending` settles; the worker then takes the next queued item or parks.
+   */
+  ran (worker: number, pending: Promise<void> | undefined): void {
+    if (pending !== undefined) {
+      const done = this.#settled[worker]!
+      pending.then(done, done)
+      return
+    }
+    this.#stats.completed++
+    this.#runOn(worker, this.#queue.length > 0 ? this.#next() : undefined)
+  }
+
+  /**
    * Stops accepting items (later submits are rejected 'shutdown'). Queued
    * items still run as workers free up; those still queued `graceMs` from
    * now are rejected 'shutdown'. Resolves once the queue is empty and every
@@ -197,7 +228,8 @@ export class WorkerPool<T extends Queued> {
   /** Runs `first` and then queued items on `worker` until the queue is empty, then parks it. */
   #runOn (worker: number, first: T | undefined): void {
     // A loop, not recursion: many synchronous runs in a row must not grow the stack.
-    for (let item = first; item !== undefined; item = this.#next()) {
+    // An empty queue (the common case) has nothing to expire or take.
+    for (let item = first; item !== undefined; item = this.#queue.length > 0 ? this.#next() : undefined) {
       if (!runItem(this.#run, item, worker, this.#settled)) return
       this.#stats.completed++
     }

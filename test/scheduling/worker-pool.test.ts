@@ -514,3 +514,51 @@ t.test('abandon: the slot goes to a fresh worker id at once, the abandoned run s
   t.same(rejected, [])
   await pool.close(0)
 })
+
+t.test('claim: the caller runs an item on the most recently parked worker, counted as a hand-off; ran gives it back', async t => {
+  const h = harness({ workers: 2, maxLength: 10 })
+  const a: Job = { id: 'a', deadline: 100 }
+  t.equal(h.pool.claim(a, 0), 0, 'worker 0 is on top')
+  t.equal(h.pool.busyWorkers, 1)
+  h.pool.ran(0, undefined)
+  t.equal(h.pool.idleWorkers, 2, 'a run that ended before ran() parks its worker at once')
+  t.match(h.pool.stats, { submitted: 1, handedOff: 1, completed: 1 })
+
+  // A run still going holds its worker until its promise settles; items queue behind it as behind any run.
+  const b: Job = { id: 'b', deadline: 100 }
+  t.equal(h.pool.claim(b, 0), 0, 'LIFO: worker 0 parked last')
+  let settle!: () => void
+  h.pool.ran(0, new Promise<void>(resolve => { settle = resolve }))
+  h.submit('c')
+  t.equal(h.pool.claim({ id: 'x', deadline: 100 }, 0), -1, 'no worker is parked: submit judges it')
+  h.submit('d')
+  t.same(h.runs, [['c', 1]], 'c took worker 1; d waits')
+  t.equal(h.pool.queueLength, 1)
+  settle()
+  await flush()
+  t.same(h.runs, [['c', 1], ['d', 0]], 'b\'s worker takes the queued d when its run settles')
+  await h.finish('c')
+  await h.finish('d')
+  t.equal(h.pool.idleWorkers, 2)
+  t.match(h.pool.stats, { submitted: 4, handedOff: 3, queued: 1, completed: 4 })
+
+  // What submit would refuse is not claimed: an item past its deadline, and any item once closing.
+  t.equal(h.pool.claim({ id: 'late', deadline: 5 }, 5), -1)
+  const closing = h.pool.close(0)
+  t.equal(h.pool.claim({ id: 'e', deadline: Infinity }, 0), -1)
+  await closing
+  t.match(h.pool.stats, { submitted: 4 }, 'refused claims count nothing')
+  t.equal(h.fake.pendingTimers, 0)
+})
+
+t.test('close waits for a claimed worker to be given back', async t => {
+  const h = harness({ workers: 1, maxLength: 10 })
+  t.equal(h.pool.claim({ id: 'a', deadline: Infinity }, 0), 0)
+  let done = false
+  void h.pool.close(Infinity).then(() => { done = true })
+  await flush()
+  t.equal(done, false, 'worker 0 is still out')
+  h.pool.ran(0, undefined)
+  await flush()
+  t.equal(done, true)
+})
