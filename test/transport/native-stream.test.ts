@@ -207,6 +207,38 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       done(p)
     })
 
+    t.test('the addon\'s sendRange reads its numbers from sendArgs and leaves the result there; a bad range or id is refused', async (t) => {
+      const p = await pair(r)
+      const received: Buffer[] = []
+      p.client.on('data', (chunk: Buffer) => received.push(chunk))
+      const h = r.handle
+      const args = h.sendArgs
+      const buf = Buffer.from('..hello..')
+      const send = (id: number, start: number, end: number): number => {
+        args[0] = id
+        args[1] = start
+        args[2] = end
+        args[3] = 12345
+        t.equal(h.sendRange(buf), undefined)
+        return args[3]!
+      }
+      t.equal(send(p.stream.id, 2, 7), 5, 'the bytes taken')
+      await until(() => Buffer.concat(received).length >= 5, 'the range')
+      t.equal(Buffer.concat(received).toString('latin1'), 'hello', 'exactly buf[2, 7)')
+      t.equal(send(p.stream.id, -1, 3), -22, 'start -1 (send\'s whole-buffer mark) is EINVAL')
+      t.equal(send(p.stream.id, 4, 3), -22, 'end before start is EINVAL')
+      t.equal(send(p.stream.id, 0, buf.length + 1), -22, 'past the buffer\'s end is EINVAL')
+      t.equal(send(-5, 0, 1), -9, 'an id of no connection is EBADF')
+      args[0] = p.stream.id
+      args[1] = 0
+      args[2] = 1
+      h.sendRange({} as Buffer)
+      t.equal(args[3], -22, 'not a Buffer: EINVAL')
+      await new Promise((resolve) => setTimeout(resolve, 20))
+      t.equal(Buffer.concat(received).length, 5, 'nothing refused was sent')
+      done(p)
+    })
+
     t.test('a client connection through the reactor', async (t) => {
       const server = await pair(r, (body, connection) => { connection.send({ slices: [frame(`re:${body}`)], bytes: body.length + 7 }) })
       const stream = await r.connect(server.listener.address.port, '127.0.0.1')

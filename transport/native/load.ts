@@ -16,6 +16,10 @@ export interface NativeReactorHandle {
   connect: (host: string, port: number, keepAliveSecs: number) => number
   /** Sends `chunk`, or `chunk[start, end)` when both are given. */
   send: (id: number, chunk: Buffer, start?: number, end?: number) => number
+  /** `send(sendArgs[0], chunk, sendArgs[1], sendArgs[2])`, its result left in `sendArgs[3]`. */
+  sendRange: (chunk: Buffer) => void
+  /** sendRange's id, start, end and result. */
+  readonly sendArgs: Int32Array
   sendv: (id: number, chunks: readonly Buffer[]) => number
   setReading: (id: number, on: boolean) => void
   shutdown: (id: number) => number

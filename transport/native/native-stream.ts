@@ -155,7 +155,14 @@ export class NativeStream implements ByteStream {
     if (this.#connecting) return this.#keep(buf.subarray(start, end), 0) || true
     if (this.#pendingBytes > 0) return this.#keep(buf.subarray(start, end), 0)
     // The addon copies what it takes (io_uring) or the kernel does (epoll): only a refused rest is kept, as a view.
-    const n = this.#h.send(this.id, buf, start, end)
+    // Its numbers go through the shared sendArgs: no N-API number conversions per send.
+    const h = this.#h
+    const args = h.sendArgs
+    args[0] = this.id
+    args[1] = start
+    args[2] = end
+    h.sendRange(buf)
+    const n = args[3]!
     if (n < 0) return this.#sendFailed(n)
     this.#taken += n
     return n === bytes || this.#keep(buf.subarray(start, end), n)

@@ -128,6 +128,7 @@ struct reactor {
   int n_turn_slabs;
   int in_turn;
   struct iovec iov[MAX_IOV]; /* sendv's, per reactor (worker threads have reactors of their own) */
+  int32_t send_args[4];      /* sendRange's id, start, end and result: JS's sendArgs */
 };
 
 /* connections.c: the connection table. */
