@@ -9,10 +9,11 @@
 import t from 'tap'
 import { connect, type Socket } from 'node:net'
 import { once } from 'node:events'
+import { readFileSync } from 'node:fs'
 import { ErrorCode, type RpcError } from '../../codec/errors.js'
 import { krpcFraming } from '../../codec/krpc/frames.js'
 import { FramedConnection } from '../../transport/framed-connection.js'
-import type { NativeReactor, NativeListener } from '../../transport/native/reactor.js'
+import { SLOT_MASK, type NativeReactor, type NativeListener } from '../../transport/native/reactor.js'
 import type { NativeStream } from '../../transport/native/native-stream.js'
 import { nativeBackends } from '../helpers/native.js'
 
@@ -73,6 +74,12 @@ function done (p: Pair): void {
   for (const s of p.accepted) s.close()
   p.listener.close()
 }
+
+t.test('the streams\' table splits an id as the addon makes it: slot bits, then generation', async (t) => {
+  const header = readFileSync(new URL('../../transport/native/nyala.h', import.meta.url), 'latin1')
+  const bits = Number(/#define SLOT_BITS (\d+)/.exec(header)?.[1])
+  t.equal(SLOT_MASK, (1 << bits) - 1, `SLOT_MASK covers nyala.h's ${bits} slot bits`)
+})
 
 for (const { backend, reactor, skip } of nativeBackends()) {
   t.test(`${backend}: the native transport`, { skip }, async (t) => {

@@ -15,6 +15,8 @@ const EV_ERROR = 4
 const EV_WRITABLE = 5
 const EV_CONNECTED = 6
 const EV_ACCEPT_ERROR = 7
+// A connection id's slot bits, as nyala.h's SLOT_BITS (18): the rest of the id is the slot's generation.
+export const SLOT_MASK = (1 << 18) - 1
 
 /** What a native listener tells its owner. */
 export interface NativeAcceptor {
@@ -42,7 +44,14 @@ export class NativeReactor implements StreamHost {
   readonly backend: NativeBackend
   readonly handle: NativeReactorHandle
   readonly #events: Int32Array
-  readonly #streams = new Map<number, NativeStream>()
+  /**
+   * The open streams by slot: the low bits of an id (the addon's
+   * connection table index, slots reused lowest first, so this stays as
+   * short as the most connections open at once); the rest is the slot's
+   * generation, checked against the stream's id. A read's lookup is an
+   * index, not a Map's hash probe (~100 instructions a read).
+   */
+  readonly #streams: Array<NativeStream | undefined> = []
   readonly #acceptors = new Map<number, NativeAcceptor>()
 
   /** This thread's reactor of `backend`, opened once; a string says why it cannot be (not built, io_uring denied...). */
@@ -72,7 +81,22 @@ export class NativeReactor implements StreamHost {
   }
 
   forget (id: number): void {
-    this.#streams.delete(id)
+    const slot = id & SLOT_MASK
+    if (this.#streams[slot]?.id === id) this.#streams[slot] = undefined
+  }
+
+  // The open stream of `id`; undefined when it has closed (or its slot went to another).
+  #stream (id: number): NativeStream | undefined {
+    const stream = this.#streams[id & SLOT_MASK]
+    return stream !== undefined && stream.id === id ? stream : undefined
+  }
+
+  #add (stream: NativeStream): void {
+    const slot = stream.id & SLOT_MASK
+    const streams = this.#streams
+    // Filled up to the slot, so the array stays packed (no holes for V8 to probe past).
+    while (streams.length < slot) streams.push(undefined)
+    streams[slot] = stream
   }
 
   /** Listens on `host` (a name is resolved first); rejects with the errno error (EADDRINUSE, ...). */
@@ -114,7 +138,7 @@ export class NativeReactor implements StreamHost {
     const id = this.handle.connect(address, port, Math.ceil(keepAliveMs / 1000))
     if (id < 0) throw errnoError(id, 'connect')
     const stream = new NativeStream(this, id, true)
-    this.#streams.set(id, stream)
+    this.#add(stream)
     return stream
   }
 
@@ -126,7 +150,7 @@ export class NativeReactor implements StreamHost {
       const id = events[i]!
       const kind = events[i + 1]!
       try {
-        if ((kind & 0xff) === EV_READ) this.#streams.get(id)?.read(slabs[kind >> 8]!, events[i + 2]!, events[i + 3]!)
+        if ((kind & 0xff) === EV_READ) this.#stream(id)?.read(slabs[kind >> 8]!, events[i + 2]!, events[i + 3]!)
         else this.#event(id, kind, events[i + 2]!)
       } catch (err) {
         thrown ??= err
@@ -144,21 +168,21 @@ export class NativeReactor implements StreamHost {
           return
         }
         const stream = new NativeStream(this, id)
-        this.#streams.set(id, stream)
+        this.#add(stream)
         acceptor.onStream(stream)
         return
       }
       case EV_EOF:
-        this.#streams.get(id)?.ended()
+        this.#stream(id)?.ended()
         return
       case EV_ERROR:
-        this.#streams.get(id)?.failed(value, 'read')
+        this.#stream(id)?.failed(value, 'read')
         return
       case EV_WRITABLE:
-        this.#streams.get(id)?.writable()
+        this.#stream(id)?.writable()
         return
       case EV_CONNECTED:
-        this.#streams.get(id)?.connected(value)
+        this.#stream(id)?.connected(value)
         return
       case EV_ACCEPT_ERROR:
         this.#acceptors.get(id)?.onAcceptError(errnoError(value, 'accept').code ?? 'EMFILE')
