@@ -259,17 +259,11 @@ export class CallDispatch {
     return !sc.connection.isClosed && !answers.closing
   }
 
-  // A call into its group's pool. An in-loop handler runs here, at once,
-  // on the worker the pool lends when one is idle (and nothing waits ahead
-  // of it): the same worker, counters and order as the pool's own hand-off,
-  // without going through it, which cost ~580 instructions a call
-  // (bench/server-instructions.ts).
+  // A call into its group's pool: an in-loop handler runs here, on the worker the pool lends
+  // (as its own hand-off would, without the trip through it: ~580 instructions a call).
   #handOff (service: ServicePool, call: InboundCall, inLoop: boolean): void {
     const worker = inLoop ? service.claim(call, this.#lastNow) : -1
-    if (worker < 0) {
-      service.submit(call, this.#lastNow)
-      return
-    }
+    if (worker < 0) return service.submit(call, this.#lastNow)
     call.worker = worker
     let pending: Promise<void> | undefined
     try {
@@ -493,7 +487,6 @@ export class CallDispatch {
     order.released(answers, call)
     return answers.connection.isClosed ? undefined : answers
   }
-
 }
 
 // What a handler threw, as a message; never throws itself (a thrown value may refuse String()).

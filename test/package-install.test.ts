@@ -95,7 +95,7 @@ t.test('npm pack, then install the tarball into an empty project and run the kv 
 
   t.test('the native transport: prebuilt at pack time, its sources beside it, no install script', async (t) => {
     t.ok(files.includes(NATIVE), `carries ${NATIVE}, built by prepack`)
-    for (const name of ['transport/native/build.sh', 'transport/native/nyala.h', 'transport/native/addon.c', 'transport/native/epoll.c', 'transport/native/uring.c', 'transport/native/heap.c']) {
+    for (const name of ['transport/native/build.sh', 'transport/native/nyala.h', 'transport/native/addon.c', 'transport/native/send.c', 'transport/native/epoll.c', 'transport/native/uring.c', 'transport/native/heap.c']) {
       t.ok(files.includes(name), `carries ${name} (the source build)`)
     }
     t.notOk(files.includes('binding.gyp'), 'no binding.gyp (npm would add `node-gyp rebuild` as an install script)')

@@ -2,8 +2,8 @@
  * The N-API side of the native transport: `open(backend, onTurn)` makes a
  * reactor (one uv_poll_t in Node's loop, see nyala.h) and returns its
  * functions, bound to it. This file owns the slabs reads land in, the
- * turn's events and the one JS call per turn; connections.c the connection
- * table; epoll.c and uring.c the syscalls.
+ * turn's events and the one JS call per turn; send.c the sends; connections.c
+ * the connection table; epoll.c and uring.c the syscalls.
  *
  * JS API (transport/native/reactor.ts is its only caller):
  *   open(backend, onTurn) -> { events: Int32Array, sendArgs: Int32Array,
@@ -154,7 +154,7 @@ void listeners_resume (reactor_t *r) {
 
 /* ---- argument helpers ---- */
 
-static reactor_t *args (napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
+reactor_t *args (napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
   size_t argc = want;
   void *data = NULL;
   for (size_t i = 0; i < want; i++) argv[i] = NULL;
@@ -162,13 +162,13 @@ static reactor_t *args (napi_env env, napi_callback_info info, size_t want, napi
   return data;
 }
 
-static int32_t int_arg (napi_env env, napi_value v) {
+int32_t int_arg (napi_env env, napi_value v) {
   int32_t n = -1;
   if (v == NULL || napi_get_value_int32(env, v, &n) != napi_ok) return -1;
   return n;
 }
 
-static napi_value int_value (napi_env env, int64_t n) {
+napi_value int_value (napi_env env, int64_t n) {
   napi_value v;
   napi_create_int64(env, n, &v);
   return v;
@@ -292,80 +292,6 @@ static napi_value js_connect (napi_env env, napi_callback_info info) {
     return int_value(env, err);
   }
   return int_value(env, conn_id(c, slot));
-}
-
-/* Copies a JS Buffer's place into `iov`; 0 when `v` is not a Buffer. */
-static int iov_of (napi_env env, napi_value v, struct iovec *iov) {
-  void *data;
-  size_t len;
-  if (napi_get_buffer_info(env, v, &data, &len) != napi_ok) return 0;
-  iov->iov_base = data;
-  iov->iov_len = len;
-  return 1;
-}
-
-/* buffer[start, end) (all of it when start is -1) to connection `id`: bytes taken | -errno */
-static ssize_t send_range (napi_env env, reactor_t *r, int32_t id, napi_value buffer, int32_t start, int32_t end) {
-  conn_t *c = conn_of(r, id, NULL);
-  struct iovec iov;
-  if (c == NULL) return -EBADF;
-  if (!iov_of(env, buffer, &iov)) return -EINVAL;
-  if (start != -1) {
-    if (start < 0 || end < start || (size_t)end > iov.iov_len) return -EINVAL;
-    iov.iov_base = (char *)iov.iov_base + start;
-    iov.iov_len = (size_t)(end - start);
-  }
-  return r->backend->send(r, c, &iov, 1);
-}
-
-/* send(id, buffer[, start, end]) -> bytes taken | -errno: buffer[start, end) when given (no view made in JS) */
-static napi_value js_send (napi_env env, napi_callback_info info) {
-  napi_value argv[4] = { NULL, NULL, NULL, NULL };
-  size_t argc = 4;
-  void *data = NULL;
-  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
-  reactor_t *r = data;
-  int32_t start = -1, end = 0;
-  if (argc >= 4) {
-    start = int_arg(env, argv[2]);
-    end = int_arg(env, argv[3]);
-    if (start == -1) return int_value(env, -EINVAL);
-  }
-  return int_value(env, send_range(env, r, int_arg(env, argv[0]), argv[1], start, end));
-}
-
-/*
- * sendRange(buffer) -> undefined: send(id, buffer, start, end) with id,
- * start and end read from sendArgs[0..2] and the result written to
- * sendArgs[3]. The answer path's send without N-API's number conversions
- * (three arguments and a result, ~170 instructions a send).
- */
-static napi_value js_send_range (napi_env env, napi_callback_info info) {
-  napi_value argv[1] = { NULL };
-  size_t argc = 1;
-  void *data = NULL;
-  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
-  reactor_t *r = data;
-  int32_t *a = r->send_args;
-  a[3] = a[1] == -1 ? -EINVAL : (int32_t)send_range(env, r, a[0], argv[0], a[1], a[2]);
-  return NULL;
-}
-
-/* sendv(id, buffers) -> bytes taken | -errno (at most MAX_IOV buffers go; the rest is as if refused) */
-static napi_value js_sendv (napi_env env, napi_callback_info info) {
-  napi_value argv[2];
-  reactor_t *r = args(env, info, 2, argv);
-  conn_t *c = conn_of(r, int_arg(env, argv[0]), NULL);
-  struct iovec *iov = r->iov;
-  uint32_t n = 0;
-  if (c == NULL) return int_value(env, -EBADF);
-  if (argv[1] == NULL || napi_get_array_length(env, argv[1], &n) != napi_ok) return int_value(env, -EINVAL);
-  if (n > MAX_IOV) n = MAX_IOV;
-  for (uint32_t i = 0; i < n; i++) {
-    napi_value v;
-    if (napi_get_element(env, argv[1], i, &v) != napi_ok || !iov_of(env, v, &iov[i])) return int_value(env, -EINVAL);
-  }
-  return int_value(env, r->backend->send(r, c, iov, (int)n));
 }
 
 /* setReading(id, on) */

@@ -34,7 +34,7 @@ mkdir -p "$out"
 # used, N-API and libuv symbols come from the node binary at load time.
 if ! $cc -shared -fPIC -O2 -g -Wall -Wextra -Werror -std=gnu11 -fvisibility=hidden ${CFLAGS:-} \
   -I "$include" -o "$out/nyala.node.tmp" \
-  "$here/addon.c" "$here/connections.c" "$here/epoll.c" "$here/uring.c" "$here/heap.c" "$uring"; then
+  "$here/addon.c" "$here/send.c" "$here/connections.c" "$here/epoll.c" "$here/uring.c" "$here/heap.c" "$uring"; then
   rm -f "$out/nyala.node.tmp"
   if [ "${1:-}" = "--if-possible" ]; then echo "native transport not built: the compile failed (node:net is used)"; exit 0; fi
   exit 1

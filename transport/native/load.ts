@@ -14,8 +14,8 @@ export interface NativeReactorHandle {
   listen: (host: string, port: number, backlog: number, reusePort: boolean) => [number, number] | number
   closeListener: (listener: number) => void
   connect: (host: string, port: number, keepAliveSecs: number) => number
-  /** Sends `chunk`, or `chunk[start, end)` when both are given. */
-  send: (id: number, chunk: Buffer, start?: number, end?: number) => number
+  /** Sends `chunk`. */
+  send: (id: number, chunk: Buffer) => number
   /** `send(sendArgs[0], chunk, sendArgs[1], sendArgs[2])`, its result left in `sendArgs[3]`. */
   sendRange: (chunk: Buffer) => void
   /** sendRange's id, start, end and result. */

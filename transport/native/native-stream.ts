@@ -348,7 +348,7 @@ export class NativeStream implements ByteStream {
   }
 }
 
-/** The most slices one sendv takes (addon.c). */
+/** The most slices one sendv takes (send.c; MAX_IOV in nyala.h). */
 const MAX_IOV = 1024
 
 function ignore (): void {}

@@ -148,6 +148,16 @@ int note_read (reactor_t *r, int slot, size_t n);
 void listeners_resume (reactor_t *r);
 void heap_init (napi_env env, napi_value exports); /* heap.c: trimHeap() */
 
+/* addon.c's argument helpers: the reactor a function is bound to (argv[i] NULL past those given), an int32 argument (-1 if none), a number. */
+reactor_t *args (napi_env env, napi_callback_info info, size_t want, napi_value *argv);
+int32_t int_arg (napi_env env, napi_value v);
+napi_value int_value (napi_env env, int64_t n);
+
+/* send.c: send(id, buffer), sendRange(buffer) through sendArgs, sendv(id, buffers). */
+napi_value js_send (napi_env env, napi_callback_info info);
+napi_value js_send_range (napi_env env, napi_callback_info info);
+napi_value js_sendv (napi_env env, napi_callback_info info);
+
 extern const backend_t epoll_backend;
 extern const backend_t uring_backend;
 
