@@ -46,10 +46,11 @@ export class NativeReactor implements StreamHost {
   readonly #events: Int32Array
   /**
    * The open streams by slot: the low bits of an id (the addon's
-   * connection table index, slots reused lowest first, so this stays as
-   * short as the most connections open at once); the rest is the slot's
-   * generation, checked against the stream's id. A read's lookup is an
-   * index, not a Map's hash probe (~100 instructions a read).
+   * connection table index); the rest is the slot's generation, checked
+   * against the stream's id. A read's lookup is an index, not a Map's hash
+   * probe (~100 instructions a read). The addon hands out slots round the
+   * table, so this grows to the highest slot used so far: at most
+   * SLOT_MASK + 1 entries (2 MiB of references), a closed stream's cleared.
    */
   readonly #streams: Array<NativeStream | undefined> = []
   readonly #acceptors = new Map<number, NativeAcceptor>()
