@@ -202,7 +202,7 @@ export class WorkerPool<T extends Queued> {
       return
     }
     this.#stats.completed++
-    this.#runOn(worker, this.#queue.length > 0 ? this.#next() : undefined)
+    this.#runOn(worker, this.#next())
   }
 
   /**
@@ -228,8 +228,7 @@ export class WorkerPool<T extends Queued> {
   /** Runs `first` and then queued items on `worker` until the queue is empty, then parks it. */
   #runOn (worker: number, first: T | undefined): void {
     // A loop, not recursion: many synchronous runs in a row must not grow the stack.
-    // An empty queue (the common case) has nothing to expire or take.
-    for (let item = first; item !== undefined; item = this.#queue.length > 0 ? this.#next() : undefined) {
+    for (let item = first; item !== undefined; item = this.#next()) {
       if (!runItem(this.#run, item, worker, this.#settled)) return
       this.#stats.completed++
     }
@@ -239,6 +238,8 @@ export class WorkerPool<T extends Queued> {
 
   /** The next item to run, after rejecting the expired ones ahead of it. */
   #next (): T | undefined {
+    // An empty queue (the common case) has nothing to expire or take.
+    if (this.#queue.length === 0) return undefined
     this.#expireDue()
     const item = this.#queue.take()
     if (item !== undefined) this.#armExpiry()

@@ -375,14 +375,14 @@ static void bind_fn (napi_env env, napi_value obj, const char *name, napi_callba
 }
 
 static napi_value reactor_object (napi_env env, reactor_t *r) {
-  napi_value obj, ab, events;
+  napi_value obj, ab, events, send_args;
   napi_create_object(env, &obj);
   napi_create_external_arraybuffer(env, r->events, sizeof(int32_t) * 4 * MAX_EVENTS, NULL, NULL, &ab);
   napi_create_typedarray(env, napi_int32_array, 4 * MAX_EVENTS, ab, 0, &events);
   napi_set_named_property(env, obj, "events", events);
   napi_create_external_arraybuffer(env, r->send_args, sizeof r->send_args, NULL, NULL, &ab);
-  napi_create_typedarray(env, napi_int32_array, 4, ab, 0, &events);
-  napi_set_named_property(env, obj, "sendArgs", events);
+  napi_create_typedarray(env, napi_int32_array, 4, ab, 0, &send_args);
+  napi_set_named_property(env, obj, "sendArgs", send_args);
   bind_fn(env, obj, "listen", js_listen, r);
   bind_fn(env, obj, "closeListener", js_close_listener, r);
   bind_fn(env, obj, "connect", js_connect, r);

@@ -16,7 +16,7 @@ export interface NativeReactorHandle {
   connect: (host: string, port: number, keepAliveSecs: number) => number
   /** Sends `chunk`. */
   send: (id: number, chunk: Buffer) => number
-  /** `send(sendArgs[0], chunk, sendArgs[1], sendArgs[2])`, its result left in `sendArgs[3]`. */
+  /** Sends `chunk[sendArgs[1], sendArgs[2])` on connection `sendArgs[0]`; the bytes taken (or -errno) are left in `sendArgs[3]`. */
   sendRange: (chunk: Buffer) => void
   /** sendRange's id, start, end and result. */
   readonly sendArgs: Int32Array
