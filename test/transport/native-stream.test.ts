@@ -214,7 +214,7 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       done(p)
     })
 
-    t.test('the addon\'s sendRange reads its numbers from sendArgs and leaves the result there; a bad range or id is refused', async (t) => {
+    t.test('the addon\'s sendRange reads its numbers from sendArgs and leaves the result there, sends from the Buffer it holds when given none; a bad range, id or Buffer is refused', async (t) => {
       const p = await pair(r)
       const received: Buffer[] = []
       p.client.on('data', (chunk: Buffer) => received.push(chunk))
@@ -236,13 +236,31 @@ for (const { backend, reactor, skip } of nativeBackends()) {
       t.equal(send(p.stream.id, 4, 3), -22, 'end before start is EINVAL')
       t.equal(send(p.stream.id, 0, buf.length + 1), -22, 'past the buffer\'s end is EINVAL')
       t.equal(send(-5, 0, 1), -9, 'an id of no connection is EBADF')
+      t.equal(h.source, buf, 'the Buffer given is the source')
+      // Without a Buffer: the source again (what native-stream sends from a slab it sent from before).
+      // Each send waits for the one before to arrive: io_uring has one send in flight a connection.
       args[0] = p.stream.id
+      args[1] = 0
+      args[2] = 2
+      h.sendRange()
+      t.equal(args[3], 2, 'the source\'s range, no Buffer named')
+      await until(() => Buffer.concat(received).length >= 7, 'the source\'s range')
+      const other = Buffer.from('!?')
+      args[2] = 1
+      h.sendRange(other)
+      t.equal(args[3], 1, 'a new Buffer is sent from')
+      t.equal(h.source, other, 'and becomes the source')
+      await until(() => Buffer.concat(received).length >= 8, 'the new Buffer\'s range')
+      t.equal(Buffer.concat(received).toString('latin1'), 'hello..!', 'the held source, then the new one')
       args[1] = 0
       args[2] = 1
       h.sendRange({} as Buffer)
       t.equal(args[3], -22, 'not a Buffer: EINVAL')
+      t.equal(h.source, null, 'and no source')
+      h.sendRange()
+      t.equal(args[3], -22, 'so a send without a Buffer is refused too')
       await new Promise((resolve) => setTimeout(resolve, 20))
-      t.equal(Buffer.concat(received).length, 5, 'nothing refused was sent')
+      t.equal(Buffer.concat(received).length, 8, 'nothing refused was sent')
       done(p)
     })
 

@@ -8,7 +8,7 @@
  * JS API (transport/native/reactor.ts is its only caller):
  *   open(backend, onTurn) -> { events: Int32Array, sendArgs: Int32Array,
  *       listen, closeListener, connect, send, sendRange, sendv, setReading,
- *       shutdown, close, peer, queued },
+ *       shutdown, close, peer, queued, and sendRange's source once set },
  *       or a negative errno (the backend cannot start here).
  *   onTurn(n, slabs): events[4i .. 4i+3] for i < n (kinds in nyala.h);
  *       slabs: the Buffers this turn's reads are in. A slab is never

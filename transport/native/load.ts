@@ -16,8 +16,15 @@ export interface NativeReactorHandle {
   connect: (host: string, port: number, keepAliveSecs: number) => number
   /** Sends `chunk`. */
   send: (id: number, chunk: Buffer) => number
-  /** Sends `chunk[sendArgs[1], sendArgs[2])` on connection `sendArgs[0]`; the bytes taken (or -errno) are left in `sendArgs[3]`. */
-  sendRange: (chunk: Buffer) => void
+  /**
+   * Sends `source[sendArgs[1], sendArgs[2])` on connection `sendArgs[0]`;
+   * the bytes taken (or -errno) are left in `sendArgs[3]`. A `source` given
+   * becomes `source` (not a Buffer: null) for the next calls, which may
+   * leave it out to send from it again.
+   */
+  sendRange: (source?: Buffer) => void
+  /** sendRange's source (undefined before the first). */
+  readonly source?: Buffer | null
   /** sendRange's id, start, end and result. */
   readonly sendArgs: Int32Array
   sendv: (id: number, chunks: readonly Buffer[]) => number

@@ -155,13 +155,15 @@ export class NativeStream implements ByteStream {
     if (this.#connecting) return this.#keep(buf.subarray(start, end), 0) || true
     if (this.#pendingBytes > 0) return this.#keep(buf.subarray(start, end), 0)
     // The addon copies what it takes (io_uring) or the kernel does (epoll): only a refused rest is kept, as a view.
-    // Its numbers go through the shared sendArgs: no N-API number conversions per send.
+    // Its numbers go through the shared sendArgs (no N-API number conversions
+    // per send), and the Buffer only when it is not the one the addon holds.
     const h = this.#h
     const args = h.sendArgs
     args[0] = this.id
     args[1] = start
     args[2] = end
-    h.sendRange(buf)
+    if (buf === h.source) h.sendRange()
+    else h.sendRange(buf)
     const n = args[3]!
     if (n < 0) return this.#sendFailed(n)
     this.#taken += n

@@ -129,6 +129,9 @@ struct reactor {
   int in_turn;
   struct iovec iov[MAX_IOV]; /* sendv's, per reactor (worker threads have reactors of their own) */
   int32_t send_args[4];      /* sendRange's id, start, end and result: JS's sendArgs */
+  napi_ref source;           /* sendRange's Buffer, held until the next: its memory stays put */
+  char *source_data;
+  size_t source_length;
 };
 
 /* connections.c: the connection table. */
@@ -153,7 +156,7 @@ reactor_t *args (napi_env env, napi_callback_info info, size_t want, napi_value 
 int32_t int_arg (napi_env env, napi_value v);
 napi_value int_value (napi_env env, int64_t n);
 
-/* send.c: send(id, buffer), sendRange(buffer) through sendArgs, sendv(id, buffers). */
+/* send.c: send(id, buffer), sendRange([buffer]) through sendArgs, sendv(id, buffers). */
 napi_value js_send (napi_env env, napi_callback_info info);
 napi_value js_send_range (napi_env env, napi_callback_info info);
 napi_value js_sendv (napi_env env, napi_callback_info info);
