@@ -394,6 +394,7 @@ static napi_value reactor_object (napi_env env, reactor_t *r) {
   bind_fn(env, obj, "close", js_close, r);
   bind_fn(env, obj, "peer", js_peer, r);
   bind_fn(env, obj, "queued", js_queued, r);
+  napi_create_reference(env, obj, 1, &r->self);
   return obj;
 }
 

@@ -129,6 +129,7 @@ struct reactor {
   int in_turn;
   struct iovec iov[MAX_IOV]; /* sendv's, per reactor (worker threads have reactors of their own) */
   int32_t send_args[4];      /* sendRange's id, start, end and result: JS's sendArgs */
+  napi_ref self;             /* the reactor object JS holds (reactor_object) */
   napi_ref source;           /* sendRange's Buffer, held until the next: its memory stays put */
   char *source_data;
   size_t source_length;

@@ -36,33 +36,33 @@ napi_value js_send (napi_env env, napi_callback_info info) {
  * said it is, and named as the reactor object's `source` (null when `v` is
  * not a Buffer: sends from it are refused), which JS compares with.
  */
-static void set_source (napi_env env, reactor_t *r, napi_value self, napi_value v) {
+static void set_source (napi_env env, reactor_t *r, napi_value v) {
   struct iovec iov = { NULL, 0 };
-  napi_value named = v;
+  napi_value named = v, self = NULL;
   if (r->source != NULL) napi_delete_reference(env, r->source);
   r->source = NULL;
   if (iov_of(env, v, &iov)) napi_create_reference(env, v, 1, &r->source);
   else napi_get_null(env, &named);
   r->source_data = r->source == NULL ? NULL : iov.iov_base;
   r->source_length = r->source == NULL ? 0 : iov.iov_len;
-  if (self != NULL) napi_set_named_property(env, self, "source", named);
+  if (napi_get_reference_value(env, r->self, &self) == napi_ok && self != NULL) napi_set_named_property(env, self, "source", named);
 }
 
 /*
  * sendRange([buffer]) -> undefined: sends source[start, end) to connection
  * id, the three read from sendArgs[0..2], and leaves the bytes taken (or
  * -errno) in sendArgs[3]. A buffer given becomes the source; without one
- * the last is sent from again (a first call without one: EINVAL). Answers are encoded into a few 64 KiB slabs,
- * so most sends name none: no N-API number conversions (~170 instructions
- * a send) and no asking where a Buffer's memory is (~210).
+ * the last is sent from again (none yet: EINVAL). Answers are encoded into
+ * a few 64 KiB slabs, so most sends name none: no N-API number conversions
+ * (~170 instructions a send) and no asking where a Buffer's memory is (~210).
  */
 napi_value js_send_range (napi_env env, napi_callback_info info) {
   size_t argc = 1;
-  napi_value argv[1] = { NULL }, self = NULL;
+  napi_value argv[1] = { NULL };
   void *data = NULL;
-  napi_get_cb_info(env, info, &argc, argv, &self, &data);
+  napi_get_cb_info(env, info, &argc, argv, NULL, &data);
   reactor_t *r = data;
-  if (argc >= 1) set_source(env, r, self, argv[0]);
+  if (argc >= 1) set_source(env, r, argv[0]);
   int32_t *a = r->send_args;
   conn_t *c = conn_of(r, a[0], NULL);
   if (c == NULL) a[3] = -EBADF;
