@@ -33,8 +33,10 @@ napi_value js_send (napi_env env, napi_callback_info info) {
 /*
  * Makes `v` sendRange's source: held by a reference until the next (the
  * reactor lives as long as the process), so its memory stays where N-API
- * said it is, and named as the reactor object's `source` (null when `v` is
- * not a Buffer: sends from it are refused), which JS compares with.
+ * said it is (the sources are nyala's own answer slabs, which are never
+ * transferred: a detached ArrayBuffer would lose its memory), and named as
+ * the reactor object's `source` (null when `v` is not a Buffer: sends from
+ * it are refused), which JS compares with.
  */
 static void set_source (napi_env env, reactor_t *r, napi_value v) {
   struct iovec iov = { NULL, 0 };
